@@ -1,0 +1,1 @@
+"""The JuicyTalk driver: sweep file -> Ray Tune -> Parquet store -> report -> CLI."""

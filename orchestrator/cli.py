@@ -1,0 +1,216 @@
+"""``juicytalk``: trial, sweep, collect, report, doctor.
+
+Exit status: 0 success; 1 when trials errored or are missing (sweep) or a trial errored (trial);
+2 for bad input, which is one line on stderr naming the field, and nothing is started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from rich.console import Console
+
+DEFAULT_OUT = "./juicytalk-results"
+PROG = "juicytalk"
+
+
+def _fail(message: str) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _quiet_ray_logs(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not verbose:
+        for name in ("ray", "ray.tune", "ray.train", "ray.air"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+        os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+
+
+# -- sweep --------------------------------------------------------------------------------------
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from .runner import MAX_FAILURES, SweepInputError, run_sweep, work_items
+    from .store import Store
+    from .sweep import SweepError, load_sweep
+
+    _quiet_ray_logs(args.verbose)
+    try:
+        sweep = load_sweep(args.file)
+    except SweepError as exc:
+        return _fail(str(exc))
+    if args.max_concurrent is not None and args.max_concurrent < 1:
+        return _fail("--max-concurrent: must be a positive integer")
+    storage = args.out or sweep.storage or DEFAULT_OUT
+    console = Console(stderr=False)
+    if args.dry_run:
+        from .plan import plan_table
+
+        console.print(plan_table(sweep, Store(storage, sweep.name)))
+        for asked, why in sweep.skipped:
+            console.print(f"[cyan]skipped[/] {asked}: {why}")
+        for asked, why in sweep.collapsed:
+            console.print(f"[dim]collapsed[/] {asked}: {why}")
+        console.print(f"{len(sweep.cells) * sweep.samples} trials; results go to "
+                      f"{Store(storage, sweep.name).root}")
+        return 0
+    from .progress import SweepProgress, summary_table
+
+    for asked, why in sweep.skipped:
+        console.print(f"[cyan]skipped[/] {asked}: {why}")
+    try:
+        outcome = run_sweep(sweep, storage, address=args.address, restart=args.restart,
+                            max_concurrent=args.max_concurrent, verbose=args.verbose, dashboard=args.dashboard,
+                            progress=None if args.no_progress else SweepProgress())
+    except SweepInputError as exc:
+        return _fail(str(exc))
+    store = Store(storage, sweep.name)
+    records = store.read_records(["cell_id", "sample", "step_ms_p50"])
+    console.print(summary_table(work_items(sweep, storage), outcome.statuses, records))
+    console.print(f"{outcome.total} trials: {outcome.already_done} already done, {outcome.ran} run now, "
+                  f"{len(outcome.failed)} failed, {len(outcome.missing)} missing; wall {outcome.wall_s:.1f}s")
+    console.print(f"results: {outcome.results_path}")
+    if not args.no_report and store.record_files():
+        try:
+            from .report import build_report
+
+            report = build_report(store.root, out_html=store.path("report.html"), sweep_text=sweep.source_text)
+            console.print(f"report:  {report.html_path}")
+        except Exception as exc:  # noqa: BLE001 - a failing report must not hide a finished sweep
+            logging.getLogger(__name__).error("report failed: %s", exc)
+    for key in outcome.failed:
+        console.print(f"[red]failed[/] {key}: {outcome.statuses[key]} (see {store.path('logs', key + '.log')})")
+    for key in outcome.missing:
+        console.print(f"[red]missing[/] {key}: no record (its worker died {MAX_FAILURES + 1} times or the run "
+                      "was interrupted); rerun the same command to resume")
+    return 0 if outcome.complete else 1
+
+
+# -- collect / report / doctor ------------------------------------------------------------------
+def _sweep_dir(path: str) -> tuple[str, str] | None:
+    p = Path(path).expanduser().resolve()
+    if not (p / "trials").is_dir():
+        return None
+    return str(p.parent), p.name
+
+
+def cmd_collect(args: argparse.Namespace) -> int:
+    from .store import Store
+
+    where = _sweep_dir(args.dir)
+    if where is None:
+        return _fail(f"DIR: {args.dir} is not a sweep directory (it has no trials/ folder)")
+    path, rows = Store(*where).collect()
+    print(f"{rows} records -> {path}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import ReportInputError, build_report
+
+    try:
+        report = build_report(args.dir, out_html=args.out, png_dir=args.png, compare_dir=args.compare)
+    except ReportInputError as exc:
+        return _fail(str(exc))
+    print(f"report: {report.html_path}")
+    for extra in report.other_paths:
+        print(f"        {extra}")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from trials.capability import probe
+    from trials.fingerprint import fingerprint
+    from trials.metrics import peak_tflops
+
+    cap = probe("auto", want_te=True)
+    info = {"capability": cap.as_dict(), "fingerprint": fingerprint(cap.device_type)}
+    info["peaks_tflops"] = {p: peak_tflops(cap.gpu_name, p) for p in ("bf16", "fp8", "fp32")}
+    try:
+        import ray
+
+        info["ray_version"] = ray.__version__
+        if args.ray:
+            from .runner import ray_session
+
+            with ray_session(args.address) as r:
+                info["cluster_resources"] = r.cluster_resources()
+                info["nodes"] = [n["NodeManagerAddress"] for n in r.nodes() if n.get("Alive")]
+    except ImportError as exc:
+        info["ray_version"] = f"not importable: {exc}"
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+        return 0
+    c = info["capability"]
+    print(f"device        {c['device_type']}  {c['gpu_name'] or ''}  cc={c['compute_capability']}  "
+          f"SMs={c['sm_count']}  CUDA={c['cuda_version']}")
+    print(f"torch         {info['fingerprint']['torch_version']}   driver {info['fingerprint']['driver_version']}")
+    print(f"TE            {c['te_version'] if c['te_available'] else 'unavailable: ' + str(c['te_error'])}")
+    for recipe, v in c["fp8"].items():
+        print(f"fp8 {recipe:9} {'yes' if v['supported'] else 'no '}  {v['reason']}")
+    print(f"peaks         {info['peaks_tflops']} TFLOP/s (dense datasheet; JUICYTALK_PEAK_TFLOPS overrides)")
+    print(f"ray           {info['ray_version']}")
+    if "cluster_resources" in info:
+        print(f"cluster       {info['cluster_resources']}  nodes {info['nodes']}")
+    return 0
+
+
+# -- parser -------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    from trials.cli import add_trial_arguments
+
+    parser = argparse.ArgumentParser(prog=PROG, description="Does FP8 pay off for my model size on this GPU?")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("trial", help="run one trial here (no Ray)")
+    add_trial_arguments(p)
+
+    p = sub.add_parser("sweep", help="run a sweep file through Ray Tune")
+    p.add_argument("file")
+    p.add_argument("--out", help=f"storage root: a directory or a pyarrow URI (default: the file's storage, "
+                                 f"else {DEFAULT_OUT})")
+    p.add_argument("--address", help="Ray cluster address (auto, ray://host:10001); default RAY_ADDRESS, "
+                                     "else a local embedded Ray")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--resume", action="store_true", help="run only trials without a final record (default)")
+    mode.add_argument("--restart", action="store_true", help="move earlier results aside and start over")
+    p.add_argument("--max-concurrent", type=int)
+    p.add_argument("--dashboard", action="store_true", help="start Ray's dashboard (local Ray only)")
+    p.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
+    p.add_argument("--no-progress", action="store_true", help="no live view")
+    p.add_argument("-v", "--verbose", action="store_true", help="Ray's own output too")
+
+    p = sub.add_parser("collect", help="consolidate a sweep's trial records into results.parquet")
+    p.add_argument("dir", help="the sweep directory (<out>/<sweep name>)")
+
+    p = sub.add_parser("report", help="HTML (+PNG, markdown, CSV) report of a sweep's results")
+    p.add_argument("dir", help="sweep directory or results.parquet")
+    p.add_argument("--out", help="HTML file (default DIR/report.html)")
+    p.add_argument("--png", help="also write one PNG per chart into this directory")
+    p.add_argument("--compare", help="a second sweep directory to compare against")
+
+    p = sub.add_parser("doctor", help="what this machine (and Ray cluster) can run")
+    p.add_argument("--ray", action="store_true", help="also start/connect Ray and show cluster resources")
+    p.add_argument("--address")
+    p.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "trial":
+        from trials.cli import run_from_args
+
+        return run_from_args(args, f"{PROG} trial")
+    return {"sweep": cmd_sweep, "collect": cmd_collect, "report": cmd_report, "doctor": cmd_doctor}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

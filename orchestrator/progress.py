@@ -1,0 +1,99 @@
+"""Live view of a running sweep (cells done / running / failed, elapsed, ETA) and the final summary.
+
+The view reads the store, not Ray: what it shows is what is on disk, the same thing a resumed run
+will see.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from trials.record import FINAL_STATUSES
+
+from .store import Store
+
+_STYLE = {"ok": "green", "oom": "yellow", "unsupported": "cyan", "diverged": "magenta", "error": "red",
+          "timeout": "red", "missing": "red"}
+
+
+class SweepProgress:
+    """Polls the store once a second from a background thread and renders a rich Live panel."""
+
+    def __init__(self, console: Console | None = None, interval_s: float = 1.0):
+        self.console = console or Console(stderr=True)
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._live: Live | None = None
+
+    def start(self, store: Store, items: list[dict[str, Any]], already_done: set[str]) -> None:
+        self.store, self.items, self.already_done = store, items, set(already_done)
+        self.t0 = time.time()
+        self._live = Live(self._render(), console=self.console, refresh_per_second=2, transient=False)
+        self._live.start()
+        self._thread = threading.Thread(target=self._loop, name="juicytalk-progress", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+        if self._live:
+            self._live.update(self._render())
+            self._live.stop()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self._live.update(self._render())
+            except Exception:  # noqa: BLE001 - a half-written marker must not kill the view
+                continue
+
+    def _render(self) -> Group:
+        statuses = self.store.statuses()
+        running = self.store.running()
+        keys = [it["key"] for it in self.items]
+        done_now = [k for k in keys if statuses.get(k) in FINAL_STATUSES]
+        failed = [k for k in keys if k in statuses and statuses[k] not in FINAL_STATUSES]
+        new_done = [k for k in done_now if k not in self.already_done]
+        elapsed = time.time() - self.t0
+        remaining = len(keys) - len(done_now) - len(failed)
+        eta = "-"
+        if new_done and remaining:
+            per_trial = elapsed / len(new_done)
+            eta = f"{per_trial * remaining / max(1, len(running) or 1):.0f}s"
+        line = Text.assemble(
+            (f"{len(done_now)}/{len(keys)} done", "bold green"), "  ",
+            (f"{len(running)} running", "bold yellow"), "  ",
+            (f"{len(failed)} failed", "bold red" if failed else "dim"), "  ",
+            f"elapsed {elapsed:.0f}s  eta {eta}",
+        )
+        table = Table(box=None, show_header=False, padding=(0, 1))
+        for key, info in sorted(running.items())[:8]:
+            table.add_row(Text("running", style="yellow"), info.get("label", key), key,
+                          f"{time.time() - info.get('started_at', time.time()):.0f}s")
+        return Group(line, table)
+
+
+def summary_table(items: list[dict[str, Any]], statuses: dict[str, str], records: Any = None) -> Table:
+    """One row per trial: label, sample, status, p50 step time (from the consolidated records)."""
+    p50 = {}
+    if records is not None and records.num_rows:
+        for cid, s, v in zip(*(records.column(n).to_pylist() for n in ("cell_id", "sample", "step_ms_p50"))):
+            p50[f"{cid}-s{s}"] = v
+    table = Table(title="sweep summary")
+    for col in ("cell", "sample", "status", "p50 ms", "key"):
+        table.add_column(col)
+    for it in items:
+        status = statuses.get(it["key"], "missing")
+        value = p50.get(it["key"])
+        table.add_row(it["label"], str(it["sample"]), Text(status, style=_STYLE.get(status, "")),
+                      f"{value:.2f}" if isinstance(value, float) else "-", it["key"])
+    return table

@@ -1,0 +1,90 @@
+"""Scaling report: records -> pairing and intervals -> plotly charts -> one offline HTML file,
+plus a PNG per chart, ``results.md`` and ``results.csv``.
+
+    build_report("juicytalk-results/seed")                     # writes seed/report.html etc.
+    build_report(dir_a, compare_dir=dir_b)                     # adds the A/B comparison
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from ..store import read_results
+from . import charts
+from .analysis import Pairs, compare_runs, crossover, pair_cells, prepare
+from .render import export_pngs, markdown_tables, write_csv, write_html
+
+log = logging.getLogger(__name__)
+
+
+class ReportInputError(ValueError):
+    """The report's input cannot be read (no such directory, no records)."""
+
+
+@dataclass
+class Report:
+    html_path: str
+    md_path: str
+    csv_path: str
+    png_paths: list[str] = field(default_factory=list)
+    pairs: Pairs | None = None
+
+    @property
+    def other_paths(self) -> list[str]:
+        return [self.md_path, self.csv_path, *self.png_paths]
+
+
+def _load(path: str) -> pd.DataFrame:
+    try:
+        table = read_results(path)
+    except (FileNotFoundError, OSError) as exc:
+        raise ReportInputError(f"DIR: {exc}") from None
+    if table.num_rows == 0:
+        raise ReportInputError(f"DIR: {path} holds no trial records")
+    return prepare(table.to_pandas())
+
+
+def build_report(path: str, out_html: str | None = None, png_dir: str | None = None,
+                 compare_dir: str | None = None, sweep_text: str | None = None) -> Report:
+    t0 = time.perf_counter()
+    src = Path(path).expanduser().resolve()
+    base_dir = src if src.is_dir() else src.parent
+    df = _load(str(src))
+    pairs = pair_cells(df)
+    if sweep_text is None and (base_dir / "sweep.yaml").is_file():
+        sweep_text = (base_dir / "sweep.yaml").read_text()
+
+    figures = [
+        ("fp8_speedup", charts.speedup_chart(pairs)),
+        ("step_time", charts.step_time_chart(df)),
+        ("throughput", charts.throughput_chart(df)),
+        ("mfu", charts.mfu_chart(df)),
+        ("memory", charts.memory_chart(df)),
+        ("loss_curves", charts.loss_chart(df)),
+        ("status", charts.status_chart(df)),
+    ]
+    comparison = None
+    if compare_dir:
+        other = _load(compare_dir)
+        comparison = compare_runs(df, other)
+        figures.append(("compare", charts.compare_chart(comparison, base_dir.name, Path(compare_dir).name)))
+
+    md = markdown_tables(df, pairs, comparison)
+    out_html = out_html or str(base_dir / "report.html")
+    out_dir = Path(out_html).resolve().parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md_path, csv_path = out_dir / "results.md", out_dir / "results.csv"
+    md_path.write_text(md)
+    write_csv(csv_path, pairs, comparison)
+    write_html(out_html, figures, df, pairs, md, sweep_text, comparison)
+    pngs = export_pngs(figures, png_dir) if png_dir else []
+    log.info("report built in %.2fs", time.perf_counter() - t0)
+    return Report(str(out_html), str(md_path), str(csv_path), pngs, pairs)
+
+
+__all__ = ["Report", "ReportInputError", "build_report", "crossover", "pair_cells"]

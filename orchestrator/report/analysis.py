@@ -1,0 +1,176 @@
+"""Numbers behind the report: pairing cells, ratios of medians, bootstrap intervals.
+
+FP8 speedup = BF16 step time / FP8 step time, for TE cells equal in every other axis. TE kernel
+gain = torch-bf16 step time / te-bf16 step time, likewise. Per cell, the step time is the median
+over samples of each sample's p50. The 95% interval is a percentile bootstrap of the ratio of
+medians: over samples when a cell has several, else over the trial's own per-step times.
+Cells whose partner is missing or did not finish ok are listed, not dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+# Columns that define "the same cell apart from precision": pairs must agree on all of these.
+SHAPE_KEYS = ["d_model", "n_layers", "n_heads", "ffn", "seq_len", "batch_size", "vocab", "cuda_graphs",
+              "train_steps", "warmup_steps", "bench_steps", "repeats"]
+BOOTSTRAP_SEED = 0
+
+
+def _get(row: Any, key: str) -> Any:
+    value = row.get(key)
+    return None if value is None or (isinstance(value, float) and value != value) else value
+
+
+def variant_of(row: Any) -> str:
+    """Backend-precision[-recipe] as it actually ran (requested, for cells that did not run)."""
+    precision = _get(row, "effective_precision") or _get(row, "precision")
+    backend = _get(row, "effective_backend") or ("te" if precision == "fp8" else _get(row, "backend"))
+    name = f"{backend}-{precision}"
+    if precision == "fp8":
+        name += f"-{_get(row, 'effective_recipe') or _get(row, 'recipe')}"
+    return name
+
+
+def prepare(records: pd.DataFrame) -> pd.DataFrame:
+    df = records.copy()
+    if df.empty:
+        df["variant"] = pd.Series(dtype=str)
+        return df
+    df["variant"] = [variant_of(r) for r in df.to_dict("records")]
+    df["cuda_graphs"] = df["cuda_graphs"].fillna(False).astype(bool)
+    df["size_label"] = [f"{d}x{l}" for d, l in zip(df["d_model"], df["n_layers"])]
+    return df
+
+
+@dataclass
+class CellStats:
+    variant: str
+    status: str
+    median_ms: float | None
+    samples: list[float]  # per-sample p50
+    steps: list[float]  # per-step times of the first sample (for single-sample bootstraps)
+    n_params: int | None
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+def _median(values: list[float]) -> float:
+    return float(np.median(values)) if values else float("nan")
+
+
+def bootstrap_ratio(num: list[float], den: list[float], resamples: int, rng: np.random.Generator) -> tuple[float, float]:
+    """95% percentile interval of median(num*) / median(den*) over independent resamples."""
+    a, b = np.asarray(num, float), np.asarray(den, float)
+    if len(a) < 2 or len(b) < 2:
+        return float("nan"), float("nan")
+    ma = np.median(a[rng.integers(0, len(a), (resamples, len(a)))], axis=1)
+    mb = np.median(b[rng.integers(0, len(b), (resamples, len(b)))], axis=1)
+    lo, hi = np.percentile(ma / mb, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def cell_table(df: pd.DataFrame) -> dict[tuple, dict[str, CellStats]]:
+    """(shape key) -> variant -> stats, over all samples of that cell."""
+    out: dict[tuple, dict[str, CellStats]] = {}
+    if df.empty:
+        return out
+    for (shape, variant), group in df.groupby([df[SHAPE_KEYS].apply(tuple, axis=1), "variant"], sort=False):
+        ok = group[group["status"] == "ok"]
+        samples = [float(v) for v in ok["step_ms_p50"].dropna()]
+        steps = list(ok["step_times_ms"].iloc[0]) if len(ok) and ok["step_times_ms"].iloc[0] is not None else []
+        status = "ok" if len(ok) else str(group["status"].iloc[0])
+        first = (ok if len(ok) else group).iloc[0].to_dict()
+        out.setdefault(shape, {})[variant] = CellStats(variant, status, _median(samples) if samples else None,
+                                                        samples, steps, first.get("n_params"), first)
+    return out
+
+
+def _pair_row(kind: str, shape: tuple, base: CellStats, other: CellStats, resamples: int,
+              rng: np.random.Generator) -> dict[str, Any]:
+    """Ratio base/other (time of the reference over time of the candidate: > 1 means faster)."""
+    if len(base.samples) >= 2 and len(other.samples) >= 2:
+        lo, hi = bootstrap_ratio(base.samples, other.samples, resamples, rng)
+        method = "samples"
+    else:
+        lo, hi = bootstrap_ratio(base.steps, other.steps, resamples, rng)
+        method = "steps"
+    row = dict(zip(SHAPE_KEYS, shape))
+    row.update(kind=kind, reference=base.variant, candidate=other.variant, n_params=base.n_params,
+               reference_ms=base.median_ms, candidate_ms=other.median_ms,
+               ratio=base.median_ms / other.median_ms, ci_low=lo, ci_high=hi, ci_method=method,
+               n_reference=len(base.samples), n_candidate=len(other.samples))
+    return row
+
+
+@dataclass
+class Pairs:
+    rows: pd.DataFrame  # one row per pair with a ratio
+    unpaired: pd.DataFrame  # cells whose partner is missing or did not finish ok
+    resamples: int
+
+
+def pair_cells(df: pd.DataFrame) -> Pairs:
+    """FP8 speedups (te-bf16 / te-fp8-*) and TE kernel gains (torch-bf16 / te-bf16)."""
+    cells = cell_table(df)
+    n_pairs = sum(len(v) for v in cells.values())
+    resamples = int(max(200, min(2000, 400_000 // max(1, n_pairs))))
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    rows, unpaired = [], []
+
+    def pair(kind: str, shape: tuple, ref_name: str, cand: CellStats, ref: CellStats | None) -> None:
+        if ref is None or ref.status != "ok" or cand.status != "ok":
+            if cand.status != "ok":
+                why = f"{cand.variant} is {cand.status}: {_get(cand.record, 'error') or ''}".strip(": ")
+            elif ref is None:
+                why = f"no {ref_name} cell"
+            else:
+                why = f"{ref_name} is {ref.status}: {_get(ref.record, 'error') or ''}".strip(": ")
+            entry = dict(zip(SHAPE_KEYS, shape))
+            entry.update(kind=kind, cell=cand.variant, partner=ref_name, reason=why)
+            unpaired.append(entry)
+            return
+        rows.append(_pair_row(kind, shape, ref, cand, resamples, rng))
+
+    for shape, variants in cells.items():
+        for name, cell in variants.items():
+            if name.startswith("te-fp8"):
+                pair("fp8_speedup", shape, "te-bf16", cell, variants.get("te-bf16"))
+        if "te-bf16" in variants:
+            pair("te_gain", shape, "torch-bf16", variants["te-bf16"], variants.get("torch-bf16"))
+    return Pairs(pd.DataFrame(rows), pd.DataFrame(unpaired), resamples)
+
+
+def crossover(xs: list[float], ys: list[float]) -> float | None:
+    """First x (interpolated in log x) where y crosses 1.0 from below; None if it never does."""
+    pts = sorted((x, y) for x, y in zip(xs, ys) if x and y == y)
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if y0 < 1.0 <= y1:
+            t = (1.0 - y0) / (y1 - y0)
+            return float(np.exp(np.log(x0) + t * (np.log(x1) - np.log(x0))))
+    return None
+
+
+def compare_runs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """Per cell present in both: time ratio B/A with a bootstrap interval; 'changed' when it excludes 1."""
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    rows = []
+    a_ok, b_ok = a[a["status"] == "ok"], b[b["status"] == "ok"]
+    for cid, ga in a_ok.groupby("cell_id"):
+        gb = b_ok[b_ok["cell_id"] == cid]
+        if gb.empty:
+            continue
+        sa, sb = list(ga["step_ms_p50"]), list(gb["step_ms_p50"])
+        if len(sa) >= 2 and len(sb) >= 2:
+            lo, hi = bootstrap_ratio(sb, sa, 1000, rng)
+        else:
+            lo, hi = bootstrap_ratio(list(gb["step_times_ms"].iloc[0]), list(ga["step_times_ms"].iloc[0]), 1000, rng)
+        ratio = _median(sb) / _median(sa)
+        first = ga.iloc[0]
+        rows.append({"cell_id": cid, "cell_label": first["cell_label"], "variant": first["variant"],
+                     "n_params": first["n_params"], "a_ms": _median(sa), "b_ms": _median(sb), "ratio_b_over_a": ratio,
+                     "ci_low": lo, "ci_high": hi, "changed": bool(lo > 1.0 or hi < 1.0)})
+    return pd.DataFrame(rows)

@@ -1,0 +1,203 @@
+"""Plotly figures of a sweep. One colour per backend/precision/recipe across every chart; dashed
+lines are CUDA-graphed cells; hover text carries the cell's configuration."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .analysis import Pairs, crossover
+
+COLORS = {
+    "torch-fp32": "#7f7f7f",
+    "torch-bf16": "#1f77b4",
+    "te-fp32": "#8c564b",
+    "te-bf16": "#2ca02c",
+    "te-fp8-delayed": "#d62728",
+    "te-fp8-current": "#ff7f0e",
+    "te-fp8-block": "#9467bd",
+}
+_SPARE = ["#17becf", "#bcbd22", "#e377c2", "#393b79", "#637939"]
+STATUS_COLORS = {"ok": "#2ca02c", "oom": "#ff7f0e", "unsupported": "#9edae5", "diverged": "#e377c2",
+                 "error": "#d62728", "timeout": "#8c564b", "missing": "#c7c7c7"}
+LAYOUT = dict(template="plotly_white", height=480, margin=dict(l=70, r=30, t=70, b=60),
+              legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0), hovermode="closest")
+
+
+def color(variant: str) -> str:
+    if variant not in COLORS:
+        COLORS[variant] = _SPARE[len([k for k in COLORS if k not in _SPARE]) % len(_SPARE)]
+    return COLORS[variant]
+
+
+def _hover(df: pd.DataFrame) -> list[str]:
+    return [f"{r.cell_label or r.variant}<br>d_model={r.d_model} n_layers={r.n_layers} heads={r.n_heads} "
+            f"ffn={r.ffn}<br>batch={r.batch_size} seq={r.seq_len} graphs={r.cuda_graphs}<br>"
+            f"params={r.n_params / 1e6:.1f}M<br>{r.status}" for r in df.itertuples()]
+
+
+def note_if_empty(fig: go.Figure, text: str) -> go.Figure:
+    """Say why a chart is empty instead of showing bare axes."""
+    has_data = any(getattr(t, "y", None) is not None and any(v is not None and v == v for v in t.y) for t in fig.data)
+    if not has_data:
+        fig.add_annotation(text=text, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
+                           font=dict(size=15, color="#666"))
+    return fig
+
+
+def _x_axis(fig: go.Figure, **kw) -> None:
+    fig.update_xaxes(type="log", title_text="Parameters (log scale)", **kw)
+
+
+def _lines(df: pd.DataFrame, y: str, y_title: str, title: str, y_log: bool = False) -> go.Figure:
+    fig = go.Figure()
+    ok = df[df["status"] == "ok"]
+    for (variant, graphs, layers), g in ok.groupby(["variant", "cuda_graphs", "n_layers"], sort=True):
+        med = g.groupby("n_params")[y].median()
+        g = g.sort_values("n_params").drop_duplicates("n_params").assign(**{y: lambda d: d["n_params"].map(med)})
+        fig.add_trace(go.Scatter(
+            x=g["n_params"], y=g[y], mode="lines+markers", name=f"{variant} L{layers}" + (" graphs" if graphs else ""),
+            line=dict(color=color(variant), dash="dash" if graphs else "solid"),
+            hovertext=_hover(g), hoverinfo="text+y"))
+    fig.update_layout(title=title, **LAYOUT)
+    _x_axis(fig)
+    fig.update_yaxes(title_text=y_title, type="log" if y_log else "linear")
+    return fig
+
+
+def speedup_chart(pairs: Pairs) -> go.Figure:
+    fig = go.Figure()
+    rows = pairs.rows[pairs.rows["kind"] == "fp8_speedup"] if not pairs.rows.empty else pairs.rows
+    xs_all = []
+    if not rows.empty:
+        for (cand, layers, graphs), g in rows.groupby(["candidate", "n_layers", "cuda_graphs"], sort=True):
+            g = g.sort_values("n_params")
+            xs_all += list(g["n_params"])
+            err_hi = (g["ci_high"] - g["ratio"]).clip(lower=0).fillna(0)
+            err_lo = (g["ratio"] - g["ci_low"]).clip(lower=0).fillna(0)
+            name = f"{cand.replace('te-fp8-', 'fp8 ')} L{layers}" + (" graphs" if graphs else "")
+            fig.add_trace(go.Scatter(
+                x=g["n_params"], y=g["ratio"], mode="lines+markers", name=name,
+                line=dict(color=color(cand), dash="dash" if graphs else "solid"),
+                error_y=dict(type="data", symmetric=False, array=err_hi, arrayminus=err_lo, visible=True),
+                hovertext=[f"d_model={r.d_model} n_layers={r.n_layers} graphs={r.cuda_graphs}<br>"
+                           f"BF16 {r.reference_ms:.2f} ms / FP8 {r.candidate_ms:.2f} ms<br>"
+                           f"speedup {r.ratio:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]" for r in g.itertuples()],
+                hoverinfo="text"))
+            x_cross = crossover(list(g["n_params"]), list(g["ratio"]))
+            if x_cross:
+                fig.add_annotation(x=math.log10(x_cross), y=1.0, text=f"crossover ≈ {x_cross / 1e6:.0f}M ({name})",
+                                   showarrow=True, arrowhead=2, ay=-40, font=dict(color=color(cand)))
+    lo, hi = (min(xs_all) / 1.5, max(xs_all) * 1.5) if xs_all else (1e6, 1e10)
+    fig.add_shape(type="rect", xref="x", yref="y", x0=lo, x1=hi, y0=0, y1=1.0, fillcolor="rgba(214,39,40,0.07)",
+                  line_width=0, layer="below")
+    fig.add_hline(y=1.0, line=dict(color="black", width=1, dash="dot"),
+                  annotation_text="1.0 = no gain; shaded: FP8 slower", annotation_position="bottom right")
+    fig.update_layout(title="FP8 speedup over TE BF16 vs model scale (95% bootstrap intervals)", **LAYOUT)
+    _x_axis(fig, range=[math.log10(lo), math.log10(hi)])
+    top = max([1.6] + ([float(rows["ci_high"].max()) * 1.1] if not rows.empty and rows["ci_high"].notna().any() else []))
+    fig.update_yaxes(title_text="Speedup (BF16 step time / FP8 step time)", range=[0, top])
+    return note_if_empty(fig, "no TE BF16 / FP8 pairs that both ran ok (see 'Unpaired cells')")
+
+
+def step_time_chart(df: pd.DataFrame) -> go.Figure:
+    return _lines(df, "step_ms_p50", "Step time, p50 (ms, log)", "Step time vs scale (fwd + bwd + AdamW)", y_log=True)
+
+
+def throughput_chart(df: pd.DataFrame) -> go.Figure:
+    return _lines(df, "tokens_per_s", "Tokens per second (log)", "Training throughput vs scale", y_log=True)
+
+
+def mfu_chart(df: pd.DataFrame) -> go.Figure:
+    fig = _lines(df, "mfu_bf16_peak", "MFU (model FLOP/s / dense peak)", "MFU vs scale: solid/dashed vs BF16 peak, dotted vs FP8 peak")
+    fp8 = df[(df["status"] == "ok") & (df["variant"].str.startswith("te-fp8"))]
+    for (variant, graphs, layers), g in fp8.groupby(["variant", "cuda_graphs", "n_layers"], sort=True):
+        g = g.sort_values("n_params")
+        fig.add_trace(go.Scatter(x=g["n_params"], y=g["mfu_precision_peak"], mode="lines+markers",
+                                 name=f"{variant} L{layers}{' graphs' if graphs else ''} vs FP8 peak",
+                                 line=dict(color=color(variant), dash="dot"), hovertext=_hover(g),
+                                 hoverinfo="text+y"))
+    fig.update_yaxes(tickformat=".0%")
+    return note_if_empty(fig, "no MFU: this device has no entry in the peak table (CPU runs)")
+
+
+def memory_chart(df: pd.DataFrame) -> go.Figure:
+    scaled = df.assign(peak_gib=df["peak_mem_allocated_bytes"] / 2**30)
+    fig = _lines(scaled, "peak_gib", "Peak allocated memory (GiB)", "Peak device memory vs scale")
+    return note_if_empty(fig, "no device memory recorded (CPU runs)")
+
+
+def loss_chart(df: pd.DataFrame, max_sizes: int = 6) -> go.Figure:
+    ok = df[(df["status"] == "ok") & df["loss_curve"].notna()]
+    sizes = sorted(ok["size_label"].unique(), key=lambda s: tuple(int(v) for v in s.split("x")))[:max_sizes]
+    cols = min(3, max(1, len(sizes)))
+    rows = max(1, math.ceil(len(sizes) / cols))
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"d_model x layers = {s}" for s in sizes] or [""],
+                        shared_yaxes=True)
+    shown = set()
+    for i, size in enumerate(sizes):
+        for (variant, graphs), g in ok[ok["size_label"] == size].groupby(["variant", "cuda_graphs"], sort=True):
+            curve = list(g["loss_curve"].iloc[0])
+            name = variant + (" graphs" if graphs else "")
+            fig.add_trace(go.Scatter(y=curve, x=list(range(len(curve))), mode="lines", name=name,
+                                     legendgroup=name, showlegend=name not in shown,
+                                     line=dict(color=color(variant), dash="dash" if graphs else "solid")),
+                          row=i // cols + 1, col=i % cols + 1)
+            shown.add(name)
+    fig.update_layout(title="Training loss, BF16 vs FP8 per size (numerics check)", **{**LAYOUT, "height": 320 * rows + 120})
+    fig.update_xaxes(title_text="Step")
+    fig.update_yaxes(title_text="Cross-entropy (nats)", col=1)
+    return fig
+
+
+def status_chart(df: pd.DataFrame) -> go.Figure:
+    if df.empty:
+        return go.Figure().update_layout(title="Status of every cell (no records)", **LAYOUT)
+    keyed = df.assign(row=df["variant"] + df["cuda_graphs"].map({True: " graphs", False: ""}))
+    sizes = sorted(keyed["size_label"].unique(), key=lambda s: tuple(int(v) for v in s.split("x")))
+    rows = sorted(keyed["row"].unique())
+    order = list(STATUS_COLORS)
+    z, text = [], []
+    for r in rows:
+        zr, tr = [], []
+        for s in sizes:
+            g = keyed[(keyed["row"] == r) & (keyed["size_label"] == s)]
+            status = "missing" if g.empty else (g["status"].value_counts().idxmax())
+            zr.append(order.index(status) if status in order else order.index("error"))
+            tr.append(status if g.empty or len(g) == 1 else f"{status} ({len(g)})")
+        z.append(zr)
+        text.append(tr)
+    n = len(order)
+    scale = []
+    for i, s in enumerate(order):
+        scale += [(i / n, STATUS_COLORS[s]), ((i + 1) / n, STATUS_COLORS[s])]
+    fig = go.Figure(go.Heatmap(z=z, x=sizes, y=rows, text=text, texttemplate="%{text}", zmin=-0.5, zmax=n - 0.5,
+                               colorscale=scale, showscale=False, hovertemplate="%{y} @ %{x}: %{text}<extra></extra>"))
+    fig.update_layout(title="Status of every cell", **{**LAYOUT, "height": max(300, 60 * len(rows) + 160)})
+    fig.update_xaxes(title_text="d_model x n_layers", type="category")
+    fig.update_yaxes(title_text="backend-precision-recipe")
+    return fig
+
+
+def compare_chart(cmp: pd.DataFrame, label_a: str, label_b: str) -> go.Figure:
+    fig = go.Figure()
+    if not cmp.empty:
+        cmp = cmp.sort_values(["variant", "n_params"])
+        for variant, g in cmp.groupby("variant", sort=True):
+            fig.add_trace(go.Scatter(
+                x=g["cell_label"], y=g["ratio_b_over_a"], mode="markers", name=variant,
+                marker=dict(color=color(variant), size=[14 if c else 8 for c in g["changed"]],
+                            line=dict(width=[2 if c else 0 for c in g["changed"]], color="black")),
+                error_y=dict(type="data", symmetric=False, array=(g["ci_high"] - g["ratio_b_over_a"]).fillna(0),
+                             arrayminus=(g["ratio_b_over_a"] - g["ci_low"]).fillna(0)),
+                hovertext=[f"{r.cell_label}: {r.a_ms:.2f} -> {r.b_ms:.2f} ms ({r.ratio_b_over_a:.3f}, "
+                           f"{'changed' if r.changed else 'within noise'})" for r in g.itertuples()],
+                hoverinfo="text"))
+    fig.add_hline(y=1.0, line=dict(color="black", width=1, dash="dot"))
+    fig.update_layout(title=f"Step time {label_b} / {label_a} per cell (large outlined markers: beyond noise)", **LAYOUT)
+    fig.update_xaxes(title_text="Cell", type="category")
+    fig.update_yaxes(title_text="Step-time ratio (B / A; < 1 means B is faster)")
+    return fig

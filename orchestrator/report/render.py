@@ -1,0 +1,216 @@
+"""Report outputs: summary tables (markdown and HTML from the same frames), CSV, the HTML page, PNGs."""
+
+from __future__ import annotations
+
+import html
+import logging
+import math
+from pathlib import Path
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from .analysis import Pairs, crossover
+
+log = logging.getLogger(__name__)
+
+TIMING_METHOD = (
+    "Each trial runs in its own process: build, train (train_steps), warm up (warmup_steps), then "
+    "`repeats` blocks of `bench_steps` timed steps. A step is forward + backward + fused AdamW. On GPUs "
+    "every step is bracketed by two CUDA events and the host never syncs inside a block; on CPUs the host "
+    "clock times each (synchronous) step. The step time of a cell is the median over its samples of each "
+    "sample's p50. Intervals: 95% percentile bootstrap of the ratio of medians, over samples when a cell "
+    "has several, else over the trial's per-step times. Model FLOPs per step = 6·N_matmul·tokens + "
+    "6·n_layers·seq_len·d_model·tokens (causal attention); MFU divides by the dense datasheet peak. "
+    "launch_bound: issuing one step takes the host at least 80% of the GPU's step time."
+)
+ENV_FIELDS = ["gpu_name", "compute_capability", "driver_version", "cuda_version", "torch_version", "te_version",
+              "ray_version", "python_version", "juicytalk_version", "git_sha", "hostname"]
+
+
+def _num(v, digits=2):
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    return round(float(v), digits)
+
+
+def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | None) -> list[tuple[str, str, pd.DataFrame]]:
+    sections = []
+    rows = pairs.rows
+    sp = rows[rows["kind"] == "fp8_speedup"] if not rows.empty else rows
+    if not sp.empty:
+        t = pd.DataFrame({
+            "d_model": sp["d_model"], "n_layers": sp["n_layers"], "params (M)": (sp["n_params"] / 1e6).round(1),
+            "graphs": sp["cuda_graphs"], "recipe": sp["candidate"].str.replace("te-fp8-", "", regex=False),
+            "BF16 ms": sp["reference_ms"].round(3), "FP8 ms": sp["candidate_ms"].round(3),
+            "speedup": sp["ratio"].round(3), "CI low": sp["ci_low"].round(3), "CI high": sp["ci_high"].round(3),
+            "CI over": sp["ci_method"], "n": sp["n_candidate"],
+        }).sort_values(["recipe", "graphs", "n_layers", "params (M)"])
+        sections.append(("FP8 speedup over TE BF16", "speedup = BF16 step time / FP8 step time (> 1: FP8 faster)", t))
+        cross = []
+        for (cand, layers, graphs), g in sp.groupby(["candidate", "n_layers", "cuda_graphs"]):
+            x = crossover(list(g["n_params"]), list(g["ratio"]))
+            cross.append({"recipe": cand.replace("te-fp8-", ""), "n_layers": layers, "graphs": graphs,
+                          "crossover params (M)": round(x / 1e6, 1) if x else None,
+                          "note": "FP8 faster from here on" if x else
+                          ("FP8 faster at every size" if (g["ratio"] >= 1).all() else
+                           "FP8 never faster in range" if (g["ratio"] < 1).all() else "no upward crossing")})
+        sections.append(("Crossover size", "where FP8 speedup first crosses 1.0 (log-linear interpolation)",
+                         pd.DataFrame(cross)))
+    gain = rows[rows["kind"] == "te_gain"] if not rows.empty else rows
+    if not gain.empty:
+        sections.append(("TE kernel gain (te-bf16 vs torch-bf16)", "gain = torch-bf16 step time / te-bf16 step time",
+                         pd.DataFrame({"d_model": gain["d_model"], "n_layers": gain["n_layers"],
+                                       "graphs": gain["cuda_graphs"], "torch ms": gain["reference_ms"].round(3),
+                                       "te ms": gain["candidate_ms"].round(3), "gain": gain["ratio"].round(3),
+                                       "CI low": gain["ci_low"].round(3), "CI high": gain["ci_high"].round(3)})))
+    cells = df.assign(peak_gib=df["peak_mem_allocated_bytes"] / 2**30).groupby(
+        ["cell_label", "variant", "cuda_graphs", "d_model", "n_layers"], dropna=False, sort=True).agg(
+        samples=("status", "size"), status=("status", lambda s: ",".join(sorted(set(s)))),
+        p50_ms=("step_ms_p50", "median"), tokens_per_s=("tokens_per_s", "median"),
+        tflops=("model_tflops", "median"), mfu_bf16=("mfu_bf16_peak", "median"),
+        mfu_own=("mfu_precision_peak", "median"), peak_gib=("peak_gib", "max"),
+        loss_final=("loss_final", "median"), stride_acc=("gen_stride_accuracy", "median"),
+        launch_bound=("launch_bound", lambda s: ",".join(sorted({str(v) for v in s if v is not None})) or "-"),
+    ).reset_index().sort_values(["d_model", "n_layers", "variant", "cuda_graphs"])
+    for col, digits in (("p50_ms", 3), ("tokens_per_s", 0), ("tflops", 1), ("mfu_bf16", 3), ("mfu_own", 3),
+                        ("peak_gib", 2), ("loss_final", 4), ("stride_acc", 3)):
+        cells[col] = cells[col].astype(float).round(digits)
+    sections.append(("All cells", "medians over samples; status lists every sample's status", cells))
+    numerics = _loss_deltas(df)
+    if not numerics.empty:
+        sections.append(("FP8 numerics", "final training loss of each FP8 cell against its TE BF16 partner", numerics))
+    if not pairs.unpaired.empty:
+        u = pairs.unpaired
+        sections.append(("Unpaired cells", "cells left out of the ratios above, and why",
+                         pd.DataFrame({"kind": u["kind"], "d_model": u["d_model"], "n_layers": u["n_layers"],
+                                       "graphs": u["cuda_graphs"], "cell": u["cell"], "partner": u["partner"],
+                                       "reason": u["reason"]})))
+    if comparison is not None:
+        c = comparison.copy()
+        for col in ("a_ms", "b_ms", "ratio_b_over_a", "ci_low", "ci_high"):
+            c[col] = c[col].round(3)
+        sections.append(("Comparison", "step-time ratio B/A per cell; changed = the 95% interval excludes 1",
+                         c.drop(columns=["cell_id"])))
+    return sections
+
+
+def _loss_deltas(df: pd.DataFrame) -> pd.DataFrame:
+    ok = df[df["status"] == "ok"]
+    keys = ["d_model", "n_layers", "cuda_graphs", "seq_len", "batch_size"]
+    bf16 = ok[ok["variant"] == "te-bf16"].groupby(keys)["loss_final"].median()
+    out = []
+    for (variant, *key), g in ok[ok["variant"].str.startswith("te-fp8")].groupby(["variant"] + keys):
+        ref = bf16.get(tuple(key))
+        if ref is None:
+            continue
+        fp8 = float(g["loss_final"].median())
+        out.append({"variant": variant, **dict(zip(keys, key)), "bf16 loss": round(float(ref), 4),
+                    "fp8 loss": round(fp8, 4), "delta %": round(100 * (fp8 - ref) / ref, 2)})
+    return pd.DataFrame(out)
+
+
+def _md_cell(v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return str(v).replace("|", "\\|")
+
+
+def _md_table(frame: pd.DataFrame) -> str:
+    cols = list(frame.columns)
+    lines = ["| " + " | ".join(map(str, cols)) + " |", "|" + "---|" * len(cols)]
+    for row in frame.itertuples(index=False):
+        lines.append("| " + " | ".join(_md_cell(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def markdown_tables(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | None) -> str:
+    parts = ["# JuicyTalk results", ""]
+    for title, note, frame in summary_sections(df, pairs, comparison):
+        parts += [f"## {title}", "", f"_{note}_", "", _md_table(frame), ""]
+    parts += ["## Environment", "", _md_table(environment(df)), "", "## Timing method", "", TIMING_METHOD, ""]
+    return "\n".join(parts)
+
+
+def write_csv(path: Path, pairs: Pairs, comparison: pd.DataFrame | None) -> None:
+    """One row per ratio (fp8_speedup, te_gain, and compare rows), full precision."""
+    frames = [pairs.rows] if not pairs.rows.empty else []
+    if comparison is not None and not comparison.empty:
+        frames.append(comparison.assign(kind="compare", ratio=comparison["ratio_b_over_a"]))
+    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["kind", "ratio"])
+    table.to_csv(path, index=False)
+
+
+def environment(df: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for col in ENV_FIELDS:
+        if col in df.columns:
+            values = sorted({str(v) for v in df[col].dropna().unique()})
+            rows.append({"field": col, "value": ", ".join(values) if values else "-"})
+    peaks = df.dropna(subset=["peak_tflops_bf16"]).drop_duplicates(["gpu_name", "effective_precision"])
+    for r in peaks.itertuples():
+        rows.append({"field": f"peak TFLOP/s ({r.gpu_name}, {r.effective_precision})",
+                     "value": f"bf16 {r.peak_tflops_bf16:g}, own precision {r.peak_tflops_precision}"})
+    if peaks.empty:
+        rows.append({"field": "MFU peaks", "value": "none: device not in the peak table (CPU runs)"})
+    return pd.DataFrame(rows)
+
+
+_CSS = """
+body{font-family:-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif;margin:0;color:#222;background:#fafafa}
+header{background:#1b2733;color:#fff;padding:22px 32px}header h1{margin:0;font-size:24px}
+header p{margin:6px 0 0;color:#c9d6e2}main{max-width:1200px;margin:0 auto;padding:16px 32px}
+section{background:#fff;border:1px solid #e3e3e3;border-radius:8px;margin:18px 0;padding:12px 18px}
+h2{font-size:18px;margin:8px 0}p.note{color:#666;margin:4px 0 10px;font-size:13px}
+table{border-collapse:collapse;font-size:12.5px;width:100%}th,td{border-bottom:1px solid #eee;padding:4px 6px;text-align:right}
+th{background:#f3f5f7}td:first-child,th:first-child{text-align:left}pre{background:#f6f8fa;padding:10px;overflow:auto;font-size:12px}
+.chart{margin:6px 0}
+"""
+
+
+def write_html(path: str, figures: list[tuple[str, go.Figure]], df: pd.DataFrame, pairs: Pairs, md: str,
+               sweep_text: str | None, comparison: pd.DataFrame | None) -> None:
+    """A single self-contained file: plotly.js embedded once, so it opens offline from disk."""
+    gpus = ", ".join(sorted({str(g) for g in df["gpu_name"].dropna().unique()})) or "CPU"
+    sweeps = ", ".join(sorted({str(s) for s in df["sweep_name"].dropna().unique()})) or "-"
+    body = [f"<header><h1>JuicyTalk scaling report: {html.escape(sweeps)}</h1>"
+            f"<p>{len(df)} trial records on {html.escape(gpus)}</p></header><main>"]
+    for i, (name, fig) in enumerate(figures):
+        div = fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=f"chart-{name}",
+                          config={"displaylogo": False, "responsive": True})
+        body.append(f'<section class="chart" id="sec-{name}">{div}</section>')
+    for title, note, frame in summary_sections(df, pairs, comparison):
+        table = frame.to_html(index=False, na_rep="-", border=0, escape=True)
+        body.append(f"<section><h2>{html.escape(title)}</h2><p class='note'>{html.escape(note)}</p>{table}</section>")
+    env = environment(df).to_html(index=False, border=0)
+    body.append(f"<section><h2>Environment</h2>{env}</section>")
+    body.append(f"<section><h2>Timing method</h2><p>{html.escape(TIMING_METHOD)}</p></section>")
+    if sweep_text:
+        body.append(f"<section><h2>Sweep file as run</h2><pre>{html.escape(sweep_text)}</pre></section>")
+    body.append("</main>")
+    page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>JuicyTalk report</title>"
+            f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>")
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
+    tmp.write_text(page, encoding="utf-8")
+    tmp.replace(path)
+
+
+def export_pngs(figures: list[tuple[str, go.Figure]], out_dir: str) -> list[str]:
+    """PNG per chart through kaleido, which drives a Chromium (Debian's /usr/bin/chromium works)."""
+    import warnings
+
+    import kaleido
+
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    paths = []
+    kaleido.start_sync_server(silence_warnings=True)
+    try:
+        for name, fig in figures:
+            path = str(Path(out_dir) / f"{name}.png")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # "kopts ignored when using a server"
+                fig.write_image(path, width=1100, height=int(fig.layout.height or 500), scale=1)
+            paths.append(path)
+    finally:
+        kaleido.stop_sync_server(silence_warnings=True)
+    return paths

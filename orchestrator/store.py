@@ -1,0 +1,236 @@
+"""The Parquet store: one file per trial, written atomically, one explicit schema for all of them.
+
+Layout under ``<storage>/<sweep name>/``:
+
+    trials/<cell_id>-s<sample>.parquet    one record (the flat trial record + where it ran)
+    series/<cell_id>-s<sample>.parquet    per-step series: loss (training) and step_ms (timed steps)
+    running/<cell_id>-s<sample>.json      marker while a trial runs (pids, node, start time)
+    logs/<cell_id>-s<sample>.log          the trial process's output
+    results.parquet                       all records, consolidated (``juicytalk collect``)
+    sweep.yaml                            the sweep file as run
+
+Every file is written to a dot-prefixed temporary name, fsynced and renamed into place, so a reader
+never sees half a file and a crash leaves at most an ignored temporary. A record's file name is its
+(cell, sample) key, so a retried or resumed trial replaces its record: never two for one key.
+pyarrow takes a dataset's schema from its first file and silently drops later columns; every read
+and write here passes the one explicit :data:`RECORD_SCHEMA` instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterable
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from trials.record import FIELDS, FINAL_STATUSES, SCHEMA_VERSION
+
+log = logging.getLogger(__name__)
+
+_ARROW = {
+    "int": pa.int64(),
+    "float": pa.float64(),
+    "str": pa.string(),
+    "bool": pa.bool_(),
+    "list[float]": pa.list_(pa.float64()),
+    "list[int]": pa.list_(pa.int64()),
+}
+
+# Fields the orchestrator adds to each trial record.
+SWEEP_FIELDS: list[tuple[str, str, str]] = [
+    ("sweep_name", "str", "Sweep the trial belongs to."),
+    ("cell_id", "str", "Stable id of the cell (hash of its full spec)."),
+    ("cell_label", "str", "Readable cell name, e.g. d768-L4-te-fp8-delayed."),
+    ("sample", "int", "Sample index within the cell (0..samples-1)."),
+    ("trial_id", "str", "Ray Tune trial id."),
+    ("node_id", "str", "Ray node the trial ran on."),
+    ("node_ip", "str", "IP address of that node."),
+    ("worker_pid", "int", "Ray worker process that supervised the trial."),
+    ("cuda_visible_devices", "str", "GPUs Ray gave the trial."),
+    ("gpu_mem_in_use_at_start_bytes", "int", "Device memory already in use on the trial's GPU when it started."),
+    ("foreign_gpu_processes", "str", "JSON list of other processes on the trial's GPU at start (pid, bytes)."),
+    ("ray_version", "str", "Ray version of the worker."),
+    ("recorded_at", "str", "UTC time the record was written."),
+]
+
+RECORD_SCHEMA = pa.schema(
+    [pa.field(f.name, _ARROW[f.type]) for f in FIELDS] + [pa.field(n, _ARROW[t]) for n, t, _ in SWEEP_FIELDS],
+    metadata={b"schema_version": str(SCHEMA_VERSION).encode(), b"producer": b"juicytalk"},
+)
+SERIES_SCHEMA = pa.schema([
+    ("sweep_name", pa.string()), ("cell_id", pa.string()), ("sample", pa.int64()),
+    ("series", pa.string()), ("step", pa.int64()), ("value", pa.float64()),
+])
+
+
+def trial_key(cell_id: str, sample: int) -> str:
+    return f"{cell_id}-s{sample}"
+
+
+class Store:
+    """Files of one sweep under ``root`` (a local directory or a pyarrow filesystem URI)."""
+
+    def __init__(self, storage: str, sweep_name: str):
+        self.storage = storage
+        self.sweep_name = sweep_name
+        if "://" in storage:
+            self.fs, base = pafs.FileSystem.from_uri(storage)
+            self.local = isinstance(self.fs, pafs.LocalFileSystem)
+        else:
+            self.fs, base, self.local = pafs.LocalFileSystem(), str(Path(storage).expanduser().resolve()), True
+        self.root = f"{base.rstrip('/')}/{sweep_name}"
+
+    # -- paths ----------------------------------------------------------------------------------
+    def path(self, *parts: str) -> str:
+        return "/".join((self.root,) + parts)
+
+    def ensure(self) -> None:
+        for sub in ("trials", "series", "running", "logs"):
+            self.fs.create_dir(self.path(sub), recursive=True)
+
+    # -- atomic writes --------------------------------------------------------------------------
+    def _commit(self, final: str, write) -> None:
+        directory, name = final.rsplit("/", 1)
+        tmp = f"{directory}/.{name}.{uuid.uuid4().hex[:8]}.tmp"
+        if self.local:
+            write(tmp)
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, final)
+            dfd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        else:
+            write(tmp)
+            self.fs.move(tmp, final)
+
+    def _write_table(self, final: str, table: pa.Table) -> None:
+        self._commit(final, lambda p: pq.write_table(table, p, filesystem=self.fs))
+
+    def write_text(self, final: str, text: str) -> None:
+        def write(p: str) -> None:
+            with self.fs.open_output_stream(p) as out:
+                out.write(text.encode())
+        self._commit(final, write)
+
+    def write_record(self, record: dict[str, Any]) -> str:
+        row = {name: record.get(name) for name in RECORD_SCHEMA.names}
+        row["sweep_name"] = self.sweep_name
+        row["recorded_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        table = pa.Table.from_pylist([row], schema=RECORD_SCHEMA)
+        final = self.path("trials", trial_key(row["cell_id"], row["sample"]) + ".parquet")
+        self._write_table(final, table)
+        self._write_series(record)
+        return final
+
+    def _write_series(self, record: dict[str, Any]) -> None:
+        rows = []
+        for series, key in (("loss", "loss_curve"), ("step_ms", "step_times_ms")):
+            for i, value in enumerate(record.get(key) or []):
+                rows.append({"sweep_name": self.sweep_name, "cell_id": record["cell_id"],
+                             "sample": record["sample"], "series": series, "step": i, "value": value})
+        table = pa.Table.from_pylist(rows, schema=SERIES_SCHEMA)
+        self._write_table(self.path("series", trial_key(record["cell_id"], record["sample"]) + ".parquet"), table)
+
+    # -- running markers ------------------------------------------------------------------------
+    def mark_running(self, key: str, info: dict[str, Any]) -> None:
+        self.write_text(self.path("running", key + ".json"), json.dumps(info))
+
+    def clear_running(self, key: str) -> None:
+        try:
+            self.fs.delete_file(self.path("running", key + ".json"))
+        except (FileNotFoundError, OSError):
+            pass
+
+    def running(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for info in self._list("running", ".json"):
+            try:
+                with self.fs.open_input_stream(info.path) as fh:
+                    out[info.base_name[:-5]] = json.loads(fh.read().decode())
+            except (OSError, ValueError):
+                continue  # a marker being replaced right now
+        return out
+
+    # -- reads ----------------------------------------------------------------------------------
+    def _list(self, sub: str, suffix: str) -> list[pafs.FileInfo]:
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self.path(sub), allow_not_found=True))
+        except (FileNotFoundError, OSError):
+            return []
+        return [i for i in infos if i.type == pafs.FileType.File and i.base_name.endswith(suffix)
+                and not i.base_name.startswith(".")]
+
+    def record_files(self) -> list[str]:
+        return sorted(i.path for i in self._list("trials", ".parquet"))
+
+    def read_records(self, columns: Iterable[str] | None = None) -> pa.Table:
+        files = self.record_files()
+        if not files:
+            return RECORD_SCHEMA.empty_table() if columns is None else RECORD_SCHEMA.empty_table().select(list(columns))
+        dataset = ds.dataset(files, schema=RECORD_SCHEMA, format="parquet", filesystem=self.fs)
+        return dataset.to_table(columns=list(columns) if columns else None)
+
+    def statuses(self) -> dict[str, str]:
+        """(cell, sample) key -> status of its record."""
+        table = self.read_records(["cell_id", "sample", "status"])
+        return {trial_key(c, s): st for c, s, st in zip(*(table.column(n).to_pylist()
+                                                       for n in ("cell_id", "sample", "status")))}
+
+    def final_keys(self) -> set[str]:
+        return {k for k, st in self.statuses().items() if st in FINAL_STATUSES}
+
+    def read_series(self) -> pa.Table:
+        files = sorted(i.path for i in self._list("series", ".parquet"))
+        if not files:
+            return SERIES_SCHEMA.empty_table()
+        return ds.dataset(files, schema=SERIES_SCHEMA, format="parquet", filesystem=self.fs).to_table()
+
+    def collect(self) -> tuple[str, int]:
+        """Consolidate every record into ``results.parquet`` (atomically); returns (path, rows)."""
+        table = self.read_records()
+        if table.num_rows:
+            table = table.sort_by([("cell_label", "ascending"), ("cell_id", "ascending"), ("sample", "ascending")])
+        final = self.path("results.parquet")
+        self._write_table(final, table)
+        return final, table.num_rows
+
+    def remove_temporaries(self) -> int:
+        """Delete temporaries a crash left behind (dot-prefixed ``.tmp`` files)."""
+        removed = 0
+        for sub in ("trials", "series", "running", ""):
+            try:
+                infos = self.fs.get_file_info(pafs.FileSelector(self.path(sub) if sub else self.root,
+                                                                allow_not_found=True))
+            except (FileNotFoundError, OSError):
+                continue
+            for info in infos:
+                if info.type == pafs.FileType.File and info.base_name.startswith(".") and info.base_name.endswith(".tmp"):
+                    self.fs.delete_file(info.path)
+                    removed += 1
+        return removed
+
+
+def read_results(path: str) -> pa.Table:
+    """Records from a sweep directory (its trial files) or from a results.parquet file."""
+    p = Path(path)
+    if p.is_dir():
+        if (p / "trials").is_dir():
+            return Store(str(p.parent), p.name).read_records()
+        if (p / "results.parquet").is_file():
+            return pq.read_table(p / "results.parquet", schema=RECORD_SCHEMA)
+        raise FileNotFoundError(f"{path}: no trials/ or results.parquet here")
+    return pq.read_table(p, schema=RECORD_SCHEMA)

@@ -1,0 +1,234 @@
+"""Sweep files: load, validate (every error names its key and line), expand into cells.
+
+A sweep file is YAML read with ``yaml.safe_load`` semantics; nothing in it is ever executed.
+
+    name: seed                # letters, digits, '-', '_' (it becomes a directory under --out)
+    grid:                     # lists over any trial spec field; the cartesian product is the cells
+      d_model: [768, 1024]
+      precision: [bf16, fp8]
+      recipe: [delayed, current]
+    fixed: {n_layers: 4}      # scalars applied to every cell
+    samples: 1                # independent trials per cell, each a fresh process
+    resources: {gpu: 1, cpu: 2}
+    max_concurrent: null      # at most this many trials at once (default: as resources allow)
+    trial_timeout_s: 1800     # a trial running longer is killed and recorded as status timeout
+    storage: ./juicytalk-results   # local path or a URI pyarrow understands; --out overrides
+
+Cells that make no sense are never run twice under two names: an FP8-only field (recipe,
+fp8_format, amax_*) on a non-fp8 cell is collapsed to its default, and fp8 on the torch backend or
+a cpu device is skipped, each listed with its reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trials.spec import FP8_ONLY_FIELDS, SpecError, TrialSpec
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+TOP_KEYS = ("name", "grid", "fixed", "samples", "resources", "max_concurrent", "trial_timeout_s", "storage")
+RESOURCE_KEYS = ("gpu", "cpu")
+_DEFAULTS = TrialSpec().to_dict()
+
+
+class SweepError(ValueError):
+    """One problem with a sweep file, naming the key (and the line when YAML gives it)."""
+
+    def __init__(self, key: str, message: str, line: int | None = None, source: str | None = None):
+        where = f"{source}" if source else "sweep"
+        if line:
+            where += f", line {line}"
+        super().__init__(f"{where}: {key}: {message}")
+        self.key = key
+        self.line = line
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of the grid: a validated spec and its stable id."""
+
+    spec: TrialSpec
+    cell_id: str
+    label: str
+
+
+@dataclass
+class Sweep:
+    name: str
+    grid: dict[str, list[Any]]
+    fixed: dict[str, Any]
+    samples: int = 1
+    resources: dict[str, float] = field(default_factory=lambda: {"gpu": 1, "cpu": 1})
+    max_concurrent: int | None = None
+    trial_timeout_s: float | None = None
+    storage: str | None = None
+    source_text: str = ""
+    cells: list[Cell] = field(default_factory=list)
+    skipped: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+    collapsed: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+
+
+def cell_id(spec: TrialSpec) -> str:
+    """Stable id of a spec: the same cell gets the same id in every run and on every machine."""
+    canonical = json.dumps(spec.to_dict(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha1(canonical.encode()).hexdigest()[:12]
+
+
+def cell_label(spec: TrialSpec) -> str:
+    parts = [f"d{spec.d_model}", f"L{spec.n_layers}", spec.backend, spec.precision]
+    if spec.precision == "fp8":
+        parts.append(spec.recipe)
+    if spec.cuda_graphs:
+        parts.append("graphs")
+    return "-".join(parts)
+
+
+def _lines(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
+    """Map each key path to its 1-based line; raise on duplicate keys (safe_load keeps the last silently)."""
+    out = {} if out is None else out
+    out.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        seen = set()
+        for key_node, value_node in node.value:
+            key = key_node.value
+            if key in seen:
+                raise SweepError(".".join(map(str, path + (key,))), "duplicate key", key_node.start_mark.line + 1)
+            seen.add(key)
+            out[path + (key,)] = key_node.start_mark.line + 1
+            _lines(value_node, path + (key,), out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _lines(item, path + (i,), out)
+    return out
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SweepError("file", f"cannot read {path}: {exc.strerror}") from None
+    return parse_sweep(text, source=str(path))
+
+
+def parse_sweep(text: str, source: str = "sweep") -> Sweep:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise SweepError("yaml", str(getattr(exc, "problem", exc)), mark.line + 1 if mark else None, source) from None
+    if not isinstance(data, dict) or root is None:
+        raise SweepError("file", "must be a YAML mapping with at least 'name' and 'grid'", None, source)
+    try:
+        lines = _lines(root)
+    except SweepError as exc:
+        raise SweepError(exc.key, "duplicate key", exc.line, source) from None
+
+    def err(key_path: tuple, message: str) -> SweepError:
+        line = lines.get(key_path) or lines.get(key_path[:1])
+        return SweepError(".".join(map(str, key_path)), message, line, source)
+
+    for key in data:
+        if key not in TOP_KEYS:
+            raise err((key,), f"unknown key; allowed: {', '.join(TOP_KEYS)}")
+    name = data.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise err(("name",), "required; letters, digits, '-' and '_' only (1-64 characters)")
+    grid = data.get("grid")
+    if not isinstance(grid, dict) or not grid:
+        raise err(("grid",), "required; a mapping of spec fields to non-empty lists")
+    fixed = data.get("fixed") or {}
+    if not isinstance(fixed, dict):
+        raise err(("fixed",), "must be a mapping of spec fields to single values")
+    fields = set(TrialSpec.field_names())
+    for key, values in grid.items():
+        if key not in fields:
+            raise err(("grid", key), f"unknown trial field; allowed: {', '.join(sorted(fields))}")
+        if not isinstance(values, list) or not values:
+            raise err(("grid", key), "must be a non-empty list")
+        if len(set(map(json.dumps, values))) != len(values):
+            raise err(("grid", key), "has repeated values")
+    for key, value in fixed.items():
+        if key not in fields:
+            raise err(("fixed", key), f"unknown trial field; allowed: {', '.join(sorted(fields))}")
+        if isinstance(value, (list, dict)):
+            raise err(("fixed", key), "must be a single value (put lists under grid)")
+        if key in grid:
+            raise err(("fixed", key), "is also in grid; give it in one place")
+
+    samples = data.get("samples", 1)
+    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
+        raise err(("samples",), "must be a positive integer")
+    resources = {"gpu": 1, "cpu": 1}
+    given = data.get("resources") or {}
+    if not isinstance(given, dict):
+        raise err(("resources",), "must be a mapping with gpu and/or cpu")
+    for key, value in given.items():
+        if key not in RESOURCE_KEYS:
+            raise err(("resources", key), f"unknown resource; allowed: {', '.join(RESOURCE_KEYS)}")
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise err(("resources", key), "must be a number >= 0")
+        if key == "gpu" and value != int(value):
+            raise err(("resources", "gpu"), "must be a whole number: fractional GPUs share a device and "
+                      "make every timing wrong")
+        resources[key] = int(value) if key == "gpu" else value
+    if resources["cpu"] <= 0:
+        raise err(("resources", "cpu"), "must be > 0")
+    max_concurrent = data.get("max_concurrent")
+    if max_concurrent is not None and (not isinstance(max_concurrent, int) or isinstance(max_concurrent, bool)
+                                       or max_concurrent < 1):
+        raise err(("max_concurrent",), "must be a positive integer or null")
+    timeout = data.get("trial_timeout_s")
+    if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0):
+        raise err(("trial_timeout_s",), "must be a positive number of seconds or null")
+    storage = data.get("storage")
+    if storage is not None and (not isinstance(storage, str) or not storage.strip()):
+        raise err(("storage",), "must be a path or URI string")
+
+    sweep = Sweep(name=name, grid=grid, fixed=fixed, samples=samples, resources=resources,
+                  max_concurrent=max_concurrent, trial_timeout_s=timeout, storage=storage, source_text=text)
+    _expand(sweep, err)
+    return sweep
+
+
+def _expand(sweep: Sweep, err) -> None:
+    keys = list(sweep.grid)
+    seen: dict[str, dict[str, Any]] = {}
+    for combo in itertools.product(*(sweep.grid[k] for k in keys)):
+        values = dict(sweep.fixed)
+        values.update(zip(keys, combo))
+        asked = dict(values)
+        precision = values.get("precision", _DEFAULTS["precision"])
+        if precision == "fp8":
+            if values.get("backend") == "torch":
+                sweep.skipped.append((asked, "fp8 needs backend te; the torch twin has no FP8 path"))
+                continue
+            if values.get("device") == "cpu":
+                sweep.skipped.append((asked, "fp8 needs a CUDA device"))
+                continue
+        else:
+            for name in FP8_ONLY_FIELDS:
+                values.pop(name, None)
+        try:
+            spec = TrialSpec.from_dict(values)
+        except SpecError as exc:
+            place = ("grid", exc.field) if exc.field in sweep.grid else ("fixed", exc.field)
+            shown = ", ".join(f"{k}={v}" for k, v in zip(keys, combo))
+            raise err(place, f"{exc} (in cell {shown})") from None
+        cid = cell_id(spec)
+        if cid in seen:
+            dropped = {k: v for k, v in asked.items() if k in FP8_ONLY_FIELDS}
+            sweep.collapsed.append((asked, f"{cell_label(spec)}: {dropped} means nothing without fp8; "
+                                           "runs once as the same cell"))
+            continue
+        seen[cid] = asked
+        sweep.cells.append(Cell(spec=spec, cell_id=cid, label=cell_label(spec)))

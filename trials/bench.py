@@ -1,0 +1,97 @@
+"""Step timing: device time per step from CUDA events, host issue time from a separate probe.
+
+Each timed step is bracketed by two CUDA events recorded on the stream; the host never syncs
+inside a timed block, so the numbers are what the GPU timeline shows (idle gaps included when the
+host cannot launch fast enough). The block of ``bench_steps`` steps is repeated ``repeats`` times.
+
+Launch-boundness: the host issue time of one step is measured separately, starting from an idle
+GPU (sync, then time the Python call that enqueues the step). When issuing a step takes about as
+long as the GPU needs to run it, the GPU waits on the host: ``launch_bound``.
+On CPU everything is synchronous; the host clock times the step and launch_bound is not defined.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+LAUNCH_BOUND_RATIO = 0.8  # host issue time >= 80% of device step time -> the GPU waits on the host
+HOST_PROBE_STEPS = 10
+
+Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class BenchResult:
+    step_ms: list[float]  # every timed step, repeat after repeat
+    repeat_medians_ms: list[float]
+    host_ms_per_step: float
+    launch_bound: bool | None
+    last_loss: float
+    timer: str  # "cuda_event" or "perf_counter"
+
+
+def benchmark(step: Step, batches: list[tuple[torch.Tensor, torch.Tensor]], device: str,
+              warmup_steps: int, bench_steps: int, repeats: int) -> BenchResult:
+    """Warm up, probe the host issue time, then time ``repeats`` blocks of ``bench_steps`` steps."""
+    cuda = device == "cuda"
+    loss = None
+    for i in range(warmup_steps):
+        loss = step(*batches[i % len(batches)])
+    host_ms = _host_issue_ms(step, batches, cuda)
+    all_ms: list[float] = []
+    medians: list[float] = []
+    for _ in range(repeats):
+        ms, loss = (_timed_block_cuda if cuda else _timed_block_cpu)(step, batches, bench_steps)
+        all_ms.extend(ms)
+        medians.append(statistics.median(ms))
+    last_loss = float(loss.item()) if loss is not None else float("nan")
+    p50 = statistics.median(all_ms)
+    return BenchResult(
+        step_ms=all_ms,
+        repeat_medians_ms=medians,
+        host_ms_per_step=host_ms,
+        launch_bound=(host_ms >= LAUNCH_BOUND_RATIO * p50) if cuda else None,
+        last_loss=last_loss,
+        timer="cuda_event" if cuda else "perf_counter",
+    )
+
+
+def _host_issue_ms(step: Step, batches: list, cuda: bool) -> float:
+    samples = []
+    for i in range(HOST_PROBE_STEPS):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step(*batches[i % len(batches)])
+        samples.append((time.perf_counter() - t0) * 1000.0)
+    if cuda:
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def _timed_block_cuda(step: Step, batches: list, n: int) -> tuple[list[float], torch.Tensor]:
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    torch.cuda.synchronize()
+    loss = None
+    for i in range(n):
+        starts[i].record()
+        loss = step(*batches[i % len(batches)])
+        ends[i].record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)], loss
+
+
+def _timed_block_cpu(step: Step, batches: list, n: int) -> tuple[list[float], torch.Tensor]:
+    out = []
+    loss = None
+    for i in range(n):
+        t0 = time.perf_counter()
+        loss = step(*batches[i % len(batches)])
+        out.append((time.perf_counter() - t0) * 1000.0)
+    return out, loss

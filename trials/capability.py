@@ -1,0 +1,136 @@
+"""What this device can run, and what a spec turns into on it.
+
+A cell that cannot run as asked is never quietly run as something else: :func:`resolve` returns the
+effective backend/precision/recipe, or the reason the cell is ``unsupported``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import te_compat
+from .spec import RECIPES, TrialSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Capability:
+    """Device facts plus Transformer Engine availability and FP8 support per recipe."""
+
+    device_type: str
+    gpu_name: str | None = None
+    compute_capability: str | None = None
+    sm_count: int | None = None
+    total_memory_bytes: int | None = None
+    cuda_version: str | None = None
+    te_available: bool = False
+    te_version: str | None = None
+    te_error: str | None = None
+    fp8: dict[str, tuple[bool, str]] = field(default_factory=dict)
+
+    @property
+    def cc_tuple(self) -> tuple[int, int] | None:
+        if not self.compute_capability:
+            return None
+        major, minor = self.compute_capability.split(".")
+        return int(major), int(minor)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "device_type": self.device_type,
+            "gpu_name": self.gpu_name,
+            "compute_capability": self.compute_capability,
+            "sm_count": self.sm_count,
+            "total_memory_bytes": self.total_memory_bytes,
+            "cuda_version": self.cuda_version,
+            "te_available": self.te_available,
+            "te_version": self.te_version,
+            "te_error": self.te_error,
+            "fp8": {k: {"supported": v[0], "reason": v[1]} for k, v in self.fp8.items()},
+        }
+
+
+def probe(device: str = "auto", want_te: bool = True) -> Capability:
+    """Look at the device (and TE, when ``want_te``) without allocating anything large."""
+    use_cuda = torch.cuda.is_available() and device != "cpu"
+    if not use_cuda:
+        cap = Capability(device_type="cpu")
+        reason = "no CUDA device" if device != "cpu" else "device is cpu"
+        cap.te_error = reason
+        cap.fp8 = {r: (False, f"FP8 needs a CUDA GPU of compute capability 8.9+ ({reason})") for r in RECIPES}
+        return cap
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    cap = Capability(
+        device_type="cuda",
+        gpu_name=props.name,
+        compute_capability=f"{props.major}.{props.minor}",
+        sm_count=props.multi_processor_count,
+        total_memory_bytes=int(props.total_memory),
+        cuda_version=torch.version.cuda,
+    )
+    if not want_te:
+        cap.te_error = "not probed"
+        return cap
+    if (props.major, props.minor) < (8, 0):
+        cap.te_error = f"Transformer Engine needs compute capability 8.0+, this GPU is {cap.compute_capability}"
+    else:
+        try:
+            te = te_compat.import_te()
+            cap.te_available = True
+            cap.te_version = te_compat.te_version()
+        except Exception as exc:  # noqa: BLE001 - import failures of a compiled extension vary
+            cap.te_error = f"{type(exc).__name__}: {exc}"
+    if cap.te_available:
+        for r in RECIPES:
+            try:
+                cap.fp8[r] = te_compat.fp8_support(te, r)
+            except Exception as exc:  # noqa: BLE001
+                cap.fp8[r] = (False, f"{type(exc).__name__}: {exc}")
+    else:
+        cap.fp8 = {r: (False, f"Transformer Engine unavailable: {cap.te_error}") for r in RECIPES}
+    return cap
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What a spec becomes on a device; ``unsupported`` holds the reason it cannot run as asked."""
+
+    device: str
+    backend: str | None
+    precision: str | None
+    recipe: str | None
+    unsupported: str | None = None
+
+
+def resolve(spec: TrialSpec, cap: Capability) -> Resolution:
+    device = "cuda" if cap.device_type == "cuda" else "cpu"
+    recipe = spec.recipe if spec.precision == "fp8" else None
+
+    def no(reason: str) -> Resolution:
+        return Resolution(device, None, None, None, unsupported=reason)
+
+    if spec.device == "cuda" and device != "cuda":
+        return no("device cuda requested but no CUDA device is visible")
+    if spec.cuda_graphs and device != "cuda":
+        return no("cuda_graphs needs a CUDA device")
+    if spec.backend == "te" and not cap.te_available:
+        return no(f"backend te: {cap.te_error}")
+    if spec.backend == "auto":
+        te_ok = cap.te_available and (cap.cc_tuple or (0, 0)) >= (8, 0)
+        backend = "te" if te_ok else "torch"
+    else:
+        backend = spec.backend
+    if spec.precision == "fp8":
+        if backend != "te":
+            return no(f"fp8 needs Transformer Engine: {cap.te_error or 'backend resolved to torch'}")
+        ok, reason = cap.fp8.get(spec.recipe, (False, "not probed"))
+        if not ok:
+            return no(f"fp8 recipe {spec.recipe}: {reason or 'not supported on this GPU'}")
+    if spec.precision == "bf16" and device == "cuda" and not torch.cuda.is_bf16_supported():
+        return no("bf16 is not supported on this GPU")
+    return Resolution(device, backend, spec.precision, recipe)

@@ -1,0 +1,120 @@
+"""Command line for one trial: every spec field is a ``--kebab-case`` flag.
+
+Used as ``juicytalk trial ...`` and, without Ray or the orchestrator, as ``python -m trials ...``.
+Exit status: 0 when the record's status is ok, oom, unsupported or diverged; 1 for error; 2 for bad
+input (nothing is run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from .spec import TrialSpec, SpecError, spec_field_types
+
+EXIT_OK_STATUSES = ("ok", "oom", "unsupported", "diverged")
+_PARSERS = {"int": int, "float": float, "str": str}
+
+
+def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = TrialSpec().to_dict()
+    for name, type_name in spec_field_types().items():
+        flag = "--" + name.replace("_", "-")
+        if type_name == "bool":
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
+                                help=f"(default {str(defaults[name]).lower()})")
+        else:
+            parser.add_argument(flag, dest=name, type=_PARSERS[type_name], default=None, metavar=type_name.upper(),
+                                help=f"(default {defaults[name] if name not in ('n_heads', 'ffn') else 'derived'})")
+
+
+def add_trial_arguments(parser: argparse.ArgumentParser) -> None:
+    add_spec_arguments(parser)
+    parser.add_argument("--spec-json", help="the whole spec as a JSON object (flags given too override it)")
+    parser.add_argument("--json", dest="json_path", type=Path, help="write the record to this file (atomically)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no summary on stdout")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def spec_from_args(args: argparse.Namespace) -> TrialSpec:
+    values: dict[str, Any] = json.loads(args.spec_json) if args.spec_json else {}
+    for name in TrialSpec.field_names():
+        value = getattr(args, name, None)
+        if value is not None:
+            values[name] = value
+    return TrialSpec.from_dict(values)
+
+
+def write_json_atomic(path: Path, record: dict[str, Any]) -> None:
+    path = path.resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(record, fh, allow_nan=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _fmt(value: Any, unit: str = "", digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}{unit}"
+    return f"{value}{unit}"
+
+
+def summary(record: dict[str, Any]) -> str:
+    r = record
+    lines = [
+        f"status        {r['status']}" + (f"  ({r['error']})" if r.get("error") else ""),
+        f"cell          d_model={r['d_model']} n_layers={r['n_layers']} heads={r['n_heads']} ffn={r['ffn']} "
+        f"batch={r['batch_size']} seq={r['seq_len']} cuda_graphs={r['cuda_graphs']}",
+        f"requested     backend={r['backend']} precision={r['precision']}"
+        + (f" recipe={r['recipe']}" if r["precision"] == "fp8" else "") + f" device={r['device']}",
+        f"ran as        device={r['effective_device']} backend={r['effective_backend']} "
+        f"precision={r['effective_precision']} recipe={r['effective_recipe']}",
+        f"params        {_fmt(r['n_params'])}  ({_fmt((r['n_params'] or 0) / 1e6, 'M')})",
+        f"loss          first {_fmt(r['loss_first'], digits=4)}  final {_fmt(r['loss_final'], digits=4)}",
+        f"step          p50 {_fmt(r['step_ms_p50'], ' ms')}  p90 {_fmt(r['step_ms_p90'], ' ms')}  "
+        f"mean {_fmt(r['step_ms_mean'], ' ms')}  std {_fmt(r['step_ms_std'], ' ms')}  [{r['timer'] or '-'}]",
+        f"throughput    {_fmt(r['tokens_per_s'], ' tok/s', 0)}  {_fmt(r['model_tflops'], ' TFLOP/s', 1)}  "
+        f"MFU(bf16 peak) {_fmt(r['mfu_bf16_peak'], '', 3)}  MFU(own peak) {_fmt(r['mfu_precision_peak'], '', 3)}",
+        f"host          {_fmt(r['host_ms_per_step'], ' ms/step to issue')}  launch_bound={r['launch_bound']}",
+        f"memory        allocated {_fmt(r['peak_mem_allocated_bytes'])} B  reserved {_fmt(r['peak_mem_reserved_bytes'])} B",
+        f"generation    stride accuracy {_fmt(r['gen_stride_accuracy'], '', 3)}",
+        f"device        {r['gpu_name'] or 'cpu'} cc={r['compute_capability']} torch={r['torch_version']} te={r['te_version']}",
+        f"time          {_fmt(r['duration_s'], ' s')} (setup {_fmt(r['setup_s'], ' s')}, train {_fmt(r['train_s'], ' s')}, "
+        f"bench {_fmt(r['bench_s'], ' s')})",
+    ]
+    return "\n".join(lines)
+
+
+def run_from_args(args: argparse.Namespace, prog: str) -> int:
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        spec = spec_from_args(args)
+    except (SpecError, json.JSONDecodeError, TypeError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    from .trial import run_trial  # torch-heavy import only once the input is known good
+
+    record = run_trial(spec)
+    if args.json_path:
+        write_json_atomic(args.json_path, record)
+    if not args.quiet:
+        print(summary(record))
+    return 0 if record["status"] in EXIT_OK_STATUSES else 1
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m trials") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description="Run one MiniGPT trial and print its record.")
+    add_trial_arguments(parser)
+    return run_from_args(parser.parse_args(argv), prog)

@@ -1,0 +1,105 @@
+"""Model FLOPs, GPU peak rates and step-time statistics.
+
+FLOPs per training step (forward + backward, the usual 3x of forward):
+
+    6 * N_matmul * tokens  +  6 * n_layers * seq_len * d_model * tokens
+
+N_matmul counts the weights used in matrix products (QKV, proj, FC1, FC2 of every block and the LM
+head; embedding lookups do no multiply-adds). The second term is causal self-attention: QK^T and
+AV cost 4 * seq * d FLOPs per token and layer in the forward pass, halved by the causal mask, times
+3 for forward + backward. MFU divides achieved model FLOP/s by a dense datasheet peak.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Iterable, Sequence
+
+from .model import ModelConfig, matmul_param_count
+
+# Dense (non-sparse) datasheet peaks in TFLOP/s, keyed by a substring of torch's device name.
+# More specific names first: "H100 PCIe" must win over "H100".
+PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
+    ("GH200", {"bf16": 989.0, "fp8": 1979.0, "fp32": 67.0}),
+    ("H200 NVL", {"bf16": 835.0, "fp8": 1671.0, "fp32": 60.0}),
+    ("H200", {"bf16": 989.0, "fp8": 1979.0, "fp32": 67.0}),
+    ("H100 PCIe", {"bf16": 756.0, "fp8": 1513.0, "fp32": 51.0}),
+    ("H100 NVL", {"bf16": 835.0, "fp8": 1671.0, "fp32": 60.0}),
+    ("H100", {"bf16": 989.0, "fp8": 1979.0, "fp32": 67.0}),
+    ("H800", {"bf16": 989.0, "fp8": 1979.0, "fp32": 67.0}),
+    ("H20", {"bf16": 148.0, "fp8": 296.0, "fp32": 44.0}),
+    ("GB200", {"bf16": 2500.0, "fp8": 5000.0, "fp32": 80.0}),
+    ("B200", {"bf16": 2250.0, "fp8": 4500.0, "fp32": 80.0}),
+    ("B100", {"bf16": 1750.0, "fp8": 3500.0, "fp32": 60.0}),
+    ("A100", {"bf16": 312.0, "fp32": 19.5}),
+    ("A10G", {"bf16": 70.0, "fp32": 31.2}),
+    ("L40S", {"bf16": 362.05, "fp8": 733.0, "fp32": 91.6}),
+    ("L4", {"bf16": 121.0, "fp8": 242.5, "fp32": 30.3}),
+]
+PEAK_ENV = "JUICYTALK_PEAK_TFLOPS"  # e.g. "bf16=989,fp8=1979,fp32=67"
+
+
+def peak_tflops(gpu_name: str | None, precision: str) -> float | None:
+    """Dense peak for ``precision`` on ``gpu_name``; the environment override wins; None if unknown."""
+    override = os.environ.get(PEAK_ENV, "").strip()
+    if override:
+        table = {}
+        for item in override.split(","):
+            key, _, value = item.partition("=")
+            table[key.strip()] = float(value)
+        if precision in table:
+            return table[precision]
+    if not gpu_name:
+        return None
+    for key, peaks in PEAK_TFLOPS:
+        if key in gpu_name:
+            return peaks.get(precision)
+    return None
+
+
+def flops_per_step(cfg: ModelConfig, tokens: int) -> float:
+    attention = 6.0 * cfg.n_layers * cfg.seq_len * cfg.d_model * tokens
+    return 6.0 * matmul_param_count(cfg) * tokens + attention
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolation percentile (numpy's default) of already sorted values."""
+    if not sorted_values:
+        return math.nan
+    pos = (len(sorted_values) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def step_stats(step_ms: Iterable[float]) -> dict[str, float]:
+    values = sorted(step_ms)
+    n = len(values)
+    mean = sum(values) / n if n else math.nan
+    var = sum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else 0.0
+    return {
+        "step_ms_p50": percentile(values, 50),
+        "step_ms_p90": percentile(values, 90),
+        "step_ms_p99": percentile(values, 99),
+        "step_ms_mean": mean,
+        "step_ms_std": math.sqrt(var),
+        "step_ms_min": values[0] if values else math.nan,
+    }
+
+
+def throughput(cfg: ModelConfig, tokens: int, step_ms_mean: float, gpu_name: str | None,
+               precision: str) -> dict[str, float | None]:
+    """tokens/s, model TFLOP/s and MFU (vs the BF16 peak and vs the peak of the precision used)."""
+    seconds = step_ms_mean / 1000.0
+    tflops = flops_per_step(cfg, tokens) / seconds / 1e12
+    bf16_peak = peak_tflops(gpu_name, "bf16")
+    own_peak = peak_tflops(gpu_name, precision)
+    return {
+        "tokens_per_s": tokens / seconds,
+        "model_tflops": tflops,
+        "peak_tflops_bf16": bf16_peak,
+        "peak_tflops_precision": own_peak,
+        "mfu_bf16_peak": tflops / bf16_peak if bf16_peak else None,
+        "mfu_precision_peak": tflops / own_peak if own_peak else None,
+    }

@@ -1,0 +1,178 @@
+"""TrialSpec: one cell of a sweep, validated when it is built.
+
+Every bad value raises :class:`SpecError` naming the field and what is allowed, so the CLI and the
+sweep loader can turn it into one clear line and exit status 2 before any trial starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+BACKENDS = ("auto", "te", "torch")
+PRECISIONS = ("fp32", "bf16", "fp8")
+RECIPES = ("delayed", "current", "block")
+FP8_FORMATS = ("hybrid", "e4m3")
+AMAX_ALGOS = ("max", "most_recent")
+DEVICES = ("auto", "cuda", "cpu")
+
+# Fields that only mean something for an fp8 cell; other cells carry their defaults.
+FP8_ONLY_FIELDS = ("recipe", "fp8_format", "amax_history_len", "amax_compute_algo")
+
+
+class SpecError(ValueError):
+    """A spec value is not allowed; ``field`` names it."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """What one trial runs: model size, numerics, schedule and device."""
+
+    vocab: int = 96
+    d_model: int = 768
+    n_layers: int = 4
+    n_heads: int | None = None  # default d_model // 64 (at least 1)
+    ffn: int | None = None  # default 4 * d_model
+    seq_len: int = 256
+    batch_size: int = 32
+    backend: str = "auto"
+    precision: str = "bf16"
+    recipe: str = "delayed"
+    fp8_format: str = "hybrid"
+    amax_history_len: int = 16
+    amax_compute_algo: str = "max"
+    cuda_graphs: bool = False
+    train_steps: int = 60
+    lr: float = 3e-4
+    warmup_steps: int = 10
+    bench_steps: int = 30
+    repeats: int = 1
+    gen_len: int = 24
+    prompt_len: int = 8
+    seed: int = 1234
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            _check_type(f.name, getattr(self, f.name), f.type)
+        if self.n_heads is None:
+            object.__setattr__(self, "n_heads", max(1, self.d_model // 64))
+        if self.ffn is None:
+            object.__setattr__(self, "ffn", 4 * self.d_model)
+        self._validate()
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "TrialSpec":
+        """Build from a mapping; unknown names are an error, not silently ignored."""
+        known = set(cls.field_names())
+        for key in values:
+            if key not in known:
+                raise SpecError(str(key), f"unknown trial field; allowed: {', '.join(sorted(known))}")
+        return cls(**dict(values))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.field_names()}
+
+    def replace(self, **changes: Any) -> "TrialSpec":
+        base = self.to_dict()
+        if "d_model" in changes:  # derived defaults follow a new d_model unless given too
+            base["n_heads"] = changes.get("n_heads")
+            base["ffn"] = changes.get("ffn")
+        base.update(changes)
+        return TrialSpec.from_dict(base)
+
+    # -- derived ------------------------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // int(self.n_heads)  # type: ignore[arg-type]
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len
+
+    # -- validation -----------------------------------------------------------------------------
+    def _validate(self) -> None:
+        _choice("backend", self.backend, BACKENDS)
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("recipe", self.recipe, RECIPES)
+        _choice("fp8_format", self.fp8_format, FP8_FORMATS)
+        _choice("amax_compute_algo", self.amax_compute_algo, AMAX_ALGOS)
+        _choice("device", self.device, DEVICES)
+        for name in ("vocab", "d_model", "n_layers", "n_heads", "ffn", "seq_len", "batch_size",
+                     "amax_history_len", "train_steps", "bench_steps", "repeats", "prompt_len"):
+            if getattr(self, name) < 1:
+                raise SpecError(name, f"must be a positive integer, got {getattr(self, name)}")
+        for name in ("warmup_steps", "gen_len", "seed"):
+            if getattr(self, name) < 0:
+                raise SpecError(name, f"must be >= 0, got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise SpecError("lr", f"must be > 0, got {self.lr}")
+        if self.d_model % int(self.n_heads) != 0:  # type: ignore[arg-type]
+            raise SpecError("n_heads", f"must divide d_model={self.d_model}, got {self.n_heads}")
+        if self.vocab < 2:
+            raise SpecError("vocab", "must be at least 2")
+        if self.prompt_len + 1 > self.seq_len:
+            raise SpecError("prompt_len", f"must be < seq_len={self.seq_len}, got {self.prompt_len}")
+        if self.prompt_len < 2:
+            raise SpecError("prompt_len", "must be >= 2 so the prompt shows its stride")
+        if self.precision == "fp8":
+            if self.backend == "torch":
+                raise SpecError("backend", "fp8 needs backend 'te' (or 'auto'); the torch twin has no FP8 path")
+            if self.device == "cpu":
+                raise SpecError("device", "fp8 needs a CUDA device; use precision fp32 or bf16 on cpu")
+            for name, value in (("d_model", self.d_model), ("ffn", self.ffn),
+                                ("batch_size*seq_len", self.tokens_per_step)):
+                if value % 16:  # type: ignore[operator]
+                    raise SpecError(name, f"fp8 GEMMs need a multiple of 16, got {value}")
+        if self.backend == "te" and self.device == "cpu":
+            raise SpecError("backend", "te needs a CUDA device; use backend torch or auto on cpu")
+        if self.cuda_graphs and self.device == "cpu":
+            raise SpecError("cuda_graphs", "needs a CUDA device")
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise SpecError(name, f"must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _check_type(name: str, value: Any, annotation: Any) -> None:
+    """Reject wrong types early (YAML and CLI give strings, floats and bools in odd places)."""
+    text = str(annotation)
+    if value is None:
+        if "None" not in text:
+            raise SpecError(name, "must not be empty")
+        return
+    if text.startswith("bool"):
+        ok = isinstance(value, bool)
+        want = "true or false"
+    elif text.startswith("int"):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        want = "an integer"
+    elif text.startswith("float"):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        want = "a number"
+    elif text.startswith("str"):
+        ok = isinstance(value, str)
+        want = "a string"
+    else:
+        return
+    if not ok:
+        raise SpecError(name, f"must be {want}, got {value!r}")
+
+
+def spec_field_types() -> dict[str, str]:
+    """Field name -> 'int' | 'float' | 'bool' | 'str' (for CLI flags and stores)."""
+    out = {}
+    for f in dataclasses.fields(TrialSpec):
+        out[f.name] = str(f.type).split("|")[0].strip()
+    return out

@@ -1,0 +1,95 @@
+"""The one place that touches Transformer Engine's version-dependent names.
+
+TE 2.x renamed ``fp8_autocast`` -> ``autocast``, ``fp8.check_fp8_support`` -> ``is_fp8_available``
+and the graphing arguments ``fp8_enabled/fp8_recipe`` -> ``enabled/recipe``. This shim prefers the
+new names and falls back to the older ones, so the rest of ``trials`` never asks which TE it has.
+TE is imported lazily: importing ``trials`` must work on machines without it (CI, CPU hosts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import logging
+import os
+from types import ModuleType
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+
+def import_te() -> ModuleType:
+    """Import ``transformer_engine.pytorch`` (raises ImportError with TE's reason when absent)."""
+    os.environ.setdefault("NVTE_FRAMEWORK", "pytorch")  # silences the missing-JAX-extension warning
+    return importlib.import_module("transformer_engine.pytorch")
+
+
+def te_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("transformer_engine")
+    except Exception:  # noqa: BLE001 - any metadata problem means "unknown"
+        return None
+
+
+def fp8_support(te: ModuleType, recipe: str) -> tuple[bool, str]:
+    """(supported, reason) for one recipe name, in TE's own words."""
+    if recipe == "block":
+        fn = getattr(te, "is_fp8_block_scaling_available", None)
+        if fn is not None:
+            return _as_pair(fn(return_reason=True))
+        legacy = getattr(getattr(te, "fp8", None), "check_fp8_block_scaling_support", None)
+        if legacy is None:
+            return False, f"this Transformer Engine ({te_version()}) has no Float8BlockScaling"
+        return _as_pair(legacy())
+    fn = getattr(te, "is_fp8_available", None)
+    if fn is not None:
+        return _as_pair(fn(return_reason=True))
+    return _as_pair(te.fp8.check_fp8_support())  # TE 1.x compatibility
+
+
+def _as_pair(value: Any) -> tuple[bool, str]:
+    if isinstance(value, tuple):
+        ok, reason = value
+        return bool(ok), str(reason or "")
+    return bool(value), ""
+
+
+def make_recipe(recipe: str, fp8_format: str, amax_history_len: int, amax_compute_algo: str) -> Any:
+    """Build TE's recipe object; TE's own assertions surface as exceptions (recorded as unsupported)."""
+    from transformer_engine.common import recipe as te_recipe
+
+    fmt = {"hybrid": te_recipe.Format.HYBRID, "e4m3": te_recipe.Format.E4M3}[fp8_format]
+    if recipe == "delayed":
+        return te_recipe.DelayedScaling(
+            fp8_format=fmt, amax_history_len=amax_history_len, amax_compute_algo=amax_compute_algo
+        )
+    if recipe == "current":
+        return te_recipe.Float8CurrentScaling(fp8_format=fmt)
+    if recipe == "block":
+        return te_recipe.Float8BlockScaling(fp8_format=fmt)
+    raise ValueError(f"unknown recipe {recipe!r}")
+
+
+def autocast(te: ModuleType | None, recipe_obj: Any) -> contextlib.AbstractContextManager:
+    """FP8 autocast for ``recipe_obj``; a no-op context when there is no recipe."""
+    if te is None or recipe_obj is None:
+        return contextlib.nullcontext()
+    if hasattr(te, "autocast"):
+        return te.autocast(enabled=True, recipe=recipe_obj)
+    return te.fp8_autocast(enabled=True, fp8_recipe=recipe_obj)  # older TE compatibility
+
+
+def make_graphed_callables(te: ModuleType, module: Callable, sample_args: tuple, recipe_obj: Any) -> Callable:
+    """CUDA-graph ``module`` forward+backward with TE, FP8 state included when a recipe is given."""
+    params = inspect.signature(te.make_graphed_callables).parameters
+    kwargs: dict[str, Any] = {}
+    if recipe_obj is not None:
+        if "recipe" in params:
+            kwargs.update(enabled=True, recipe=recipe_obj)
+        else:  # older TE compatibility
+            kwargs.update(fp8_enabled=True, fp8_recipe=recipe_obj)
+    return te.make_graphed_callables(module, sample_args, **kwargs)
+

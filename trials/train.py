@@ -1,0 +1,109 @@
+"""The training step (optionally CUDA-graphed) and the short training run.
+
+One step = forward (inside FP8 autocast for fp8 cells), fp32 cross-entropy, backward, AdamW.
+A step returns its loss as a device tensor and never syncs with the host: losses are collected on
+the device and read once at the end, so the loop runs as fast as the GPU allows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import te_compat
+from .data import ArithmeticSequences
+from .model import MiniGPT
+
+log = logging.getLogger(__name__)
+
+
+def make_optimizer(model: nn.Module, lr: float, device: str) -> torch.optim.Optimizer:
+    """AdamW; the fused CUDA kernel on GPUs (one launch for all parameters), foreach elsewhere."""
+    if device == "cuda":
+        return torch.optim.AdamW(model.parameters(), lr=lr, fused=True)
+    return torch.optim.AdamW(model.parameters(), lr=lr, foreach=True)
+
+
+class _GraphRoot(nn.Module):
+    """Thin wrapper that is graphed instead of MiniGPT itself.
+
+    ``te.make_graphed_callables`` patches the ``__call__`` of the graphed module's *class*; a fresh
+    subclass per capture keeps that patch away from every other MiniGPT in the process.
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.model(idx)
+
+
+class TrainStep:
+    """Callable ``step(x, y) -> loss`` (a 0-d device tensor)."""
+
+    def __init__(self, model: MiniGPT, lr: float, device: str, te: Any = None, recipe: Any = None):
+        self.model = model
+        self.te = te if model.backend == "te" else None
+        self.recipe = recipe
+        self.vocab = model.cfg.vocab
+        self.optimizer = make_optimizer(model, lr, device)
+        self.forward: Callable[[torch.Tensor], torch.Tensor] = model
+        self.graphed = False
+
+    def capture(self, sample: torch.Tensor) -> None:
+        """Capture forward and backward as CUDA graphs (the optimizer step stays eager)."""
+        if self.te is not None:
+            root_cls = type("GraphedMiniGPT", (_GraphRoot,), {})
+            root = root_cls(self.model)
+            self.forward = te_compat.make_graphed_callables(self.te, root, (sample,), self.recipe)
+        else:
+            self.forward = torch.cuda.make_graphed_callables(self.model, (sample,))
+        self.graphed = True
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with te_compat.autocast(self.te, self.recipe):
+            logits = self.forward(x)
+        loss = F.cross_entropy(logits.float().view(-1, self.vocab), y.view(-1))
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+
+def train(step: TrainStep, data: ArithmeticSequences, steps: int, batch: int) -> list[float]:
+    """Run ``steps`` steps on fresh batches; the loss curve is read from the device once, at the end."""
+    device = data.device
+    losses = torch.empty(steps, device=device, dtype=torch.float32)
+    for i in range(steps):
+        x, y = data.batch(batch)
+        losses[i] = step(x, y)
+    return losses.tolist()
+
+
+def fp8_state(model: nn.Module, entries: int = 4) -> str | None:
+    """Delayed-scaling state of the first block (scale and newest amax per FP8 tensor), as JSON."""
+    if not model.blocks:
+        return None
+    out = []
+    for name, module in model.blocks[0].named_modules():
+        meta = getattr(module, "fp8_meta", None)
+        if not isinstance(meta, dict):
+            continue
+        for key in ("scaling_fwd", "scaling_bwd"):
+            state = meta.get(key)
+            if state is None or not hasattr(state, "scale") or not hasattr(state, "amax_history"):
+                continue
+            out.append({
+                "module": f"blocks.0.{name}" if name else "blocks.0",
+                "tensor_set": key,
+                "scale": [float(v) for v in state.scale.flatten()[:entries].tolist()],
+                "amax_latest": [float(v) for v in state.amax_history[0, :entries].tolist()],
+                "amax_history_len": int(state.amax_history.shape[0]),
+            })
+    return json.dumps(out) if out else None
