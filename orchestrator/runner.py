@@ -192,6 +192,7 @@ def run_trial_process(item: dict[str, Any], store: Store, on_start=None) -> dict
     """
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="juicytalk-") as tmp:
         out_json = Path(tmp, "record.json")
         log_path = Path(tmp, "trial.log")
@@ -210,11 +211,14 @@ def run_trial_process(item: dict[str, Any], store: Store, on_start=None) -> dict
         log_text = log_path.read_text(errors="replace")
         store.write_text(store.path("logs", item["key"] + ".log"), log_text)
         if rc is None:
-            return _failure_record(item["spec"], "timeout", f"exceeded trial_timeout_s={item['timeout_s']}")
-        if out_json.exists():
-            return json.loads(out_json.read_text())
-        tail = log_text.strip().splitlines()[-1:] or ["no output"]
-        raise RuntimeError(f"trial process exited with {rc} and no record: {tail[0][:500]}")
+            record = _failure_record(item["spec"], "timeout", f"exceeded trial_timeout_s={item['timeout_s']}")
+        elif out_json.exists():
+            record = json.loads(out_json.read_text())
+        else:
+            tail = log_text.strip().splitlines()[-1:] or ["no output"]
+            raise RuntimeError(f"trial process exited with {rc} and no record: {tail[0][:500]}")
+        record["trial_wall_s"] = time.perf_counter() - t0
+        return record
 
 
 def trial_trainable(config: dict[str, Any]) -> None:

@@ -58,6 +58,7 @@ SWEEP_FIELDS: list[tuple[str, str, str]] = [
     ("gpu_mem_in_use_at_start_bytes", "int", "Device memory already in use on the trial's GPU when it started."),
     ("foreign_gpu_processes", "str", "JSON list of other processes on the trial's GPU at start (pid, bytes)."),
     ("ray_version", "str", "Ray version of the worker."),
+    ("trial_wall_s", "float", "Trial process start to exit (imports and CUDA init included), s."),
     ("recorded_at", "str", "UTC time the record was written."),
 ]
 

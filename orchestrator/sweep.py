@@ -7,6 +7,8 @@ A sweep file is YAML read with ``yaml.safe_load`` semantics; nothing in it is ev
       d_model: [768, 1024]
       precision: [bf16, fp8]
       recipe: [delayed, current]
+    # grid may also be a list of such mappings: the cells are the union of their products
+    # (for sweeps that are not one rectangle, e.g. CUDA graphs only at small sizes)
     fixed: {n_layers: 4}      # scalars applied to every cell
     samples: 1                # independent trials per cell, each a fresh process
     resources: {gpu: 1, cpu: 2}
@@ -63,7 +65,7 @@ class Cell:
 @dataclass
 class Sweep:
     name: str
-    grid: dict[str, list[Any]]
+    grids: list[dict[str, list[Any]]]
     fixed: dict[str, Any]
     samples: int = 1
     resources: dict[str, float] = field(default_factory=lambda: {"gpu": 1, "cpu": 1})
@@ -144,25 +146,28 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise err(("name",), "required; letters, digits, '-' and '_' only (1-64 characters)")
     grid = data.get("grid")
-    if not isinstance(grid, dict) or not grid:
-        raise err(("grid",), "required; a mapping of spec fields to non-empty lists")
+    grids = grid if isinstance(grid, list) else [grid]
     fixed = data.get("fixed") or {}
     if not isinstance(fixed, dict):
         raise err(("fixed",), "must be a mapping of spec fields to single values")
     fields = set(TrialSpec.field_names())
-    for key, values in grid.items():
-        if key not in fields:
-            raise err(("grid", key), f"unknown trial field; allowed: {', '.join(sorted(fields))}")
-        if not isinstance(values, list) or not values:
-            raise err(("grid", key), "must be a non-empty list")
-        if len(set(map(json.dumps, values))) != len(values):
-            raise err(("grid", key), "has repeated values")
+    if not grids or not all(isinstance(g, dict) and g for g in grids):
+        raise err(("grid",), "required; a mapping of spec fields to non-empty lists (or a list of such mappings)")
+    for gi, one in enumerate(grids):
+        prefix = ("grid", gi) if isinstance(grid, list) else ("grid",)
+        for key, values in one.items():
+            if key not in fields:
+                raise err(prefix + (key,), f"unknown trial field; allowed: {', '.join(sorted(fields))}")
+            if not isinstance(values, list) or not values:
+                raise err(prefix + (key,), "must be a non-empty list")
+            if len(set(map(json.dumps, values))) != len(values):
+                raise err(prefix + (key,), "has repeated values")
     for key, value in fixed.items():
         if key not in fields:
             raise err(("fixed", key), f"unknown trial field; allowed: {', '.join(sorted(fields))}")
         if isinstance(value, (list, dict)):
             raise err(("fixed", key), "must be a single value (put lists under grid)")
-        if key in grid:
+        if any(key in one for one in grids):
             raise err(("fixed", key), "is also in grid; give it in one place")
 
     samples = data.get("samples", 1)
@@ -194,41 +199,43 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
     if storage is not None and (not isinstance(storage, str) or not storage.strip()):
         raise err(("storage",), "must be a path or URI string")
 
-    sweep = Sweep(name=name, grid=grid, fixed=fixed, samples=samples, resources=resources,
+    sweep = Sweep(name=name, grids=grids, fixed=fixed, samples=samples, resources=resources,
                   max_concurrent=max_concurrent, trial_timeout_s=timeout, storage=storage, source_text=text)
     _expand(sweep, err)
     return sweep
 
 
 def _expand(sweep: Sweep, err) -> None:
-    keys = list(sweep.grid)
-    seen: dict[str, dict[str, Any]] = {}
-    for combo in itertools.product(*(sweep.grid[k] for k in keys)):
-        values = dict(sweep.fixed)
-        values.update(zip(keys, combo))
-        asked = dict(values)
-        precision = values.get("precision", _DEFAULTS["precision"])
-        if precision == "fp8":
-            if values.get("backend") == "torch":
-                sweep.skipped.append((asked, "fp8 needs backend te; the torch twin has no FP8 path"))
+    seen: set[str] = set()
+    for gi, grid in enumerate(sweep.grids):
+        prefix = ("grid", gi) if len(sweep.grids) > 1 else ("grid",)
+        keys = list(grid)
+        for combo in itertools.product(*(grid[k] for k in keys)):
+            asked = dict(zip(keys, combo))
+            values = {**sweep.fixed, **asked}
+            precision = values.get("precision", _DEFAULTS["precision"])
+            if precision == "fp8":
+                if values.get("backend") == "torch":
+                    sweep.skipped.append((asked, "fp8 needs backend te; the torch twin has no FP8 path"))
+                    continue
+                if values.get("device") == "cpu":
+                    sweep.skipped.append((asked, "fp8 needs a CUDA device"))
+                    continue
+            else:
+                for name in FP8_ONLY_FIELDS:
+                    values.pop(name, None)
+            try:
+                spec = TrialSpec.from_dict(values)
+            except SpecError as exc:
+                place = prefix + (exc.field,) if exc.field in grid else ("fixed", exc.field)
+                shown = ", ".join(f"{k}={v}" for k, v in zip(keys, combo))
+                raise err(place, f"{exc} (in cell {shown})") from None
+            cid = cell_id(spec)
+            if cid in seen:
+                dropped = {k: v for k, v in asked.items() if k in FP8_ONLY_FIELDS}
+                sweep.collapsed.append((asked, f"{cell_label(spec)} appears more than once"
+                                        + (f" ({dropped} means nothing without fp8)" if dropped else "")
+                                        + "; it runs once"))
                 continue
-            if values.get("device") == "cpu":
-                sweep.skipped.append((asked, "fp8 needs a CUDA device"))
-                continue
-        else:
-            for name in FP8_ONLY_FIELDS:
-                values.pop(name, None)
-        try:
-            spec = TrialSpec.from_dict(values)
-        except SpecError as exc:
-            place = ("grid", exc.field) if exc.field in sweep.grid else ("fixed", exc.field)
-            shown = ", ".join(f"{k}={v}" for k, v in zip(keys, combo))
-            raise err(place, f"{exc} (in cell {shown})") from None
-        cid = cell_id(spec)
-        if cid in seen:
-            dropped = {k: v for k, v in asked.items() if k in FP8_ONLY_FIELDS}
-            sweep.collapsed.append((asked, f"{cell_label(spec)}: {dropped} means nothing without fp8; "
-                                           "runs once as the same cell"))
-            continue
-        seen[cid] = asked
-        sweep.cells.append(Cell(spec=spec, cell_id=cid, label=cell_label(spec)))
+            seen.add(cid)
+            sweep.cells.append(Cell(spec=spec, cell_id=cid, label=cell_label(spec)))

@@ -1,0 +1,65 @@
+"""Where does an eager training step spend its host time? torch.profiler over a few steps.
+
+Prints the top operators by self CPU time and the host vs device time per step, for one config
+(default: the tutorial's 768x4 TE BF16). Also times ``import transformer_engine.pytorch``.
+Usage: python benchmarks/profile_step.py [--backend te] [--precision bf16] [--steps 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+t_import = time.perf_counter()
+import torch  # noqa: E402
+
+torch_import_s = time.perf_counter() - t_import
+
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from trials import TrialSpec, te_compat  # noqa: E402
+from trials.data import ArithmeticSequences  # noqa: E402
+from trials.model import build_model  # noqa: E402
+from trials.train import TrainStep  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--backend", default="te")
+    parser.add_argument("--precision", default="bf16")
+    parser.add_argument("--recipe", default="delayed")
+    parser.add_argument("--d-model", type=int, default=768)
+    parser.add_argument("--n-layers", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--rows", type=int, default=15)
+    args = parser.parse_args()
+    t0 = time.perf_counter()
+    te = te_compat.import_te() if args.backend == "te" else None
+    te_import_s = time.perf_counter() - t0
+    print(f"import torch {torch_import_s:.2f}s; import transformer_engine.pytorch {te_import_s:.2f}s")
+    spec = TrialSpec(backend=args.backend, precision=args.precision, recipe=args.recipe, d_model=args.d_model,
+                     n_layers=args.n_layers, device="cuda")
+    recipe = (te_compat.make_recipe(spec.recipe, spec.fp8_format, spec.amax_history_len, spec.amax_compute_algo)
+              if spec.precision == "fp8" else None)
+    model = build_model(spec, spec.backend, spec.precision, "cuda", te)
+    step = TrainStep(model, spec.lr, "cuda", te, recipe)
+    x, y = ArithmeticSequences(spec.vocab, spec.seq_len, "cuda", 0).batch(spec.batch_size)
+    for _ in range(10):
+        step(x, y)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        for _ in range(args.steps):
+            step(x, y)
+        host = (time.perf_counter() - t) / args.steps
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t) / args.steps
+    events = prof.key_averages()
+    cuda_total = sum(e.self_device_time_total for e in events) / 1e3 / args.steps
+    print(f"{args.backend}-{args.precision} {args.d_model}x{args.n_layers}: host issue {host * 1e3:.2f} ms/step, "
+          f"wall {wall * 1e3:.2f} ms/step, GPU kernel time {cuda_total:.2f} ms/step (under the profiler)")
+    print(events.table(sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=60))
+
+
+if __name__ == "__main__":
+    main()
