@@ -84,7 +84,9 @@ def ray_session(address: str | None, dashboard: bool = False, verbose: bool = Fa
         ray.init(address=address, **kwargs)
     else:
         pythonpath = os.pathsep.join(p for p in (PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)
-        ray.init(include_dashboard=dashboard, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **kwargs)
+        # address="local": always a new embedded instance, never some cluster started earlier on this host.
+        ray.init(address="local", include_dashboard=dashboard, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
+                 **kwargs)
     try:
         yield ray
     finally:

@@ -19,10 +19,23 @@ from typing import Any, Callable
 log = logging.getLogger(__name__)
 
 
+# TE wraps its small fused element-wise helpers (bias-dropout-add, bias-GELU) in torch.compile unless
+# NVTE_TORCH_COMPILE=0. Measured on an H200 (TE 2.20): the first training step of every fresh trial
+# process then spends seconds compiling, eval-mode decoding recompiles until dynamo's limit, and every
+# eager call pays guard checks on the host, in a regime that is already launch-bound. JuicyTalk
+# turns it off unless the user set it; records carry the value (te_torch_compile).
+TE_TORCH_COMPILE_ENV = "NVTE_TORCH_COMPILE"
+
+
 def import_te() -> ModuleType:
     """Import ``transformer_engine.pytorch`` (raises ImportError with TE's reason when absent)."""
     os.environ.setdefault("NVTE_FRAMEWORK", "pytorch")  # silences the missing-JAX-extension warning
+    os.environ.setdefault(TE_TORCH_COMPILE_ENV, "0")  # read once, when TE is first imported
     return importlib.import_module("transformer_engine.pytorch")
+
+
+def te_torch_compile() -> bool:
+    return os.environ.get(TE_TORCH_COMPILE_ENV, "1") != "0"
 
 
 def te_version() -> str | None:

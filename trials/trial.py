@@ -82,6 +82,8 @@ def _execute(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[st
     """Build, train, benchmark and check one model; fills ``record`` in place."""
     t_setup = time.perf_counter()
     te = te_compat.import_te() if res.backend == "te" else None
+    if te is not None:
+        record["te_torch_compile"] = te_compat.te_torch_compile()
     recipe = None
     if res.precision == "fp8":
         recipe = te_compat.make_recipe(spec.recipe, spec.fp8_format, spec.amax_history_len, spec.amax_compute_algo)

@@ -1,0 +1,76 @@
+"""Shared fixtures. Ray is started once per test session: a real two-node cluster on this machine
+(``ray start --head`` plus a second ``ray start --address``), with token authentication on."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Token authentication, explicitly, for every Ray this suite starts (local or cluster).
+os.environ["RAY_AUTH_MODE"] = "token"
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(16))
+os.environ.pop("RAY_ADDRESS", None)
+
+
+def _ray_bin() -> str:
+    candidate = Path(sys.executable).with_name("ray")
+    return str(candidate) if candidate.exists() else shutil.which("ray") or "ray"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env.update(extra)
+    return env
+
+
+def juicytalk(*args: str, env: dict | None = None, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess, as a user would."""
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+                          env=env or cli_env(), timeout=timeout, cwd=kw.pop("cwd", REPO), **kw)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory):
+    """Address of a two-node Ray cluster on loopback (head: 1 CPU, worker: 1 CPU)."""
+    port = _free_port()
+    temp = tmp_path_factory.mktemp("ray")
+    common = ["--num-cpus=1", "--num-gpus=0", "--object-store-memory=120000000", "--disable-usage-stats"]
+    env = cli_env()
+    head = subprocess.run([_ray_bin(), "start", "--head", f"--port={port}", "--include-dashboard=false",
+                           f"--temp-dir={temp}", *common], capture_output=True, text=True, env=env, timeout=120)
+    assert head.returncode == 0, head.stderr[-2000:]
+    address = f"127.0.0.1:{port}"
+    worker = subprocess.run([_ray_bin(), "start", f"--address={address}", *common], capture_output=True,
+                            text=True, env=env, timeout=120)
+    assert worker.returncode == 0, worker.stderr[-2000:]
+    yield address
+    subprocess.run([_ray_bin(), "stop", "--force"], capture_output=True, env=env, timeout=120)
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.2):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")

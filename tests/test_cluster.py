@@ -1,0 +1,123 @@
+"""Sweeps on a real two-node Ray cluster: placement, fail-fast, timeouts, and crash-proof resume
+(the driver and a trial's worker killed by PID mid-sweep)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from orchestrator.store import Store
+
+from .conftest import REPO, cli_env, juicytalk, wait_for
+
+
+def write_sweep(tmp: Path, name: str, body: str) -> Path:
+    path = tmp / f"{name}.yaml"
+    path.write_text(f"name: {name}\n" + textwrap.dedent(body))
+    return path
+
+
+def records(out: Path, name: str) -> list[dict]:
+    return Store(str(out), name).read_records().to_pylist()
+
+
+def test_quickstart_runs_on_both_nodes(ray_cluster, tmp_path):
+    run = juicytalk("sweep", "examples/quickstart.yaml", "--out", str(tmp_path), "--address", ray_cluster,
+                    "--no-progress", "--no-report")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    table = pq.read_table(tmp_path / "quickstart" / "results.parquet").to_pylist()
+    assert len(table) == 6
+    assert len({r["node_id"] for r in table}) == 2  # trials ran on the head and on the worker node
+
+
+def test_unschedulable_resources_fail_fast(ray_cluster, tmp_path):
+    sweep = write_sweep(tmp_path, "big", """
+        grid: {d_model: [32]}
+        resources: {cpu: 8, gpu: 0}
+    """)
+    t0 = time.time()
+    run = juicytalk("sweep", str(sweep), "--out", str(tmp_path), "--address", ray_cluster, "--no-progress")
+    assert run.returncode == 2
+    assert "resources" in run.stderr and "cpu=8" in run.stderr
+    assert time.time() - t0 < 60 and records(tmp_path, "big") == []
+
+
+def test_trial_timeout_is_recorded(ray_cluster, tmp_path):
+    sweep = write_sweep(tmp_path, "slow", """
+        grid: {d_model: [256]}
+        fixed: {n_layers: 4, train_steps: 100000, device: cpu}
+        trial_timeout_s: 4
+    """)
+    run = juicytalk("sweep", str(sweep), "--out", str(tmp_path), "--address", ray_cluster, "--no-progress",
+                    "--no-report")
+    assert run.returncode == 1
+    [rec] = records(tmp_path, "slow")
+    assert rec["status"] == "timeout" and "trial_timeout_s=4" in rec["error"]
+    assert "failed" in run.stdout
+
+
+SMALL = """
+    grid: {d_model: [32, 48, 64, 80]}
+    fixed: {n_layers: 2, seq_len: 32, batch_size: 8, train_steps: %d, bench_steps: 5, warmup_steps: 1,
+            gen_len: 4, precision: fp32, device: cpu}
+    resources: {cpu: 1, gpu: 0}
+"""
+
+
+def _start(sweep: Path, out: Path, address: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "sweep", str(sweep), "--out", str(out),
+                             "--address", address, "--no-progress", "--no-report"], cwd=REPO, env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def test_driver_killed_mid_sweep_then_rerun_completes_exactly_once(ray_cluster, tmp_path):
+    sweep = write_sweep(tmp_path, "kd", SMALL % 400)
+    trials_dir = tmp_path / "kd" / "trials"
+    driver = _start(sweep, tmp_path, ray_cluster)
+    wait_for(lambda: trials_dir.exists() and any(p.suffix == ".parquet" for p in trials_dir.iterdir()), 240)
+    os.kill(driver.pid, signal.SIGKILL)
+    driver.wait(30)
+    first = {r["cell_id"]: r["recorded_at"] for r in records(tmp_path, "kd")}
+    assert 1 <= len(first) < 4, "the driver should die mid-sweep"
+    run = juicytalk("sweep", str(sweep), "--out", str(tmp_path), "--address", ray_cluster, "--no-progress",
+                    "--no-report")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    recs = records(tmp_path, "kd")
+    assert sorted(r["d_model"] for r in recs) == [32, 48, 64, 80]  # nothing lost, nothing twice
+    assert all(r["status"] == "ok" for r in recs)
+    again = {r["cell_id"]: r["recorded_at"] for r in recs}
+    assert all(again[c] == t for c, t in first.items())  # finished trials were not run again
+    assert f"{len(first)} already done" in " ".join(run.stdout.split())
+
+
+def test_worker_killed_mid_trial_is_retried(ray_cluster, tmp_path):
+    sweep = write_sweep(tmp_path, "kw", SMALL % 1500)
+    running = tmp_path / "kw" / "running"
+    driver = _start(sweep, tmp_path, ray_cluster)
+
+    def a_running_trial():
+        for marker in (running.glob("*.json") if running.exists() else []):
+            try:
+                info = json.loads(marker.read_text())
+            except (OSError, ValueError):
+                continue
+            if info.get("child_pid"):
+                return marker.stem, info
+        return None
+
+    key, info = wait_for(a_running_trial, 240)
+    os.kill(info["worker_pid"], signal.SIGKILL)
+    out, err = driver.communicate(timeout=600)
+    assert driver.returncode == 0, out[-2000:] + err[-2000:]
+    recs = records(tmp_path, "kw")
+    assert len(recs) == 4 and all(r["status"] == "ok" for r in recs)
+    [retried] = [r for r in recs if f"{r['cell_id']}-s{r['sample']}" == key]
+    assert retried["worker_pid"] != info["worker_pid"]

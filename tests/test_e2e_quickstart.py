@@ -1,0 +1,114 @@
+"""The README's first command, end to end: quickstart sweep through a local embedded Ray, Parquet
+records, an HTML report that renders in a real headless Chromium, PNGs, and a resuming rerun."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from .conftest import juicytalk
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory):
+    out = tmp_path_factory.mktemp("qs")
+    run = juicytalk("sweep", "examples/quickstart.yaml", "--out", str(out), "--no-progress", timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return out / "quickstart", run
+
+
+def test_quickstart_records(quickstart):
+    root, run = quickstart
+    table = pq.read_table(root / "results.parquet").to_pylist()
+    assert len(table) == 6 and len({(r["cell_id"], r["sample"]) for r in table}) == 6
+    by_precision = {}
+    for r in table:
+        by_precision.setdefault(r["precision"], []).append(r)
+    assert all(r["status"] == "ok" for p in ("fp32", "bf16") for r in by_precision[p])
+    assert all(r["status"] == "unsupported" and r["error"] for r in by_precision["fp8"])
+    ok = [r for r in table if r["status"] == "ok"]
+    assert all(r["loss_final"] < r["loss_first"] and r["worker_pid"] and r["node_id"] for r in ok)
+    assert all(r["sweep_name"] == "quickstart" and r["ray_version"] for r in table)
+    assert (root / "report.html").stat().st_size > 1_000_000  # plotly.js embedded
+    assert (root / "sweep.yaml").read_text() == Path("examples/quickstart.yaml").read_text()
+    assert "6 trials: 0 already done, 6 run now, 0 failed, 0 missing" in " ".join(run.stdout.split())
+
+
+def test_rerun_resumes_without_running_anything(quickstart):
+    root, _ = quickstart
+    before = {p.name: p.stat().st_mtime_ns for p in (root / "trials").iterdir()}
+    run = juicytalk("sweep", "examples/quickstart.yaml", "--out", str(root.parent), "--no-progress", "--no-report")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "6 already done, 0 run now" in " ".join(run.stdout.split())
+    assert {p.name: p.stat().st_mtime_ns for p in (root / "trials").iterdir()} == before
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_report_outputs_from_real_sweep(quickstart, tmp_path):
+    root, _ = quickstart
+    run = juicytalk("report", str(root), "--out", str(tmp_path / "r.html"), "--png", str(tmp_path / "png"))
+    assert run.returncode == 0, run.stderr[-2000:]
+    md = (tmp_path / "results.md").read_text()
+    assert "Unpaired cells" in md and "te-fp8-delayed is unsupported" in md
+    assert "All cells" in md and "torch-bf16" in md
+    pngs = sorted((tmp_path / "png").glob("*.png"))
+    assert [p.stem for p in pngs] == sorted(["fp8_speedup", "step_time", "throughput", "mfu", "memory",
+                                             "loss_curves", "status"])
+    for p in pngs:
+        width, height = _png_size(p)
+        assert width == 1100 and height >= 300 and p.stat().st_size > 15_000
+
+
+def test_report_renders_offline_in_chromium(quickstart, tmp_path):
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("Debian chromium is required in CI (.ci/run installs it)")
+        pytest.skip("needs Debian's chromium")
+    root, _ = quickstart
+    html = root / "report.html"
+    dom, console = render_in_chromium(html, tmp_path)
+    charts = re.findall(r'id="chart-([a-z0-9_]+)"', dom)
+    assert sorted(charts) == sorted(["fp8_speedup", "step_time", "throughput", "mfu", "memory", "loss_curves",
+                                     "status"])
+    # every chart div holds plotly's rendered SVG
+    pieces = re.split(r'id="chart-[a-z0-9_]+"', dom)[1:]
+    assert all('class="main-svg"' in piece for piece in pieces)
+    errors = [line for line in console if "CONSOLE" in line and re.search(r"error|uncaught", line, re.I)]
+    assert not errors, errors
+
+
+def render_in_chromium(html: Path, tmp: Path) -> tuple[str, list[str]]:
+    """DOM after scripts ran, and the console log, from headless Chromium with networking cut off."""
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={tmp / 'profile'}", "--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND",
+           "--enable-logging=stderr", "--v=0", "--virtual-time-budget=20000", "--dump-dom", html.as_uri()]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout, out.stderr.splitlines()
+
+
+def test_chromium_check_catches_a_broken_page(quickstart, tmp_path):
+    """The browser check above can fail: a page whose script throws is reported."""
+    if CHROMIUM is None:
+        pytest.skip("needs Debian's chromium")
+    root, _ = quickstart
+    broken = tmp_path / "broken.html"
+    text = (root / "report.html").read_text()
+    broken.write_text(text.replace("</body>", "<script>undefinedFunctionCall();</script></body>"))
+    _, console = render_in_chromium(broken, tmp_path)
+    assert any("CONSOLE" in line and "undefinedFunctionCall" in line for line in console)

@@ -1,0 +1,93 @@
+"""Report numbers against a synthetic dataset whose speedups are known in advance."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from orchestrator.report import build_report
+from orchestrator.report.analysis import compare_runs, prepare
+from orchestrator.store import Store
+from trials import TrialSpec
+from trials.model import ModelConfig, param_count
+from trials.record import empty_record
+
+JITTER = [1.00, 1.02, 0.99, 1.05, 0.97, 1.01, 1.03, 0.98, 1.00, 1.04]
+FP8_SPEEDUP = {("delayed", 256): 0.8, ("delayed", 512): 1.1, ("delayed", 1024): 1.4,
+               ("current", 256): 0.9, ("current", 512): 1.2, ("current", 1024): 1.5}
+TE_GAIN = 1.3
+
+
+def _rec(d_model, backend, precision, recipe, base_ms, status="ok", sample=0):
+    spec = TrialSpec(d_model=d_model, n_layers=2, backend=backend, precision=precision, recipe=recipe or "delayed")
+    rec = empty_record()
+    rec.update(spec.to_dict())
+    steps = [base_ms * j for j in JITTER]
+    rec.update(status=status, effective_backend=backend if status == "ok" else None,
+               effective_precision=precision if status == "ok" else None,
+               effective_recipe=recipe if status == "ok" else None,
+               cell_id=f"{backend}-{precision}-{recipe}-{d_model}", cell_label=f"d{d_model}-{backend}-{precision}-{recipe}",
+               sample=sample, n_params=param_count(ModelConfig.from_spec(spec)), gpu_name="NVIDIA H200",
+               peak_tflops_bf16=989.0, peak_tflops_precision=1979.0 if precision == "fp8" else 989.0)
+    if status == "ok":
+        rec.update(step_times_ms=steps, step_ms_p50=float(pd.Series(steps).median()), loss_curve=[4.0, 2.0, 1.0],
+                   loss_first=4.0, loss_final=1.0, tokens_per_s=1e6 / base_ms, model_tflops=100.0 / base_ms,
+                   mfu_bf16_peak=0.1 / base_ms, mfu_precision_peak=0.05 / base_ms,
+                   peak_mem_allocated_bytes=int(d_model * 1e6))
+    else:
+        rec["error"] = "CUDA out of memory" if status == "oom" else "x"
+    return rec
+
+
+def synthetic(root, slow_cell: str | None = None):
+    store = Store(str(root), "synth")
+    store.ensure()
+    for d in (256, 512, 1024):
+        bf16 = 10.0 * d / 256
+        store.write_record(_rec(d, "te", "bf16", None, bf16))
+        store.write_record(_rec(d, "torch", "bf16", None, bf16 * TE_GAIN))
+        for recipe in ("delayed", "current"):
+            ms = bf16 / FP8_SPEEDUP[(recipe, d)]
+            if slow_cell == f"te-fp8-{recipe}-{d}":
+                ms *= 1.5
+            store.write_record(_rec(d, "te", "fp8", recipe, ms))
+    store.write_record(_rec(2048, "te", "bf16", None, 80.0, status="oom"))  # partner oom
+    store.write_record(_rec(2048, "te", "fp8", "delayed", 60.0))
+    store.write_record(_rec(4096, "te", "fp8", "delayed", 90.0))  # partner never ran
+    return store
+
+
+def test_report_numbers_equal_the_known_ones(tmp_path):
+    store = synthetic(tmp_path)
+    report = build_report(store.root)
+    csv = pd.read_csv(report.csv_path)
+    fp8 = csv[csv["kind"] == "fp8_speedup"]
+    assert len(fp8) == 6
+    for row in fp8.itertuples():
+        want = FP8_SPEEDUP[(row.candidate.replace("te-fp8-", ""), row.d_model)]
+        assert row.ratio == pytest.approx(want, rel=1e-12)
+        assert row.ci_low <= want <= row.ci_high and row.ci_method == "steps"
+    gain = csv[csv["kind"] == "te_gain"]
+    assert len(gain) == 3 and gain["ratio"].tolist() == pytest.approx([TE_GAIN] * 3, rel=1e-12)
+    md = open(report.md_path).read()
+    assert "te-bf16 is oom: CUDA out of memory" in md and "no te-bf16 cell" in md
+    # crossover of the delayed line lies between the 256 and 512 cells (0.8 -> 1.1)
+    n256, n512 = (param_count(ModelConfig.from_spec(TrialSpec(d_model=d, n_layers=2))) for d in (256, 512))
+    line = next(l for l in md.splitlines() if l.startswith("| delayed | 2 | False |"))
+    crossing = float(line.split("|")[4]) * 1e6
+    assert n256 < crossing < n512
+    html = open(report.html_path).read()
+    assert html.count('class="plotly-graph-div"') == 7 and html.count("plotly.js v") <= 2
+
+
+def test_compare_flags_only_changes_beyond_noise(tmp_path):
+    a = prepare(synthetic(tmp_path / "a").read_records().to_pandas())
+    b = prepare(synthetic(tmp_path / "b", slow_cell="te-fp8-current-512").read_records().to_pandas())
+    cmp = compare_runs(a, b)
+    changed = cmp[cmp["changed"]]
+    assert changed["cell_id"].tolist() == ["te-fp8-current-512"]
+    assert changed["ratio_b_over_a"].iloc[0] == pytest.approx(1.5)
+    report = build_report(str(tmp_path / "a" / "synth"), out_html=str(tmp_path / "cmp.html"),
+                          compare_dir=str(tmp_path / "b" / "synth"))
+    assert "Comparison" in open(report.md_path).read()
+    assert (pd.read_csv(report.csv_path)["kind"] == "compare").sum() == len(cmp)

@@ -1,0 +1,54 @@
+"""The Parquet store: one explicit schema, atomic files, one record per key, readable everywhere."""
+
+import duckdb
+import pandas as pd
+import polars as pl
+import pyarrow.parquet as pq
+
+from orchestrator.store import RECORD_SCHEMA, Store
+from trials.record import empty_record
+
+
+def _record(cell: str, sample: int, status: str = "ok", **extra):
+    rec = empty_record()
+    rec.update(cell_id=cell, cell_label=f"label-{cell}", sample=sample, status=status, d_model=64, **extra)
+    return rec
+
+
+def test_later_columns_are_not_dropped(tmp_path):
+    store = Store(str(tmp_path), "s")
+    store.ensure()
+    store.write_record(_record("a", 0))  # all optional columns null
+    store.write_record(_record("b", 0, loss_curve=[3.0, 2.0], gen_tokens=[1, 2, 3], step_ms_p50=1.5,
+                               launch_bound=True))
+    table = store.read_records()
+    assert table.schema.equals(RECORD_SCHEMA, check_metadata=False)
+    rows = {r["cell_id"]: r for r in table.to_pylist()}
+    assert rows["b"]["loss_curve"] == [3.0, 2.0] and rows["b"]["gen_tokens"] == [1, 2, 3]
+    assert rows["b"]["launch_bound"] is True and rows["a"]["loss_curve"] is None
+
+
+def test_one_record_per_key_and_temporaries_ignored(tmp_path):
+    store = Store(str(tmp_path), "s")
+    store.ensure()
+    store.write_record(_record("a", 0, status="error"))
+    store.write_record(_record("a", 0, status="ok"))
+    (tmp_path / "s" / "trials" / ".a-s1.parquet.dead.tmp").write_bytes(b"half a file")
+    assert store.statuses() == {"a-s0": "ok"}
+    assert store.final_keys() == {"a-s0"}
+    assert store.remove_temporaries() == 1
+    assert not list((tmp_path / "s" / "trials").glob(".*"))
+
+
+def test_results_read_in_pandas_polars_duckdb(tmp_path):
+    store = Store(str(tmp_path), "s")
+    store.ensure()
+    for i in range(3):
+        store.write_record(_record(f"c{i}", 0, step_ms_p50=float(i + 1), loss_curve=[1.0, 0.5]))
+    path, rows = store.collect()
+    assert rows == 3 and pq.read_metadata(path).schema.to_arrow_schema().metadata[b"schema_version"] == b"1"
+    assert pd.read_parquet(path)["step_ms_p50"].sum() == 6.0
+    assert pl.read_parquet(path)["step_ms_p50"].sum() == 6.0
+    assert duckdb.sql(f"select sum(step_ms_p50), count(*) from '{path}'").fetchall() == [(6.0, 3)]
+    series = store.read_series().to_pandas()
+    assert len(series) == 6 and set(series["series"]) == {"loss"}

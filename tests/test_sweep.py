@@ -1,0 +1,95 @@
+"""Sweep files: expansion, collapse/skip, and one clear error (key and line) for bad input."""
+
+import textwrap
+
+import pytest
+
+from orchestrator.sweep import SweepError, cell_id, parse_sweep
+from trials import TrialSpec
+
+from .conftest import juicytalk
+
+
+def sweep(text: str):
+    return parse_sweep(textwrap.dedent(text), source="s.yaml")
+
+
+def test_expansion_collapses_and_skips_explicitly():
+    s = sweep("""
+        name: seed
+        grid:
+          backend: [te, torch]
+          precision: [bf16, fp8]
+          recipe: [delayed, current]
+        fixed: {d_model: 256}
+        samples: 2
+    """)
+    labels = sorted(c.label for c in s.cells)
+    assert labels == ["d256-L4-te-bf16", "d256-L4-te-fp8-current", "d256-L4-te-fp8-delayed", "d256-L4-torch-bf16"]
+    assert len(s.skipped) == 2 and all("torch" in why for _, why in s.skipped)
+    assert len(s.collapsed) == 2 and all("recipe" in why for _, why in s.collapsed)
+    assert s.samples == 2 and len({c.cell_id for c in s.cells}) == 4
+
+
+def test_list_of_grids_is_a_union_without_duplicates():
+    s = sweep("""
+        name: u
+        grid:
+          - {d_model: [64, 128], precision: [bf16]}
+          - {d_model: [128, 256], precision: [bf16]}
+    """)
+    assert sorted(c.spec.d_model for c in s.cells) == [64, 128, 256]
+    assert len(s.collapsed) == 1
+
+
+def test_cell_id_is_stable_and_complete():
+    a = TrialSpec(d_model=256)
+    assert cell_id(a) == cell_id(TrialSpec.from_dict(a.to_dict()))
+    assert cell_id(a) != cell_id(a.replace(seed=1))
+
+
+@pytest.mark.parametrize("text,key,line", [
+    ("name: x\ngrid: {d_model: [64]}\nsampels: 2\n", "sampels", 3),
+    ("name: x\ngrid:\n  d_modle: [64]\n", "grid.d_modle", 3),
+    ("name: x\ngrid:\n  d_model: 64\n", "grid.d_model", 3),
+    ("name: x\ngrid:\n  d_model: ['big']\n", "grid.d_model", 3),
+    ("name: x\ngrid:\n  precision: [bf16, fp4]\n", "grid.precision", 3),
+    ("name: x\ngrid: {d_model: [64]}\nfixed:\n  n_layers: [2, 4]\n", "fixed.n_layers", 4),
+    ("name: x\ngrid: {d_model: [64]}\nresources: {gpu: 0.5}\n", "resources.gpu", 3),
+    ("name: x\ngrid: {d_model: [64]}\nsamples: 0\n", "samples", 3),
+    ("name: ../../etc\ngrid: {d_model: [64]}\n", "name", 1),
+    ("name: x\ngrid: {d_model: [64]}\nname: y\n", "name", 3),
+    ("name: x\ngrid:\n  d_model: [100, 128]\n  precision: [fp8]\n", "grid.d_model", 3),
+    ("name: x\ngrid: {d_model: [64]}\nmax_concurrent: -1\n", "max_concurrent", 3),
+    ("name: x\ngrid: [d_model\n", "yaml", 3),
+])
+def test_errors_name_key_and_line(text, key, line):
+    with pytest.raises(SweepError) as info:
+        parse_sweep(text, source="s.yaml")
+    assert info.value.key == key, str(info.value)
+    assert info.value.line == line, str(info.value)
+    assert str(info.value).startswith(f"s.yaml, line {line}: {key}: ")
+
+
+def test_nothing_from_the_file_is_executed():
+    with pytest.raises(SweepError):
+        parse_sweep("name: x\ngrid: !!python/object/apply:os.system ['touch /tmp/pwned']\n")
+
+
+def test_cli_bad_sweep_exits_2_with_one_line_and_starts_nothing(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\ngrid:\n  d_model: [64]\n  precision: [bf16, fp16]\n")
+    out = juicytalk("sweep", str(bad), "--out", str(tmp_path / "out"), timeout=120)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "line 4" in lines[0] and "grid.precision" in lines[0] and "fp16" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_dry_run_lists_cells_sizes_and_skips(tmp_path):
+    out = juicytalk("sweep", "examples/seed.yaml", "--dry-run", "--out", str(tmp_path), timeout=120)
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    assert "d768-L4-te-fp8-delayed" in text and "28.7M" in text and "skipped" in text and "collapsed" in text
+    assert "4 trials" in text
+    assert not (tmp_path / "seed").exists()

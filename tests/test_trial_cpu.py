@@ -1,0 +1,108 @@
+"""Real trials on CPU through the pure-PyTorch path: records, learning, failures as data, CLI."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from trials import FIELDS, TrialSpec, run_trial
+from trials.record import FIELD_NAMES
+
+TINY = dict(d_model=32, n_layers=2, seq_len=32, batch_size=4, train_steps=6, warmup_steps=1, bench_steps=4,
+            repeats=2, gen_len=4, device="cpu")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_tiny_trial_record(precision):
+    rec = run_trial(TrialSpec(precision=precision, **TINY))
+    assert rec["status"] == "ok", rec["error"]
+    assert set(rec) == set(FIELD_NAMES)
+    json.dumps(rec)  # JSON-friendly as is
+    assert (rec["effective_device"], rec["effective_backend"], rec["effective_precision"]) == ("cpu", "torch", precision)
+    assert rec["effective_recipe"] is None and rec["timer"] == "perf_counter"
+    assert len(rec["loss_curve"]) == 6 and len(rec["step_times_ms"]) == 8 and len(rec["repeat_medians_ms"]) == 2
+    assert 0 < rec["step_ms_min"] <= rec["step_ms_p50"] <= rec["step_ms_p90"] <= rec["step_ms_p99"]
+    assert rec["tokens_per_step"] == 128 and rec["tokens_per_s"] > 0
+    assert rec["mfu_bf16_peak"] is None and rec["launch_bound"] is None  # no peak, no launch queue on CPU
+    assert rec["gen_tokens"] and len(rec["gen_tokens"]) == 8 + 4
+    assert rec["torch_version"] and rec["started_at"] < rec["finished_at"]
+    assert rec["duration_s"] >= rec["train_s"] + rec["bench_s"]
+
+
+def test_small_model_learns_the_arithmetic_task():
+    rec = run_trial(TrialSpec(d_model=64, n_layers=2, seq_len=64, batch_size=16, train_steps=300, lr=1e-3,
+                              precision="fp32", bench_steps=3, warmup_steps=1, device="cpu"))
+    assert rec["status"] == "ok"
+    assert rec["loss_final"] < 0.25 * math.log(96) < rec["loss_first"]
+    assert rec["gen_stride_accuracy"] >= 0.9
+
+
+def test_fp8_on_cpu_is_unsupported_with_reason():
+    rec = run_trial(TrialSpec(precision="fp8", **{**TINY, "device": "auto", "d_model": 64, "batch_size": 8}))
+    assert rec["status"] == "unsupported"
+    assert "fp8" in rec["error"] and "CUDA" in rec["error"]
+    assert rec["effective_backend"] is None and rec["loss_curve"] is None
+    assert rec["n_params"] > 0  # the cell's size is still known
+
+
+def test_te_backend_without_gpu_is_unsupported():
+    rec = run_trial(TrialSpec(backend="te", precision="bf16", **{**TINY, "device": "auto"}))
+    assert rec["status"] == "unsupported" and "te" in rec["error"]
+
+
+def test_divergence_is_recorded():
+    rec = run_trial(TrialSpec(lr=1e4, precision="fp32", **{**TINY, "train_steps": 20}))
+    assert rec["status"] == "diverged" and "non-finite" in rec["error"]
+    assert rec["step_ms_p50"] is None  # never benchmarked as if it were fine
+
+
+def test_real_oom_is_recorded():
+    """A real allocation failure (address-space limit on the trial process) gives status oom."""
+    code = (
+        "import resource, json; resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30));"
+        "from trials import TrialSpec, run_trial;"
+        "r = run_trial(TrialSpec(d_model=4096, n_layers=32, device='cpu', backend='torch', precision='fp32',"
+        " train_steps=2));"
+        "print(json.dumps({k: r[k] for k in ('status', 'error', 'error_type')}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    rec = json.loads(out.stdout.strip().splitlines()[-1])
+    assert rec["status"] == "oom", rec
+    assert "allocate" in rec["error"]
+
+
+def test_cli_bad_input_is_one_line_and_exit_2():
+    out = subprocess.run([sys.executable, "-m", "trials", "--d-model", "100", "--n-heads", "3"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and "n_heads" in out.stderr
+    assert out.stdout == ""
+
+
+def test_cli_unknown_choice_exit_2():
+    out = subprocess.run([sys.executable, "-m", "trials", "--precision", "fp4"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and "precision" in out.stderr
+
+
+def test_cli_writes_record_and_exit_0_for_unsupported(tmp_path):
+    path = tmp_path / "r.json"
+    out = subprocess.run([sys.executable, "-m", "trials", "--precision", "fp8", "--json", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rec = json.loads(path.read_text())
+    assert rec["status"] == "unsupported" and "unsupported" in out.stdout
+    assert not list(tmp_path.glob(".*"))  # no temporary left behind
+
+
+def test_every_record_field_is_documented_in_readme():
+    from pathlib import Path
+
+    from orchestrator.store import SWEEP_FIELDS
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    missing = [f.name for f in FIELDS if f"`{f.name}`" not in readme]
+    missing += [name for name, _, _ in SWEEP_FIELDS if f"`{name}`" not in readme]
+    assert not missing, f"README lacks: {missing}"
