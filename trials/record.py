@@ -62,7 +62,7 @@ FIELDS: list[Field] = [
     _f("effective_precision", "str", "Precision that ran; empty when unsupported."),
     _f("effective_recipe", "str", "FP8 recipe that ran; empty for non-fp8 cells."),
     _f("fp8_recipe_repr", "str", "TE's repr of the recipe object used."),
-    _f("te_torch_compile", "bool", "TE's torch.compile'd fusers on (NVTE_TORCH_COMPILE; JuicyTalk's default: off)."),
+    _f("te_torch_compile", "bool", "TE's torch.compile'd element-wise fusers on (NVTE_TORCH_COMPILE, TE's default: on)."),
     # -- model size and work
     _f("n_params", "int", "All parameters (embeddings included)."),
     _f("n_matmul_params", "int", "Weights in matrix products (blocks + LM head), N in the FLOP formula."),
