@@ -76,6 +76,7 @@ def test_report_numbers_equal_the_known_ones(tmp_path):
     line = next(l for l in md.splitlines() if l.startswith("| delayed | 2 | False |"))
     crossing = float(line.split("|")[4]) * 1e6
     assert n256 < crossing < n512
+    assert "Sanity checks" not in md  # all synthetic speedups are plausible
     html = open(report.html_path).read()
     assert html.count('class="plotly-graph-div"') == 7 and html.count("plotly.js v") <= 2
 
@@ -91,3 +92,12 @@ def test_compare_flags_only_changes_beyond_noise(tmp_path):
                           compare_dir=str(tmp_path / "b" / "synth"))
     assert "Comparison" in open(report.md_path).read()
     assert (pd.read_csv(report.csv_path)["kind"] == "compare").sum() == len(cmp)
+
+
+def test_implausible_speedup_is_flagged(tmp_path):
+    store = Store(str(tmp_path), "fast")
+    store.ensure()
+    store.write_record(_rec(512, "te", "bf16", None, 20.0))
+    store.write_record(_rec(512, "te", "fp8", "delayed", 10.0))  # 2.0x end to end
+    md = open(build_report(store.root).md_path).read()
+    assert "Sanity checks" in md and "| fp8 speedup | 2.0 |" in md

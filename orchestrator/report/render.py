@@ -53,8 +53,8 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
             cross.append({"recipe": cand.replace("te-fp8-", ""), "n_layers": layers, "graphs": graphs,
                           "crossover params (M)": round(x / 1e6, 1) if x else None,
                           "note": "FP8 faster from here on" if x else
-                          ("FP8 faster at every size" if (g["ratio"] >= 1).all() else
-                           "FP8 never faster in range" if (g["ratio"] < 1).all() else "no upward crossing")})
+                          ("FP8 faster at every size measured" if (g["ratio"] >= 1).all() else
+                           "FP8 slower at every size measured" if (g["ratio"] < 1).all() else "no upward crossing")})
         sections.append(("Crossover size", "where FP8 speedup first crosses 1.0 (log-linear interpolation)",
                          pd.DataFrame(cross)))
     gain = rows[rows["kind"] == "te_gain"] if not rows.empty else rows
@@ -77,6 +77,9 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
                         ("peak_gib", 2), ("loss_final", 4), ("stride_acc", 3)):
         cells[col] = cells[col].astype(float).round(digits)
     sections.append(("All cells", "medians over samples; status lists every sample's status", cells))
+    flags = sanity_flags(df, pairs)
+    if not flags.empty:
+        sections.append(("Sanity checks", "numbers that are more likely a measurement problem than a result", flags))
     numerics = _loss_deltas(df)
     if not numerics.empty:
         sections.append(("FP8 numerics", "final training loss of each FP8 cell against its TE BF16 partner", numerics))
@@ -93,6 +96,42 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
         sections.append(("Comparison", "step-time ratio B/A per cell; changed = the 95% interval excludes 1",
                          c.drop(columns=["cell_id"])))
     return sections
+
+
+MAX_PLAUSIBLE_FP8_SPEEDUP = 1.7  # end to end; published FP8 gains are ~1.1-1.5x for 1-10B models
+MAX_PLAUSIBLE_MFU = 0.8
+
+
+def sanity_flags(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
+    """Flag what should make a performance engineer suspicious before publishing a number."""
+    out = []
+    rows = pairs.rows
+    for r in (rows[rows["kind"] == "fp8_speedup"].itertuples() if not rows.empty else []):
+        where = f"d{r.d_model}-L{r.n_layers}{'-graphs' if r.cuda_graphs else ''} {r.candidate}"
+        if r.ratio > MAX_PLAUSIBLE_FP8_SPEEDUP:
+            out.append({"cell": where, "check": "fp8 speedup", "value": round(r.ratio, 3),
+                        "why": f"> {MAX_PLAUSIBLE_FP8_SPEEDUP}x end to end is more likely a slow BF16 baseline or a "
+                               "timing problem than an FP8 gain"})
+    ok = df[df["status"] == "ok"]
+    for r in ok.itertuples():
+        own = getattr(r, "mfu_precision_peak", None)
+        if own is not None and own == own and own > MAX_PLAUSIBLE_MFU:
+            out.append({"cell": r.cell_label, "check": "MFU vs own peak", "value": round(own, 3),
+                        "why": "above 80% of the dense datasheet peak: check the FLOP count and the timer"})
+    if "launch_bound" in ok:
+        lb = ok[(ok["launch_bound"] == True) & ~ok["cuda_graphs"]]  # noqa: E712 - nullable column
+        for r in lb.itertuples():
+            out.append({"cell": r.cell_label, "check": "launch-bound", "value": round(r.host_ms_per_step, 2),
+                        "why": "the GPU waits on the host: this eager time measures launch overhead; "
+                               "compare with cuda_graphs"})
+    if "te_torch_compile" in ok:
+        te = ok[ok["effective_backend"] == "te"]
+        modes = {bool(v) for v in te["te_torch_compile"].dropna()}
+        if False in modes:
+            out.append({"cell": "all te cells" if modes == {False} else "some te cells", "check": "NVTE_TORCH_COMPILE=0",
+                        "value": None, "why": "TE's element-wise fusers ran uncompiled: BF16 slows more than FP8 "
+                                              "and FP8 speedups come out inflated"})
+    return pd.DataFrame(out)
 
 
 def _loss_deltas(df: pd.DataFrame) -> pd.DataFrame:
