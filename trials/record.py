@@ -98,7 +98,7 @@ FIELDS: list[Field] = [
     _f("num_ooms", "int", "Allocator OOMs (torch.cuda.memory_stats)."),
     _f("num_alloc_retries", "int", "Allocator retries after freeing cache (memory pressure)."),
     # -- numerics
-    _f("fp8_state", "str", "JSON: scale and newest amax of block 0's FP8 tensors (delayed scaling)."),
+    _f("fp8_state", "str", "JSON: scale, newest and max amax of block 0's FP8 tensors (delayed scaling)."),
     _f("gen_tokens", "list[int]", "First prompt and its greedy continuation."),
     _f("gen_stride_accuracy", "float", "Share of generated steps that keep the prompt's stride (8 prompts)."),
     # -- fingerprint

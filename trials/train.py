@@ -103,7 +103,10 @@ def fp8_state(model: nn.Module, entries: int = 4) -> str | None:
                 "module": f"blocks.0.{name}" if name else "blocks.0",
                 "tensor_set": key,
                 "scale": [float(v) for v in state.scale.flatten()[:entries].tolist()],
-                "amax_latest": [float(v) for v in state.amax_history[0, :entries].tolist()],
+                # TE accumulates the running step's amax in row 0 and zeroes it after each scale
+                # update, having rolled the finished row to the end: the newest complete amax is row -1.
+                "amax_latest": [float(v) for v in state.amax_history[-1, :entries].tolist()],
+                "amax_max": [float(v) for v in state.amax_history.amax(dim=0)[:entries].tolist()],
                 "amax_history_len": int(state.amax_history.shape[0]),
             })
     return json.dumps(out) if out else None
