@@ -112,3 +112,19 @@ def test_chromium_check_catches_a_broken_page(quickstart, tmp_path):
     broken.write_text(text.replace("</body>", "<script>undefinedFunctionCall();</script></body>"))
     _, console = render_in_chromium(broken, tmp_path)
     assert any("CONSOLE" in line and "undefinedFunctionCall" in line for line in console)
+
+
+def test_collect_rebuilds_results(quickstart, tmp_path):
+    root, _ = quickstart
+    (root / "results.parquet").unlink()
+    run = juicytalk("collect", str(root))
+    assert run.returncode == 0 and "6 records" in run.stdout
+    assert pq.read_table(root / "results.parquet").num_rows == 6
+    bad = juicytalk("collect", str(tmp_path))
+    assert bad.returncode == 2 and "not a sweep directory" in bad.stderr
+
+
+def test_doctor_on_cpu():
+    run = juicytalk("doctor")
+    assert run.returncode == 0, run.stderr
+    assert "device        cpu" in run.stdout and "fp8 delayed   no" in run.stdout and "ray           2." in run.stdout
