@@ -163,9 +163,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 # -- parser -------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    from trials.cli import add_trial_arguments
+    from trials.cli import OneLineParser, add_trial_arguments
 
-    parser = argparse.ArgumentParser(prog=PROG, description="Does FP8 pay off for my model size on this GPU?")
+    parser = OneLineParser(prog=PROG, description="Does FP8 pay off for my model size on this GPU?")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("trial", help="run one trial here (no Ray)")

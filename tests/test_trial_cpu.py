@@ -81,6 +81,12 @@ def test_cli_bad_input_is_one_line_and_exit_2():
     assert out.stdout == ""
 
 
+@pytest.mark.parametrize("args,field", [(["--d-model", "abc"], "--d-model"), (["--cuda-graphs", "x"], "unrecognized")])
+def test_cli_malformed_flag_is_one_line_exit_2(args, field):
+    out = subprocess.run([sys.executable, "-m", "trials", *args], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and field in out.stderr
+
+
 def test_cli_unknown_choice_exit_2():
     out = subprocess.run([sys.executable, "-m", "trials", "--precision", "fp4"], capture_output=True, text=True,
                          timeout=120)

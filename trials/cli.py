@@ -19,6 +19,13 @@ from typing import Any, Sequence
 from .spec import TrialSpec, SpecError, spec_field_types
 
 EXIT_OK_STATUSES = ("ok", "oom", "unsupported", "diverged")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (``prog: error: ...``) and exit status 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
 _PARSERS = {"int": int, "float": float, "str": str}
 
 
@@ -115,6 +122,6 @@ def run_from_args(args: argparse.Namespace, prog: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m trials") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description="Run one MiniGPT trial and print its record.")
+    parser = OneLineParser(prog=prog, description="Run one MiniGPT trial and print its record.")
     add_trial_arguments(parser)
     return run_from_args(parser.parse_args(argv), prog)
