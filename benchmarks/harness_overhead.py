@@ -24,23 +24,19 @@ import torch.nn.functional as F
 from trials import TrialSpec, run_trial
 from trials import te_compat
 from trials.data import ArithmeticSequences
-from trials.model import build_model
 from trials.bench import benchmark
-from trials.train import TrainStep
+from trials.train import build_train_step
 
 
 def _fresh_step(spec: TrialSpec, tutorial: bool = False):
     """A fresh model + optimizer and the step closure (the tutorial's variant: default AdamW, .item())."""
-    te = te_compat.import_te() if spec.backend == "te" else None
-    recipe = (te_compat.make_recipe(spec.recipe, spec.fp8_format, spec.amax_history_len, spec.amax_compute_algo)
-              if spec.precision == "fp8" else None)
-    torch.manual_seed(spec.seed)
-    model = build_model(spec, spec.backend, spec.precision, "cuda", te)
+    step = build_train_step(spec, spec.backend, spec.precision, "cuda")
     if tutorial:
+        model, te, recipe = step.model, step.te, step.recipe
         opt = torch.optim.AdamW(model.parameters(), lr=spec.lr)
         x, y = ArithmeticSequences(spec.vocab, spec.seq_len, "cuda", spec.seed).batch(spec.batch_size)
 
-        def step():
+        def tutorial_step():
             with te_compat.autocast(te, recipe):
                 logits = model(x)
             loss = F.cross_entropy(logits.float().reshape(-1, spec.vocab), y.reshape(-1))
@@ -49,8 +45,7 @@ def _fresh_step(spec: TrialSpec, tutorial: bool = False):
             opt.step()
             return loss.item()
 
-        return step
-    step = TrainStep(model, spec.lr, "cuda", te, recipe)
+        return tutorial_step
     data = ArithmeticSequences(spec.vocab, spec.seq_len, "cuda", spec.seed)
     if spec.cuda_graphs:
         step.capture(data.batch(spec.batch_size)[0])

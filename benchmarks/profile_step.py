@@ -19,8 +19,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from trials import TrialSpec, te_compat  # noqa: E402
 from trials.data import ArithmeticSequences  # noqa: E402
-from trials.model import build_model  # noqa: E402
-from trials.train import TrainStep  # noqa: E402
+from trials.train import build_train_step  # noqa: E402
 
 
 def main() -> None:
@@ -34,15 +33,13 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=15)
     args = parser.parse_args()
     t0 = time.perf_counter()
-    te = te_compat.import_te() if args.backend == "te" else None
+    if args.backend == "te":
+        te_compat.import_te()
     te_import_s = time.perf_counter() - t0
     print(f"import torch {torch_import_s:.2f}s; import transformer_engine.pytorch {te_import_s:.2f}s")
     spec = TrialSpec(backend=args.backend, precision=args.precision, recipe=args.recipe, d_model=args.d_model,
                      n_layers=args.n_layers, device="cuda")
-    recipe = (te_compat.make_recipe(spec.recipe, spec.fp8_format, spec.amax_history_len, spec.amax_compute_algo)
-              if spec.precision == "fp8" else None)
-    model = build_model(spec, spec.backend, spec.precision, "cuda", te)
-    step = TrainStep(model, spec.lr, "cuda", te, recipe)
+    step = build_train_step(spec, spec.backend, spec.precision, "cuda")
     x, y = ArithmeticSequences(spec.vocab, spec.seq_len, "cuda", 0).batch(spec.batch_size)
     for _ in range(10):
         step(x, y)

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 
 from . import te_compat
 from .data import ArithmeticSequences
-from .model import MiniGPT
+from .model import MiniGPT, build_model
+from .spec import TrialSpec
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,17 @@ class TrainStep:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss.detach()
+
+
+def build_train_step(spec: TrialSpec, backend: str, precision: str, device: str) -> TrainStep:
+    """Seeded model, optimizer and step for one cell; TE is imported and the FP8 recipe built only when used."""
+    te = te_compat.import_te() if backend == "te" else None
+    recipe = None
+    if precision == "fp8":
+        recipe = te_compat.make_recipe(spec.recipe, spec.fp8_format, spec.amax_history_len, spec.amax_compute_algo)
+    torch.manual_seed(spec.seed)
+    model = build_model(spec, backend, precision, device, te)
+    return TrainStep(model, spec.lr, device, te, recipe)
 
 
 def train(step: TrainStep, data: ArithmeticSequences, steps: int, batch: int) -> list[float]:

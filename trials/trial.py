@@ -18,10 +18,10 @@ from .data import ArithmeticSequences
 from .fingerprint import fingerprint
 from .generation import generation_check
 from .metrics import flops_per_step, step_stats, throughput
-from .model import ModelConfig, build_model, matmul_param_count, param_count
+from .model import ModelConfig, matmul_param_count, param_count
 from .record import empty_record
 from .spec import TrialSpec
-from .train import TrainStep, fp8_state, train
+from .train import build_train_step, fp8_state, train
 
 log = logging.getLogger(__name__)
 
@@ -81,16 +81,12 @@ def run_trial(spec: TrialSpec, capability: Capability | None = None) -> dict[str
 def _execute(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, Any], t0: float) -> None:
     """Build, train, benchmark and check one model; fills ``record`` in place."""
     t_setup = time.perf_counter()
-    te = te_compat.import_te() if res.backend == "te" else None
+    step = build_train_step(spec, res.backend, res.precision, res.device)
+    model, te, recipe = step.model, step.te, step.recipe
     if te is not None:
         record["te_torch_compile"] = te_compat.te_torch_compile()
-    recipe = None
-    if res.precision == "fp8":
-        recipe = te_compat.make_recipe(spec.recipe, spec.fp8_format, spec.amax_history_len, spec.amax_compute_algo)
+    if recipe is not None:
         record["fp8_recipe_repr"] = repr(recipe)
-    torch.manual_seed(spec.seed)
-    model = build_model(spec, res.backend, res.precision, res.device, te)
-    step = TrainStep(model, spec.lr, res.device, te, recipe)
     data = ArithmeticSequences(spec.vocab, spec.seq_len, res.device, spec.seed)
     if spec.cuda_graphs:
         step.capture(data.batch(spec.batch_size)[0])
