@@ -153,8 +153,9 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
     fields = set(TrialSpec.field_names())
     if not grids or not all(isinstance(g, dict) and g for g in grids):
         raise err(("grid",), "required; a mapping of spec fields to non-empty lists (or a list of such mappings)")
-    for gi, one in enumerate(grids):
-        prefix = ("grid", gi) if isinstance(grid, list) else ("grid",)
+    # YAML key paths of the grids, for error lines: grid.<key>, or grid.<i>.<key> when grid is a list
+    prefixes = [("grid", gi) if isinstance(grid, list) else ("grid",) for gi in range(len(grids))]
+    for prefix, one in zip(prefixes, grids):
         for key, values in one.items():
             if key not in fields:
                 raise err(prefix + (key,), f"unknown trial field; allowed: {', '.join(sorted(fields))}")
@@ -201,14 +202,13 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
 
     sweep = Sweep(name=name, grids=grids, fixed=fixed, samples=samples, resources=resources,
                   max_concurrent=max_concurrent, trial_timeout_s=timeout, storage=storage, source_text=text)
-    _expand(sweep, err)
+    _expand(sweep, prefixes, err)
     return sweep
 
 
-def _expand(sweep: Sweep, err) -> None:
+def _expand(sweep: Sweep, prefixes: list[tuple], err) -> None:
     seen: set[str] = set()
-    for gi, grid in enumerate(sweep.grids):
-        prefix = ("grid", gi) if len(sweep.grids) > 1 else ("grid",)
+    for prefix, grid in zip(prefixes, sweep.grids):
         keys = list(grid)
         for combo in itertools.product(*(grid[k] for k in keys)):
             asked = dict(zip(keys, combo))

@@ -62,6 +62,8 @@ def test_cell_id_is_stable_and_complete():
     ("name: x\ngrid:\n  d_model: [100, 128]\n  precision: [fp8]\n", "grid.d_model", 3),
     ("name: x\ngrid: {d_model: [64]}\nmax_concurrent: -1\n", "max_concurrent", 3),
     ("name: x\ngrid: [d_model\n", "yaml", 3),
+    ("name: x\ngrid:\n  - d_model: [64]\n    precision: [bf16, fp4]\n", "grid.0.precision", 4),
+    ("name: x\ngrid:\n  - {d_model: [64]}\n  - d_model: [100, 128]\n    precision: [fp8]\n", "grid.1.d_model", 4),
 ])
 def test_errors_name_key_and_line(text, key, line):
     with pytest.raises(SweepError) as info:
