@@ -26,6 +26,8 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 _PARSERS = {"int": int, "float": float, "str": str}
 
 

@@ -35,7 +35,8 @@ def import_te() -> ModuleType:
 
 
 def te_torch_compile() -> bool:
-    return os.environ.get(TE_TORCH_COMPILE_ENV, "1") != "0"
+    """Whether TE compiled its fusers: the same parse TE's jit module applies to the variable."""
+    return bool(int(os.environ.get(TE_TORCH_COMPILE_ENV, "1")))
 
 
 def te_version() -> str | None:
