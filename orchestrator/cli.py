@@ -75,6 +75,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     console.print(summary_table(work_items(sweep, storage), outcome.statuses, records))
     console.print(f"{outcome.total} trials: {outcome.already_done} already done, {outcome.ran} run now, "
                   f"{len(outcome.failed)} failed, {len(outcome.missing)} missing; wall {outcome.wall_s:.1f}s")
+    if outcome.ran:
+        from .efficiency import describe, run_efficiency
+
+        eff = run_efficiency(store.read_records(["run_id", "run_started_at", "run_gpus", "recorded_at", "train_s",
+                                                 "bench_s", "startup_s", "trial_wall_s", "duration_s"]).to_pandas())
+        this_run = eff[eff["run_id"] == outcome.run_id]
+        if not this_run.empty:
+            console.print(describe(this_run.iloc[0]))
     console.print(f"results: {outcome.results_path}")
     if not args.no_report and store.record_files():
         try:

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ class SweepOutcome:
     total: int
     ran: int
     already_done: int
+    run_id: str = ""
     statuses: dict[str, str] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
     wall_s: float = 0.0
@@ -244,6 +246,7 @@ def trial_trainable(config: dict[str, Any]) -> None:
     finally:
         store.clear_running(item["key"])
     record.update(gpu)
+    record.update(item["run"])
     record.update(cell_id=item["cell_id"], cell_label=item["label"], sample=item["sample"],
                   trial_id=ctx.get_trial_id(), node_id=ray.get_runtime_context().get_node_id(),
                   node_ip=info["node_ip"], worker_pid=os.getpid(), ray_version=ray.__version__)
@@ -300,6 +303,8 @@ def run_sweep(sweep: Sweep, storage: str, address: str | None = None, restart: b
               progress: Any = None) -> SweepOutcome:
     """Run every (cell, sample) without a final record; consolidate; report what is missing."""
     t0 = time.perf_counter()
+    run = {"run_id": f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:6]}",
+           "run_started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "run_gpus": None}
     store = prepare_store(sweep, storage, restart)
     items = work_items(sweep, storage if "://" in storage else str(Path(storage).expanduser().resolve()))
     done = store.final_keys()
@@ -309,6 +314,9 @@ def run_sweep(sweep: Sweep, storage: str, address: str | None = None, restart: b
         with ray_session(address, dashboard=dashboard, verbose=verbose) as ray:
             resources = check_resources(ray, sweep.resources)
             check_shared_storage(ray, store)
+            run["run_gpus"] = int(ray.cluster_resources().get("GPU", 0)) if resources.get("gpu") else 0
+            for it in pending:
+                it["run"] = run
             if progress is not None:
                 progress.start(store, items, done)
             try:
@@ -320,6 +328,6 @@ def run_sweep(sweep: Sweep, storage: str, address: str | None = None, restart: b
     keys = {it["key"] for it in items}
     path, _ = store.collect()
     return SweepOutcome(total=len(items), ran=len(pending), already_done=len(items) - len(pending),
-                        statuses={k: v for k, v in statuses.items() if k in keys},
+                        run_id=run["run_id"], statuses={k: v for k, v in statuses.items() if k in keys},
                         missing=sorted(keys - statuses.keys()), wall_s=time.perf_counter() - t0,
                         results_path=path)

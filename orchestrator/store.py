@@ -60,6 +60,9 @@ SWEEP_FIELDS: list[tuple[str, str, str]] = [
     ("ray_version", "str", "Ray version of the worker."),
     ("trial_wall_s", "float", "Trial process start to exit (imports and CUDA init included), s."),
     ("recorded_at", "str", "UTC time the record was written."),
+    ("run_id", "str", "The `juicytalk sweep` invocation that produced the record (a resumed sweep is a new run)."),
+    ("run_started_at", "str", "UTC start of that run."),
+    ("run_gpus", "int", "GPUs in the Ray cluster that run used (0: no GPU, CPU fallback)."),
 ]
 
 RECORD_SCHEMA = pa.schema(

@@ -41,6 +41,8 @@ def test_quickstart_records(quickstart):
     assert (root / "report.html").stat().st_size > 1_000_000  # plotly.js embedded
     assert (root / "sweep.yaml").read_text() == Path("examples/quickstart.yaml").read_text()
     assert "6 trials: 0 already done, 6 run now, 0 failed, 0 missing" in " ".join(run.stdout.split())
+    assert len({r["run_id"] for r in table}) == 1 and all(r["run_started_at"] and r["run_gpus"] == 0 for r in table)
+    assert re.search(r"busy fraction \(no GPU\) 0\.\d\d: train\+bench", " ".join(run.stdout.split()))
 
 
 def test_rerun_resumes_without_running_anything(quickstart):
@@ -48,7 +50,7 @@ def test_rerun_resumes_without_running_anything(quickstart):
     before = {p.name: p.stat().st_mtime_ns for p in (root / "trials").iterdir()}
     run = juicytalk("sweep", "examples/quickstart.yaml", "--out", str(root.parent), "--no-progress", "--no-report")
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "6 already done, 0 run now" in " ".join(run.stdout.split())
+    assert "6 already done, 0 run now" in " ".join(run.stdout.split()) and "busy fraction" not in run.stdout
     assert {p.name: p.stat().st_mtime_ns for p in (root / "trials").iterdir()} == before
 
 
@@ -64,7 +66,7 @@ def test_report_outputs_from_real_sweep(quickstart, tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     md = (tmp_path / "results.md").read_text()
     assert "Unpaired cells" in md and "te-fp8-delayed is unsupported" in md
-    assert "All cells" in md and "torch-bf16" in md
+    assert "All cells" in md and "torch-bf16" in md and "## Sweep efficiency" in md
     pngs = sorted((tmp_path / "png").glob("*.png"))
     assert [p.stem for p in pngs] == sorted(["fp8_speedup", "step_time", "throughput", "mfu", "memory",
                                              "loss_curves", "status"])

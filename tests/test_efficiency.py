@@ -1,0 +1,42 @@
+"""Sweep-run efficiency from records: wall, busy time and fractions per run, with known answers."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from orchestrator.efficiency import describe, run_efficiency
+
+
+def _rec(run_id, started, recorded, train_s, bench_s, gpus, startup_s=5.0, duration_s=20.0, wall_s=23.0):
+    return {"run_id": run_id, "run_started_at": started, "recorded_at": recorded, "train_s": train_s,
+            "bench_s": bench_s, "run_gpus": gpus, "startup_s": startup_s, "duration_s": duration_s,
+            "trial_wall_s": wall_s}
+
+
+def test_two_runs_of_one_sweep_are_reported_separately():
+    records = pd.DataFrame([
+        # run A: 1 GPU, 100 s from start to last record, 30 s of train+bench
+        _rec("a", "2026-11-30T04:00:00Z", "2026-11-30T04:00:40Z", 10.0, 5.0, 1, startup_s=4.0),
+        _rec("a", "2026-11-30T04:00:00Z", "2026-11-30T04:01:40Z", 12.0, 3.0, 1, startup_s=6.0, wall_s=24.0),
+        # run B (a resume): 2 GPUs, 50 s, 40 s of train+bench
+        _rec("b", "2026-11-30T05:00:00Z", "2026-11-30T05:00:50Z", 30.0, 10.0, 2),
+        # a record from before runs were recorded: ignored
+        _rec(None, None, "2026-11-29T05:00:50Z", 99.0, 99.0, None),
+    ])
+    eff = run_efficiency(records).set_index("run_id")
+    assert list(eff.index) == ["a", "b"]
+    a, b = eff.loc["a"], eff.loc["b"]
+    assert (a["trials"], a["gpus"], a["wall_s"], a["busy_s"]) == (2, 1, 100.0, 30.0)
+    assert math.isclose(a["busy_fraction"], 0.30) and math.isclose(a["busy_per_gpu"], 0.30)
+    assert a["startup_s_median"] == 5.0 and a["process_overhead_s_median"] == 3.5
+    assert math.isclose(b["busy_fraction"], 0.80) and math.isclose(b["busy_per_gpu"], 0.40)
+    assert "0.80 (0.40 per GPU over 2 GPUs)" in describe(b)
+    assert describe(a).startswith("GPU-busy fraction 0.30: train+bench 30.0s of 100s")
+
+
+def test_records_without_runs_give_no_rows():
+    assert run_efficiency(pd.DataFrame([_rec(None, None, "2026-11-29T05:00:50Z", 1.0, 1.0, None)])).empty
+    cpu = run_efficiency(pd.DataFrame([_rec("c", "2026-11-30T04:00:00Z", "2026-11-30T04:00:10Z", 2.0, 3.0, 0)]))
+    assert math.isnan(cpu.iloc[0]["busy_per_gpu"]) and describe(cpu.iloc[0]).startswith("busy fraction (no GPU) 0.50")
