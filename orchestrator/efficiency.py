@@ -5,6 +5,11 @@ a resumed sweep, or results consolidated from several runs, still gives one row 
 wall time is its start to its last record; its GPU-busy time is the train+bench time of its trials
 (the steps that keep a GPU working; imports, CUDA init, compiles and process start are not busy).
 With several GPUs the busy time is shared among them: ``busy_per_gpu`` divides by ``run_gpus``.
+
+Concurrency has a price the GPU count hides: trials that share a host share its CPUs, and an eager
+launch-bound step is timed by how fast the host issues kernels. On a two-H200 host, the launch-bound
+768x4 and 2048x4 cells ran 1.2-1.36x slower beside another trial than alone, while GPU-bound cells
+did not move (docs/results/h200). :func:`concurrent_trials` finds the records that shared a host.
 """
 
 from __future__ import annotations
@@ -45,6 +50,25 @@ def run_efficiency(records: pd.DataFrame) -> pd.DataFrame:
             "process_overhead_s_median": float(overhead.median()) if len(overhead) else math.nan,
         })
     return pd.DataFrame(rows, columns=COLUMNS).sort_values("run_started_at", ignore_index=True)
+
+
+def _instant(stamp: Any) -> float:
+    """Epoch seconds of a record's started_at/finished_at (ISO-8601 with offset), NaN when missing."""
+    if not isinstance(stamp, str) or not stamp:
+        return math.nan
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def concurrent_trials(records: pd.DataFrame) -> pd.Series:
+    """For each record, how many other trials ran on the same host at some point of its run (0: alone)."""
+    hosts = list(records["node_ip"].where(records["node_ip"].notna(), records["hostname"])) if len(records) else []
+    spans = [(_instant(a), _instant(b)) for a, b in zip(records.get("started_at", []), records.get("finished_at", []))]
+    counts = []
+    for i, (host, (a0, a1)) in enumerate(zip(hosts, spans)):
+        counts.append(0 if host is None or host != host or a0 != a0 or a1 != a1 else
+                      sum(1 for j, (other, (b0, b1)) in enumerate(zip(hosts, spans))
+                          if j != i and other == host and b0 < a1 and a0 < b1))
+    return pd.Series(counts, index=records.index, dtype="int64")
 
 
 def describe(row: pd.Series) -> str:

@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from orchestrator.efficiency import describe, run_efficiency
+from orchestrator.efficiency import concurrent_trials, describe, run_efficiency
 
 
 def _rec(run_id, started, recorded, train_s, bench_s, gpus, startup_s=5.0, duration_s=20.0, wall_s=23.0):
@@ -40,3 +40,21 @@ def test_records_without_runs_give_no_rows():
     assert run_efficiency(pd.DataFrame([_rec(None, None, "2026-11-29T05:00:50Z", 1.0, 1.0, None)])).empty
     cpu = run_efficiency(pd.DataFrame([_rec("c", "2026-11-30T04:00:00Z", "2026-11-30T04:00:10Z", 2.0, 3.0, 0)]))
     assert math.isnan(cpu.iloc[0]["busy_per_gpu"]) and describe(cpu.iloc[0]).startswith("busy fraction (no GPU) 0.50")
+
+
+def _span(host, start, end, launch_bound=True, ip=None):
+    return {"hostname": host, "node_ip": ip, "started_at": f"2026-11-30T04:{start}+00:00",
+            "finished_at": f"2026-11-30T04:{end}+00:00", "launch_bound": launch_bound}
+
+
+def test_concurrent_trials_counts_overlaps_on_the_same_host_only():
+    records = pd.DataFrame([
+        _span("a", "00:00.000", "00:30.000"),
+        _span("a", "00:20.000", "00:50.000"),   # overlaps the first and the third
+        _span("a", "00:40.000", "01:00.000"),
+        _span("b", "00:00.000", "01:00.000"),   # same time, other host
+        _span("a", "01:00.000", "01:10.000"),   # starts as the third ends: not concurrent
+        _span("x", "00:00.000", "01:00.000", ip="10.0.0.2"),  # node_ip wins over hostname
+        _span("y", "00:10.000", "00:20.000", ip="10.0.0.2"),
+    ])
+    assert concurrent_trials(records).tolist() == [1, 2, 1, 0, 0, 1, 1]

@@ -101,3 +101,18 @@ def test_implausible_speedup_is_flagged(tmp_path):
     store.write_record(_rec(512, "te", "fp8", "delayed", 10.0))  # 2.0x end to end
     md = open(build_report(store.root).md_path).read()
     assert "Sanity checks" in md and "| fp8 speedup | 2.0 |" in md
+
+
+def test_launch_bound_cells_timed_beside_another_trial_are_flagged(tmp_path):
+    store = Store(str(tmp_path), "busy")
+    store.ensure()
+    times = {256: ("04:00:00", "04:00:30"), 512: ("04:00:10", "04:00:40"), 1024: ("04:01:00", "04:01:30")}
+    for d, (start, end) in times.items():
+        rec = _rec(d, "te", "bf16", None, 10.0)
+        rec.update(hostname="gpu-host", started_at=f"2026-11-30T{start}+00:00",
+                   finished_at=f"2026-11-30T{end}+00:00", launch_bound=True, host_ms_per_step=9.5)
+        store.write_record(rec)
+    md = open(build_report(store.root).md_path).read()
+    shared = [line for line in md.splitlines() if "| shared host |" in line]
+    assert [line.split("|")[1].strip() for line in shared] == ["d256-te-bf16-None", "d512-te-bf16-None"]
+    assert sum("| launch-bound |" in line for line in md.splitlines()) == 3

@@ -112,3 +112,22 @@ def test_every_record_field_is_documented_in_readme():
     missing = [f.name for f in FIELDS if f"`{f.name}`" not in readme]
     missing += [name for name, _, _ in SWEEP_FIELDS if f"`{name}`" not in readme]
     assert not missing, f"README lacks: {missing}"
+
+
+def test_git_revision_marks_an_edited_tree_dirty(tmp_path):
+    from trials.fingerprint import git_revision
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    assert git_revision(tmp_path) is None  # not a checkout
+    git("init", "-q")
+    (tmp_path / "model.py").write_text("a = 1\n")
+    git("add", "model.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    clean = git_revision(tmp_path)
+    assert clean and len(clean) == 40
+    (tmp_path / "notes.txt").write_text("untracked files do not change the code that ran\n")
+    assert git_revision(tmp_path) == clean
+    (tmp_path / "model.py").write_text("a = 2\n")
+    assert git_revision(tmp_path) == clean + "-dirty"

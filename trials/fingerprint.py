@@ -22,17 +22,31 @@ def juicytalk_version() -> str | None:
         return None
 
 
+def git_revision(path: str | Path) -> str | None:
+    """HEAD of the git tree holding ``path``, with ``-dirty`` when tracked files differ from it.
+
+    A benchmark number is only as reproducible as the code that made it: an edited tree must not
+    pass for the commit it started from.
+    """
+    def git(*args: str) -> subprocess.CompletedProcess | None:
+        try:
+            return subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True, timeout=5,
+                                  check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    head = git("rev-parse", "HEAD")
+    if head is None or head.returncode != 0 or not head.stdout.strip():
+        return None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    dirty = status is None or status.returncode != 0 or bool(status.stdout.strip())
+    return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
 @functools.lru_cache(maxsize=1)
 def git_sha() -> str | None:
-    """Commit of the source tree this code was imported from (absolute path: Ray workers move cwd)."""
-    here = Path(__file__).resolve().parent
-    try:
-        out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=5, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    sha = out.stdout.strip()
-    return sha if out.returncode == 0 and sha else None
+    """Revision of the source tree this code was imported from (absolute path: Ray workers move cwd)."""
+    return git_revision(Path(__file__).resolve().parent)
 
 
 def driver_version() -> str | None:

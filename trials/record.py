@@ -112,7 +112,7 @@ FIELDS: list[Field] = [
     _f("te_version", "str", "Transformer Engine version, if installed."),
     _f("python_version", "str", "Python version."),
     _f("juicytalk_version", "str", "This package's version."),
-    _f("git_sha", "str", "Commit of the juicytalk source, where it is a git checkout."),
+    _f("git_sha", "str", "Commit of the juicytalk source, where it is a git checkout; -dirty: tracked files were edited."),
     _f("hostname", "str", "Host the trial ran on."),
     _f("pid", "int", "Process that ran the trial."),
     # -- time

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..efficiency import run_efficiency
+from ..efficiency import concurrent_trials, run_efficiency
 from .analysis import Pairs, crossover
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,13 @@ def sanity_flags(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
         out.append({"cell": r.cell_label, "check": "launch-bound", "value": round(r.host_ms_per_step, 2),
                     "why": "the GPU waits on the host: this eager time measures launch overhead; "
                            "compare with cuda_graphs"})
+    neighbours = concurrent_trials(ok)
+    for r, n in zip(ok.itertuples(), neighbours):
+        if n and r.launch_bound == True:  # noqa: E712 - nullable column
+            out.append({"cell": r.cell_label, "check": "shared host", "value": int(n),
+                        "why": f"launch-bound and timed while {n} other trial(s) ran on the same host: host "
+                               "contention slows such steps (1.2-1.36x on a two-H200 host); rerun with "
+                               "max_concurrent: 1 or cuda_graphs"})
     modes = {bool(v) for v in ok.loc[ok["effective_backend"] == "te", "te_torch_compile"].dropna()}
     if False in modes:
         out.append({"cell": "all te cells" if modes == {False} else "some te cells", "check": "NVTE_TORCH_COMPILE=0",
