@@ -23,8 +23,9 @@ COLORS = {
 _SPARE = ["#17becf", "#bcbd22", "#e377c2", "#393b79", "#637939"]
 STATUS_COLORS = {"ok": "#2ca02c", "oom": "#ff7f0e", "unsupported": "#9edae5", "diverged": "#e377c2",
                  "error": "#d62728", "timeout": "#8c564b", "missing": "#c7c7c7"}
-LAYOUT = dict(template="plotly_white", height=480, margin=dict(l=70, r=30, t=70, b=60),
-              legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0), hovermode="closest")
+# Legend below the plot: with many series a legend above wraps into the title.
+LAYOUT = dict(template="plotly_white", height=540, margin=dict(l=70, r=30, t=60, b=60),
+              legend=dict(orientation="h", yanchor="top", y=-0.14, x=0), hovermode="closest")
 
 
 def color(variant: str) -> str:
@@ -71,7 +72,7 @@ def _lines(df: pd.DataFrame, y: str, y_title: str, title: str, y_log: bool = Fal
 def speedup_chart(pairs: Pairs) -> go.Figure:
     fig = go.Figure()
     rows = pairs.rows[pairs.rows["kind"] == "fp8_speedup"] if not pairs.rows.empty else pairs.rows
-    xs_all = []
+    xs_all, n_cross = [], 0
     if not rows.empty:
         for (cand, layers, graphs), g in rows.groupby(["candidate", "n_layers", "cuda_graphs"], sort=True):
             g = g.sort_values("n_params")
@@ -82,6 +83,7 @@ def speedup_chart(pairs: Pairs) -> go.Figure:
             fig.add_trace(go.Scatter(
                 x=g["n_params"], y=g["ratio"], mode="lines+markers", name=name,
                 line=dict(color=color(cand), dash="dash" if graphs else "solid"),
+                marker=dict(symbol="diamond" if graphs else "circle", size=9 if graphs else 7),
                 error_y=dict(type="data", symmetric=False, array=err_hi, arrayminus=err_lo, visible=True),
                 hovertext=[f"d_model={r.d_model} n_layers={r.n_layers} graphs={r.cuda_graphs}<br>"
                            f"BF16 {r.reference_ms:.2f} ms / FP8 {r.candidate_ms:.2f} ms<br>"
@@ -89,8 +91,10 @@ def speedup_chart(pairs: Pairs) -> go.Figure:
                 hoverinfo="text"))
             x_cross = crossover(list(g["n_params"]), list(g["ratio"]))
             if x_cross:
+                # staggered so that several crossings near each other stay readable
                 fig.add_annotation(x=math.log10(x_cross), y=1.0, text=f"crossover ≈ {x_cross / 1e6:.0f}M ({name})",
-                                   showarrow=True, arrowhead=2, ay=-40, font=dict(color=color(cand)))
+                                   showarrow=True, arrowhead=2, ay=-40 - 26 * n_cross, font=dict(color=color(cand)))
+                n_cross += 1
     lo, hi = (min(xs_all) / 1.5, max(xs_all) * 1.5) if xs_all else (1e6, 1e10)
     fig.add_shape(type="rect", xref="x", yref="y", x0=lo, x1=hi, y0=0, y1=1.0, fillcolor="rgba(214,39,40,0.07)",
                   line_width=0, layer="below")

@@ -132,7 +132,7 @@ def sanity_flags(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
                            "compare with cuda_graphs"})
     neighbours = concurrent_trials(ok)
     for r, n in zip(ok.itertuples(), neighbours):
-        if n and r.launch_bound == True:  # noqa: E712 - nullable column
+        if n and r.launch_bound == True and not r.cuda_graphs:  # noqa: E712 - nullable column
             out.append({"cell": r.cell_label, "check": "shared host", "value": int(n),
                         "why": f"launch-bound and timed while {n} other trial(s) ran on the same host: host "
                                "contention slows such steps (1.2-1.36x on a two-H200 host); rerun with "
