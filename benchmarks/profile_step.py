@@ -2,7 +2,8 @@
 
 Prints the top operators by self CPU time and the host vs device time per step, for one config
 (default: the tutorial's 768x4 TE BF16). Also times ``import transformer_engine.pytorch``.
-Usage: python benchmarks/profile_step.py [--backend te] [--precision bf16] [--steps 5]
+Usage: python benchmarks/profile_step.py [--backend te] [--precision bf16] [--recipe delayed]
+       [--d-model 768] [--steps 5] [--sort cpu|device]
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def main() -> None:
     parser.add_argument("--n-layers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rows", type=int, default=15)
+    parser.add_argument("--sort", choices=("cpu", "device"), default="cpu",
+                        help="rank operators by self host time (launch overhead) or by GPU kernel time")
     args = parser.parse_args()
     t0 = time.perf_counter()
     if args.backend == "te":
@@ -55,7 +58,7 @@ def main() -> None:
     cuda_total = sum(e.self_device_time_total for e in events) / 1e3 / args.steps
     print(f"{args.backend}-{args.precision} {args.d_model}x{args.n_layers}: host issue {host * 1e3:.2f} ms/step, "
           f"wall {wall * 1e3:.2f} ms/step, GPU kernel time {cuda_total:.2f} ms/step (under the profiler)")
-    print(events.table(sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=60))
+    print(events.table(sort_by="self_cpu_time_total" if args.sort == "cpu" else "self_device_time_total", row_limit=args.rows, max_name_column_width=60))
 
 
 if __name__ == "__main__":
