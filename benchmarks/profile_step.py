@@ -55,7 +55,11 @@ def main() -> None:
         torch.cuda.synchronize()
         wall = (time.perf_counter() - t) / args.steps
     events = prof.key_averages()
-    cuda_total = sum(e.self_device_time_total for e in events) / 1e3 / args.steps
+    # Kernel-level events only, as the table's footer counts them: an operator's device time repeats
+    # the time of the kernels it launched, so summing every row counts most kernels twice.
+    device_types = {torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.PrivateUse1}
+    cuda_total = sum(e.self_device_time_total for e in events if e.device_type in device_types
+                     and not e.is_user_annotation) / 1e3 / args.steps
     print(f"{args.backend}-{args.precision} {args.d_model}x{args.n_layers}: host issue {host * 1e3:.2f} ms/step, "
           f"wall {wall * 1e3:.2f} ms/step, GPU kernel time {cuda_total:.2f} ms/step (under the profiler)")
     print(events.table(sort_by="self_cpu_time_total" if args.sort == "cpu" else "self_device_time_total", row_limit=args.rows, max_name_column_width=60))
