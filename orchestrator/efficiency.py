@@ -18,6 +18,7 @@ import math
 from datetime import datetime, timezone
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 COLUMNS = ["run_id", "run_started_at", "trials", "gpus", "wall_s", "busy_s", "busy_fraction", "busy_per_gpu",
@@ -25,9 +26,10 @@ COLUMNS = ["run_id", "run_started_at", "trials", "gpus", "wall_s", "busy_s", "bu
 
 
 def _epoch(stamp: Any) -> float:
+    """Epoch seconds of an ISO-8601 UTC stamp (``...Z`` or ``...+00:00``); NaN when missing."""
     if not isinstance(stamp, str) or not stamp:
         return math.nan
-    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def run_efficiency(records: pd.DataFrame) -> pd.DataFrame:
@@ -52,23 +54,27 @@ def run_efficiency(records: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS).sort_values("run_started_at", ignore_index=True)
 
 
-def _instant(stamp: Any) -> float:
-    """Epoch seconds of a record's started_at/finished_at (ISO-8601 with offset), NaN when missing."""
-    if not isinstance(stamp, str) or not stamp:
-        return math.nan
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
-
 def concurrent_trials(records: pd.DataFrame) -> pd.Series:
-    """For each record, how many other trials ran on the same host at some point of its run (0: alone)."""
-    hosts = list(records["node_ip"].where(records["node_ip"].notna(), records["hostname"])) if len(records) else []
-    spans = [(_instant(a), _instant(b)) for a, b in zip(records.get("started_at", []), records.get("finished_at", []))]
-    counts = []
-    for i, (host, (a0, a1)) in enumerate(zip(hosts, spans)):
-        counts.append(0 if host is None or host != host or a0 != a0 or a1 != a1 else
-                      sum(1 for j, (other, (b0, b1)) in enumerate(zip(hosts, spans))
-                          if j != i and other == host and b0 < a1 and a0 < b1))
-    return pd.Series(counts, index=records.index, dtype="int64")
+    """For each record, how many other trials ran on the same host at some point of its run (0: alone).
+
+    Per host, with starts and ends sorted: the trials overlapping [a0, a1) are those that started
+    before a1 minus those that had ended by a0 (an interval ending by a0 also started before a1),
+    minus the trial itself. O(n log n), so a 10,000-record report stays fast.
+    """
+    counts = pd.Series(0, index=records.index, dtype="int64")
+    if records.empty:
+        return counts
+    hosts = records["node_ip"].where(records["node_ip"].notna(), records["hostname"])
+    starts = np.array([_epoch(v) for v in records["started_at"]])
+    ends = np.array([_epoch(v) for v in records["finished_at"]])
+    known = hosts.notna().to_numpy() & ~np.isnan(starts) & ~np.isnan(ends)
+    for host in hosts[known].unique():
+        rows = np.flatnonzero(known & (hosts == host).to_numpy())
+        s, e = np.sort(starts[rows]), np.sort(ends[rows])
+        began = np.searchsorted(s, ends[rows], side="left")
+        ended = np.searchsorted(e, starts[rows], side="right")
+        counts.iloc[rows] = np.maximum(began - ended - 1, 0)  # a zero-length span does not count itself
+    return counts
 
 
 def describe(row: pd.Series) -> str:

@@ -34,10 +34,15 @@ def color(variant: str) -> str:
     return COLORS[variant]
 
 
+HOVER_COLUMNS = ["cell_label", "variant", "d_model", "n_layers", "n_heads", "ffn", "batch_size", "seq_len",
+                 "cuda_graphs", "n_params", "status"]
+
+
 def _hover(df: pd.DataFrame) -> list[str]:
+    # only the columns shown: itertuples over all ~100 record columns dominates a large report
     return [f"{r.cell_label or r.variant}<br>d_model={r.d_model} n_layers={r.n_layers} heads={r.n_heads} "
             f"ffn={r.ffn}<br>batch={r.batch_size} seq={r.seq_len} graphs={r.cuda_graphs}<br>"
-            f"params={r.n_params / 1e6:.1f}M<br>{r.status}" for r in df.itertuples()]
+            f"params={r.n_params / 1e6:.1f}M<br>{r.status}" for r in df[HOVER_COLUMNS].itertuples(index=False)]
 
 
 def note_if_empty(fig: go.Figure, text: str) -> go.Figure:
@@ -164,14 +169,14 @@ def status_chart(df: pd.DataFrame) -> go.Figure:
     sizes = sorted(keyed["size_label"].unique(), key=lambda s: tuple(int(v) for v in s.split("x")))
     rows = sorted(keyed["row"].unique())
     order = list(STATUS_COLORS)
+    cells = {key: (g.value_counts().idxmax(), len(g)) for key, g in keyed.groupby(["row", "size_label"])["status"]}
     z, text = [], []
     for r in rows:
         zr, tr = [], []
         for s in sizes:
-            g = keyed[(keyed["row"] == r) & (keyed["size_label"] == s)]
-            status = "missing" if g.empty else (g["status"].value_counts().idxmax())
+            status, n_records = cells.get((r, s), ("missing", 0))
             zr.append(order.index(status) if status in order else order.index("error"))
-            tr.append(status if g.empty or len(g) == 1 else f"{status} ({len(g)})")
+            tr.append(status if n_records <= 1 else f"{status} ({n_records})")
         z.append(zr)
         text.append(tr)
     n = len(order)

@@ -130,7 +130,7 @@ def sanity_flags(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
         out.append({"cell": r.cell_label, "check": "launch-bound", "value": round(r.host_ms_per_step, 2),
                     "why": "the GPU waits on the host: this eager time measures launch overhead; "
                            "compare with cuda_graphs"})
-    neighbours = concurrent_trials(ok)
+    neighbours = concurrent_trials(df)[ok.index]  # failed trials shared the host too
     for r, n in zip(ok.itertuples(), neighbours):
         if n and r.launch_bound == True and not r.cuda_graphs:  # noqa: E712 - nullable column
             out.append({"cell": r.cell_label, "check": "shared host", "value": int(n),
