@@ -70,16 +70,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                             progress=None if args.no_progress else SweepProgress())
     except SweepInputError as exc:
         return _fail(str(exc))
+    from .efficiency import INPUT_COLUMNS, describe, run_efficiency
+
     store = Store(storage, sweep.name)
-    records = store.read_records(["cell_id", "sample", "step_ms_p50"])
+    records = store.read_records(["cell_id", "sample", "step_ms_p50", *INPUT_COLUMNS])
     console.print(summary_table(work_items(sweep, storage), outcome.statuses, records))
     console.print(f"{outcome.total} trials: {outcome.already_done} already done, {outcome.ran} run now, "
                   f"{len(outcome.failed)} failed, {len(outcome.missing)} missing; wall {outcome.wall_s:.1f}s")
     if outcome.ran:
-        from .efficiency import describe, run_efficiency
-
-        eff = run_efficiency(store.read_records(["run_id", "run_started_at", "run_gpus", "recorded_at", "train_s",
-                                                 "bench_s", "startup_s", "trial_wall_s", "duration_s"]).to_pandas())
+        eff = run_efficiency(records.to_pandas())
         this_run = eff[eff["run_id"] == outcome.run_id]
         if not this_run.empty:
             console.print(describe(this_run.iloc[0]))

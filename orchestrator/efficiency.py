@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+INPUT_COLUMNS = ["run_id", "run_started_at", "run_gpus", "recorded_at", "train_s", "bench_s", "startup_s",
+                 "trial_wall_s", "duration_s"]
 COLUMNS = ["run_id", "run_started_at", "trials", "gpus", "wall_s", "busy_s", "busy_fraction", "busy_per_gpu",
            "startup_s_median", "process_overhead_s_median"]
 

@@ -26,7 +26,7 @@ from typing import Any, Iterator
 
 from trials.record import FINAL_STATUSES, empty_record
 
-from .store import Store, trial_key
+from .store import Store, trial_key, utc_stamp
 from .sweep import Sweep
 
 log = logging.getLogger(__name__)
@@ -303,8 +303,9 @@ def run_sweep(sweep: Sweep, storage: str, address: str | None = None, restart: b
               progress: Any = None) -> SweepOutcome:
     """Run every (cell, sample) without a final record; consolidate; report what is missing."""
     t0 = time.perf_counter()
-    run = {"run_id": f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:6]}",
-           "run_started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "run_gpus": None}
+    started = utc_stamp()
+    run = {"run_id": f"{started.replace('-', '').replace(':', '')}-{uuid.uuid4().hex[:6]}",
+           "run_started_at": started, "run_gpus": None}
     store = prepare_store(sweep, storage, restart)
     items = work_items(sweep, storage if "://" in storage else str(Path(storage).expanduser().resolve()))
     done = store.final_keys()

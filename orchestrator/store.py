@@ -75,6 +75,11 @@ SERIES_SCHEMA = pa.schema([
 ])
 
 
+def utc_stamp(t: float | None = None) -> str:
+    """UTC time as the store writes it (``recorded_at``, ``run_started_at``): ISO-8601, seconds, Z."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
 def trial_key(cell_id: str, sample: int) -> str:
     return f"{cell_id}-s{sample}"
 
@@ -133,7 +138,7 @@ class Store:
     def write_record(self, record: dict[str, Any]) -> str:
         row = {name: record.get(name) for name in RECORD_SCHEMA.names}
         row["sweep_name"] = self.sweep_name
-        row["recorded_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        row["recorded_at"] = utc_stamp()
         table = pa.Table.from_pylist([row], schema=RECORD_SCHEMA)
         final = self.path("trials", trial_key(row["cell_id"], row["sample"]) + ".parquet")
         self._write_table(final, table)

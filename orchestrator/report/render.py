@@ -78,11 +78,9 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
                         ("peak_gib", 2), ("loss_final", 4), ("stride_acc", 3)):
         cells[col] = cells[col].astype(float).round(digits)
     sections.append(("All cells", "medians over samples; status lists every sample's status", cells))
-    eff = run_efficiency(df)
+    eff = run_efficiency(df).round({"wall_s": 1, "busy_s": 1, "busy_fraction": 3, "busy_per_gpu": 3,
+                                     "startup_s_median": 2, "process_overhead_s_median": 2})
     if not eff.empty:
-        for col, digits in (("wall_s", 1), ("busy_s", 1), ("busy_fraction", 3), ("busy_per_gpu", 3),
-                            ("startup_s_median", 2), ("process_overhead_s_median", 2)):
-            eff[col] = eff[col].astype(float).round(digits)
         sections.append(("Sweep efficiency", "per `juicytalk sweep` run: wall = run start to its last record; busy = "
                          "train+bench time of its trials; busy_per_gpu = busy / wall / GPUs; start-up = trial start to "
                          "first step; process overhead = trial process wall - trial duration", eff))
