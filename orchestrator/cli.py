@@ -36,6 +36,7 @@ def _quiet_ray_logs(verbose: bool) -> None:
 
 # -- sweep --------------------------------------------------------------------------------------
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from .lock import SweepLocked
     from .runner import MAX_FAILURES, SweepInputError, run_sweep, work_items
     from .store import Store
     from .sweep import SweepError, load_sweep
@@ -67,14 +68,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     try:
         outcome = run_sweep(sweep, storage, address=args.address, restart=args.restart,
                             max_concurrent=args.max_concurrent, verbose=args.verbose, dashboard=args.dashboard,
-                            progress=None if args.no_progress else SweepProgress())
-    except SweepInputError as exc:
+                            progress=None if args.no_progress else SweepProgress(), launcher=args.launcher)
+    except (SweepInputError, SweepLocked) as exc:
         return _fail(str(exc))
     from .efficiency import INPUT_COLUMNS, describe, run_efficiency
 
     store = Store(storage, sweep.name)
     records = store.read_records(["cell_id", "sample", "step_ms_p50", *INPUT_COLUMNS])
-    console.print(summary_table(work_items(sweep, storage), outcome.statuses, records))
+    console.print(summary_table(work_items(sweep, storage, args.launcher), outcome.statuses, records))
     console.print(f"{outcome.total} trials: {outcome.already_done} already done, {outcome.ran} run now, "
                   f"{len(outcome.failed)} failed, {len(outcome.missing)} missing; wall {outcome.wall_s:.1f}s")
     if outcome.ran:
@@ -121,8 +122,11 @@ def cmd_collect(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from .report import ReportInputError, build_report
 
+    if args.plotlyjs and not args.plotlyjs.endswith(".js"):
+        return _fail(f"--plotlyjs: must name a .js file, got {args.plotlyjs!r}")
     try:
-        report = build_report(args.dir, out_html=args.out, png_dir=args.png, compare_dir=args.compare)
+        report = build_report(args.dir, out_html=args.out, png_dir=args.png, compare_dir=args.compare,
+                              plotlyjs=args.plotlyjs)
     except ReportInputError as exc:
         return _fail(str(exc))
     print(f"report: {report.html_path}")
@@ -172,6 +176,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from trials.cli import OneLineParser, add_trial_arguments
 
+    from .launchers import DEFAULT_LAUNCHER, LAUNCHERS
+
     parser = OneLineParser(prog=PROG, description="Does FP8 pay off for my model size on this GPU?")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -189,6 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--resume", action="store_true", help="run only trials without a final record (default)")
     mode.add_argument("--restart", action="store_true", help="move earlier results aside and start over")
     p.add_argument("--max-concurrent", type=int)
+    p.add_argument("--launcher", choices=list(LAUNCHERS),
+                   help=f"how trials run on a worker (default: the file's launcher, else {DEFAULT_LAUNCHER})")
     p.add_argument("--dashboard", action="store_true", help="start Ray's dashboard (local Ray only)")
     p.add_argument("--no-report", action="store_true", help="do not write report.html at the end")
     p.add_argument("--no-progress", action="store_true", help="no live view")
@@ -202,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="HTML file (default DIR/report.html)")
     p.add_argument("--png", help="also write one PNG per chart into this directory")
     p.add_argument("--compare", help="a second sweep directory to compare against")
+    p.add_argument("--plotlyjs", help="load plotly.js from this .js path, relative to the HTML file, writing it "
+                                      "there if absent (for published reports that share one copy); default: embed")
 
     p = sub.add_parser("doctor", help="what this machine (and Ray cluster) can run")
     p.add_argument("--ray", action="store_true", help="also start/connect Ray and show cluster resources")

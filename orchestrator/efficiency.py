@@ -1,10 +1,14 @@
-"""How well a sweep run used its GPUs: busy fraction and per-trial start-up, from the records alone.
+"""How well a sweep run used its GPUs: busy fraction and per-trial overhead, from the records alone.
 
 Every record names the driver run that produced it (``run_id``, ``run_started_at``, ``run_gpus``), so
 a resumed sweep, or results consolidated from several runs, still gives one row per run. A run's
 wall time is its start to its last record; its GPU-busy time is the train+bench time of its trials
 (the steps that keep a GPU working; imports, CUDA init, compiles and process start are not busy).
 With several GPUs the busy time is shared among them: ``busy_per_gpu`` divides by ``run_gpus``.
+Per trial, the overhead is what the worker waited beyond the trial's own work: ``trial_wall_s``
+minus setup, training, benchmark and generation (imports, CUDA init, process start and exit, reply).
+``first_step_s`` is the first training step, where TE's fusers compile; ``trials_per_process`` how
+many trials one trial process ran on average (1 for the process launcher).
 
 Concurrency has a price the GPU count hides: trials that share a host share its CPUs, and an eager
 launch-bound step is timed by how fast the host issues kernels. On a two-H200 host, the launch-bound
@@ -21,10 +25,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-INPUT_COLUMNS = ["run_id", "run_started_at", "run_gpus", "recorded_at", "train_s", "bench_s", "startup_s",
-                 "trial_wall_s", "duration_s"]
-COLUMNS = ["run_id", "run_started_at", "trials", "gpus", "wall_s", "busy_s", "busy_fraction", "busy_per_gpu",
-           "startup_s_median", "process_overhead_s_median"]
+INPUT_COLUMNS = ["run_id", "run_started_at", "run_gpus", "recorded_at", "train_s", "bench_s", "setup_s", "gen_s",
+                 "startup_s", "first_step_s", "trial_wall_s", "launcher", "hostname", "pid"]
+COLUMNS = ["run_id", "run_started_at", "launcher", "trials", "gpus", "wall_s", "busy_s", "busy_fraction",
+           "busy_per_gpu", "overhead_s_median", "first_step_s_median", "startup_s_median", "trials_per_process"]
+
+
+def _median(values: pd.Series) -> float:
+    values = values.dropna()
+    return float(values.median()) if len(values) else math.nan
 
 
 def _epoch(stamp: Any) -> float:
@@ -45,13 +54,19 @@ def run_efficiency(records: pd.DataFrame) -> pd.DataFrame:
         busy = float((g["train_s"].fillna(0) + g["bench_s"].fillna(0)).sum())
         gpus = g["run_gpus"].dropna()
         n_gpus = int(gpus.iloc[0]) if len(gpus) else 0
-        overhead = (g["trial_wall_s"] - g["duration_s"]).dropna()
+        work = g[["setup_s", "train_s", "bench_s", "gen_s"]].fillna(0).sum(axis=1)
+        processes = g[["hostname", "pid"]].dropna().drop_duplicates()
+        launchers = sorted({str(v) for v in g["launcher"] if isinstance(v, str)})
         rows.append({
-            "run_id": run_id, "run_started_at": g["run_started_at"].iloc[0], "trials": len(g), "gpus": n_gpus,
-            "wall_s": wall, "busy_s": busy, "busy_fraction": busy / wall if wall > 0 else math.nan,
+            "run_id": run_id, "run_started_at": g["run_started_at"].iloc[0], "launcher": ",".join(launchers) or "-",
+            "trials": len(g), "gpus": n_gpus, "wall_s": wall, "busy_s": busy,
+            "busy_fraction": busy / wall if wall > 0 else math.nan,
             "busy_per_gpu": busy / wall / n_gpus if wall > 0 and n_gpus else math.nan,
-            "startup_s_median": float(g["startup_s"].median()) if g["startup_s"].notna().any() else math.nan,
-            "process_overhead_s_median": float(overhead.median()) if len(overhead) else math.nan,
+            "overhead_s_median": _median(g["trial_wall_s"] - work),
+            "first_step_s_median": _median(g["first_step_s"]),
+            "startup_s_median": _median(g["startup_s"]),
+            "trials_per_process": g[["hostname", "pid"]].notna().all(axis=1).sum() / len(processes)
+            if len(processes) else math.nan,
         })
     return pd.DataFrame(rows, columns=COLUMNS).sort_values("run_started_at", ignore_index=True)
 
@@ -84,5 +99,6 @@ def describe(row: pd.Series) -> str:
     per_gpu = f" ({row['busy_per_gpu']:.2f} per GPU over {row['gpus']} GPUs)" if row["gpus"] > 1 else ""
     what = "GPU-busy fraction" if row["gpus"] else "busy fraction (no GPU)"
     return (f"{what} {row['busy_fraction']:.2f}{per_gpu}: train+bench {row['busy_s']:.1f}s of "
-            f"{row['wall_s']:.0f}s run wall; trial start to first step {row['startup_s_median']:.1f}s median, "
-            f"process start+exit {row['process_overhead_s_median']:.1f}s median")
+            f"{row['wall_s']:.0f}s run wall; launcher {row['launcher']}, {row['trials_per_process']:.1f} trials per "
+            f"process; per-trial overhead {row['overhead_s_median']:.2f}s median, first step "
+            f"{row['first_step_s_median']:.2f}s median")

@@ -1,22 +1,17 @@
 """The Ray Tune driver: pending (cell, sample) pairs -> one Tune trial each -> one record each.
 
-Each Tune trial runs in a fresh Ray worker (``reuse_actors=False``), and the worker runs the trial
-itself in a child process (``python -m trials``): a CUDA context, a crash or a hang never outlives its
-trial, ``trial_timeout_s`` can kill a stuck trial, and a worker killed from outside is retried by
-Tune's ``FailureConfig``. A trial that fails on its own (OOM, divergence, an exception) still
-produces a record and is not retried: an OOM would only happen again.
+Tune reuses its worker actors across trials (``reuse_actors=True``); each worker runs trials in
+child processes through the sweep's launcher (:mod:`orchestrator.launchers`), so a CUDA context, a
+crash or a hang never takes the worker down, ``trial_timeout_s`` can kill a stuck trial, and a
+worker or trial process killed from outside is retried by Tune's ``FailureConfig``. A trial that
+fails on its own (OOM, divergence, an exception) still produces a record and is not retried: an
+OOM would only happen again.
 """
 
 from __future__ import annotations
 
-import ctypes
-import json
 import logging
 import os
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from contextlib import contextmanager
@@ -24,14 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from trials.record import FINAL_STATUSES, empty_record
+from trials.record import FINAL_STATUSES
 
+from .launchers.base import PACKAGE_ROOT
+from .lock import sweep_lock
 from .store import Store, trial_key, utc_stamp
 from .sweep import Sweep
 
 log = logging.getLogger(__name__)
 
-PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 MAX_FAILURES = 2  # Tune retries of a trial whose worker or trial process died
 
 
@@ -59,7 +55,9 @@ class SweepOutcome:
         return not self.missing and not self.failed
 
 
-def work_items(sweep: Sweep, storage: str) -> list[dict[str, Any]]:
+def work_items(sweep: Sweep, storage: str, launcher: str | None = None) -> list[dict[str, Any]]:
+    launch = {"launcher": launcher or sweep.launcher, "warm_max_trials": sweep.warm_max_trials,
+              "compile_cache": sweep.compile_cache}
     items = []
     for cell in sweep.cells:
         for sample in range(sweep.samples):
@@ -67,7 +65,7 @@ def work_items(sweep: Sweep, storage: str) -> list[dict[str, Any]]:
             spec["seed"] = cell.spec.seed + sample  # independent samples, same across the cells they pair with
             items.append({"key": trial_key(cell.cell_id, sample), "cell_id": cell.cell_id, "sample": sample,
                           "label": cell.label, "spec": spec, "storage": storage, "sweep_name": sweep.name,
-                          "timeout_s": sweep.trial_timeout_s})
+                          "timeout_s": sweep.trial_timeout_s, "launch": launch})
     return items
 
 
@@ -142,133 +140,22 @@ def check_shared_storage(ray: Any, store: Store) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Inside a Ray worker
-# ---------------------------------------------------------------------------------------------
-def _die_with_parent() -> None:
-    """Child-side: get SIGKILLed when the supervising worker dies (Linux prctl PR_SET_PDEATHSIG)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-    except OSError:
-        pass
-
-
-def gpu_context() -> dict[str, Any]:
-    """Memory already used on the trial's GPU(s) and the other processes there, via NVML."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    out: dict[str, Any] = {"cuda_visible_devices": visible, "gpu_mem_in_use_at_start_bytes": None,
-                           "foreign_gpu_processes": None}
-    if not visible:
-        return out
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no NVML here
-        return out
-    try:
-        used, foreign = 0, []
-        for token in visible.split(","):
-            token = token.strip()
-            handle = (pynvml.nvmlDeviceGetHandleByUUID(token) if token.startswith(("GPU-", "MIG-"))
-                      else pynvml.nvmlDeviceGetHandleByIndex(int(token)))
-            used += int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
-            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                foreign.append({"pid": proc.pid, "used_bytes": proc.usedGpuMemory})
-        out.update(gpu_mem_in_use_at_start_bytes=used, foreign_gpu_processes=json.dumps(foreign))
-    except Exception as exc:  # noqa: BLE001
-        log.debug("NVML query failed: %s", exc)
-    finally:
-        pynvml.nvmlShutdown()
-    return out
-
-
-def _failure_record(spec: dict[str, Any], status: str, error: str) -> dict[str, Any]:
-    record = empty_record()
-    record.update(spec)
-    record.update(status=status, error=error)
-    return record
-
-
-def run_trial_process(item: dict[str, Any], store: Store, on_start=None) -> dict[str, Any]:
-    """Run one trial in a child process; returns its record (a timeout becomes a record too).
-
-    Raises RuntimeError when the child died without a record (killed, crashed): Tune retries that.
-    """
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="juicytalk-") as tmp:
-        out_json = Path(tmp, "record.json")
-        log_path = Path(tmp, "trial.log")
-        cmd = [sys.executable, "-m", "trials", "--spec-json", json.dumps(item["spec"]), "--json", str(out_json), "-q"]
-        with open(log_path, "wb") as log_fh:
-            proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT, env=env, cwd=tmp,
-                                    preexec_fn=_die_with_parent)
-            if on_start:
-                on_start(proc.pid)
-            try:
-                rc = proc.wait(timeout=item.get("timeout_s"))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                rc = None
-        log_text = log_path.read_text(errors="replace")
-        store.write_text(store.path("logs", item["key"] + ".log"), log_text)
-        if rc is None:
-            record = _failure_record(item["spec"], "timeout", f"exceeded trial_timeout_s={item['timeout_s']}")
-        elif out_json.exists():
-            record = json.loads(out_json.read_text())
-        else:
-            tail = log_text.strip().splitlines()[-1:] or ["no output"]
-            raise RuntimeError(f"trial process exited with {rc} and no record: {tail[0][:500]}")
-        record["trial_wall_s"] = time.perf_counter() - t0
-        return record
-
-
-def trial_trainable(config: dict[str, Any]) -> None:
-    """The Tune function trainable: one (cell, sample) -> one record in the store."""
-    import ray
-    from ray import tune
-
-    item = config["item"]
-    store = Store(item["storage"], item["sweep_name"])
-    ctx = tune.get_context()
-    info = {"worker_pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(), "label": item["label"],
-            "started_at": time.time(), "trial_id": ctx.get_trial_id()}
-    gpu = gpu_context()
-
-    def started(pid: int) -> None:
-        store.mark_running(item["key"], {**info, "child_pid": pid})
-
-    store.mark_running(item["key"], info)
-    try:
-        record = run_trial_process(item, store, on_start=started)
-    finally:
-        store.clear_running(item["key"])
-    record.update(gpu)
-    record.update(item["run"])
-    record.update(cell_id=item["cell_id"], cell_label=item["label"], sample=item["sample"],
-                  trial_id=ctx.get_trial_id(), node_id=ray.get_runtime_context().get_node_id(),
-                  node_ip=info["node_ip"], worker_pid=os.getpid(), ray_version=ray.__version__)
-    store.write_record(record)
-    tune.report({"status": record["status"], "step_ms_p50": record.get("step_ms_p50") or float("nan")})
-
-
-# ---------------------------------------------------------------------------------------------
 # The driver
 # ---------------------------------------------------------------------------------------------
 def fit(ray: Any, sweep: Sweep, store: Store, items: list[dict[str, Any]], resources: dict[str, float],
         max_concurrent: int | None, verbose: bool) -> None:
     from ray import tune
 
-    trainable = tune.with_resources(trial_trainable, {"cpu": resources["cpu"], "gpu": resources.get("gpu", 0)})
+    from .trainable import TrialTrainable
+
+    trainable = tune.with_resources(TrialTrainable, {"cpu": resources["cpu"], "gpu": resources.get("gpu", 0)})
     tuner = tune.Tuner(
         trainable,
         param_space={"item": tune.grid_search(items)},
         tune_config=tune.TuneConfig(
             num_samples=1,
             max_concurrent_trials=max_concurrent,
-            reuse_actors=False,
+            reuse_actors=True,
             trial_name_creator=lambda t: t.config["item"]["key"],
             trial_dirname_creator=lambda t: t.config["item"]["key"],
         ),
@@ -276,6 +163,8 @@ def fit(ray: Any, sweep: Sweep, store: Store, items: list[dict[str, Any]], resou
             name=f"{sweep.name}-{time.strftime('%Y%m%dT%H%M%S')}",
             storage_path=store.path("ray") if store.local else f"{store.storage.rstrip('/')}/{sweep.name}/ray",
             failure_config=tune.FailureConfig(max_failures=MAX_FAILURES),
+            # the store holds every result; a one-step trial has nothing to resume from
+            checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False, checkpoint_frequency=0),
             verbose=1 if verbose else 0,
             log_to_file=True,
         ),
@@ -300,14 +189,23 @@ def prepare_store(sweep: Sweep, storage: str, restart: bool) -> Store:
 
 def run_sweep(sweep: Sweep, storage: str, address: str | None = None, restart: bool = False,
               max_concurrent: int | None = None, verbose: bool = False, dashboard: bool = False,
-              progress: Any = None) -> SweepOutcome:
-    """Run every (cell, sample) without a final record; consolidate; report what is missing."""
+              progress: Any = None, launcher: str | None = None) -> SweepOutcome:
+    """Run every (cell, sample) without a final record; consolidate; report what is missing.
+
+    One driver per sweep directory: a second one is refused (:func:`~orchestrator.lock.sweep_lock`).
+    """
+    with sweep_lock(Store(storage, sweep.name)):
+        return _run_locked(sweep, storage, address, restart, max_concurrent, verbose, dashboard, progress, launcher)
+
+
+def _run_locked(sweep: Sweep, storage: str, address: str | None, restart: bool, max_concurrent: int | None,
+                verbose: bool, dashboard: bool, progress: Any, launcher: str | None) -> SweepOutcome:
     t0 = time.perf_counter()
     started = utc_stamp()
     run = {"run_id": f"{started.replace('-', '').replace(':', '')}-{uuid.uuid4().hex[:6]}",
            "run_started_at": started, "run_gpus": None}
     store = prepare_store(sweep, storage, restart)
-    items = work_items(sweep, storage if "://" in storage else str(Path(storage).expanduser().resolve()))
+    items = work_items(sweep, storage if "://" in storage else str(Path(storage).expanduser().resolve()), launcher)
     done = store.final_keys()
     pending = [it for it in items if it["key"] not in done]
     log.info("%d trials, %d already have a final record, %d to run", len(items), len(items) - len(pending), len(pending))

@@ -6,6 +6,7 @@ Layout under ``<storage>/<sweep name>/``:
     series/<cell_id>-s<sample>.parquet    per-step series: loss (training) and step_ms (timed steps)
     running/<cell_id>-s<sample>.json      marker while a trial runs (pids, node, start time)
     logs/<cell_id>-s<sample>.log          the trial process's output
+    quarantine/                           record files that could not be read (moved aside, cell rerun)
     results.parquet                       all records, consolidated (``juicytalk collect``)
     sweep.yaml                            the sweep file as run
 
@@ -58,7 +59,9 @@ SWEEP_FIELDS: list[tuple[str, str, str]] = [
     ("gpu_mem_in_use_at_start_bytes", "int", "Device memory already in use on the trial's GPU when it started."),
     ("foreign_gpu_processes", "str", "JSON list of other processes on the trial's GPU at start (pid, bytes)."),
     ("ray_version", "str", "Ray version of the worker."),
-    ("trial_wall_s", "float", "Trial process start to exit (imports and CUDA init included), s."),
+    ("trial_wall_s", "float", "The worker's view of the trial: spec handed over (or trial process spawned, when none "
+     "was ready) to record back, s."),
+    ("launcher", "str", "How the trial ran: process (a fresh process) or warm (a process that runs many trials)."),
     ("recorded_at", "str", "UTC time the record was written."),
     ("run_id", "str", "The `juicytalk sweep` invocation that produced the record (a resumed sweep is a new run)."),
     ("run_started_at", "str", "UTC start of that run."),
@@ -187,11 +190,40 @@ class Store:
         return sorted(i.path for i in self._list("trials", ".parquet"))
 
     def read_records(self, columns: Iterable[str] | None = None) -> pa.Table:
-        files = self.record_files()
-        if not files:
-            return RECORD_SCHEMA.empty_table() if columns is None else RECORD_SCHEMA.empty_table().select(list(columns))
-        dataset = ds.dataset(files, schema=RECORD_SCHEMA, format="parquet", filesystem=self.fs)
-        return dataset.to_table(columns=list(columns) if columns else None)
+        """Every record; a record file that cannot be read is quarantined (and its cell runs again)."""
+        columns = list(columns) if columns else None
+        while True:  # each failed read quarantines at least one file, or raises
+            files = self.record_files()
+            if not files:
+                return RECORD_SCHEMA.empty_table() if columns is None else RECORD_SCHEMA.empty_table().select(columns)
+            try:
+                return ds.dataset(files, schema=RECORD_SCHEMA, format="parquet",
+                                  filesystem=self.fs).to_table(columns=columns)
+            except (pa.ArrowException, OSError) as exc:
+                if not self._quarantine_unreadable(files):
+                    raise exc
+
+    def _quarantine_unreadable(self, files: list[str]) -> int:
+        """Move record files that are not readable Parquet of our schema to ``quarantine/``."""
+        moved = 0
+        for path in files:
+            try:
+                pq.read_table(path, schema=RECORD_SCHEMA, filesystem=self.fs)
+                continue
+            except FileNotFoundError:
+                continue  # replaced or quarantined by someone else meanwhile
+            except (pa.ArrowException, OSError) as exc:
+                reason = str(exc).splitlines()[0][:200]
+            name = path.rsplit("/", 1)[1]
+            dest = self.path("quarantine", f"{name}.{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:4]}")
+            try:
+                self.fs.create_dir(self.path("quarantine"), recursive=True)
+                self.fs.move(path, dest)
+            except (FileNotFoundError, OSError):
+                continue
+            log.warning("unreadable record file %s (%s): moved to %s; its trial runs again", path, reason, dest)
+            moved += 1
+        return moved
 
     def statuses(self) -> dict[str, str]:
         """(cell, sample) key -> status of its record."""

@@ -15,6 +15,9 @@ A sweep file is YAML read with ``yaml.safe_load`` semantics; nothing in it is ev
     max_concurrent: null      # at most this many trials at once (default: as resources allow)
     trial_timeout_s: 1800     # a trial running longer is killed and recorded as status timeout
     storage: ./juicytalk-results   # local path or a URI pyarrow understands; --out overrides
+    launcher: process         # process: a fresh process per trial; warm: one process per GPU runs many
+    warm_max_trials: 32       # warm: a trial process is replaced after this many trials
+    compile_cache: null       # Inductor/Triton cache directory on each node (default: ~/.cache/juicytalk/compile)
 
 Cells that make no sense are never run twice under two names: an FP8-only field (recipe,
 fp8_format, amax_*) on a non-fp8 cell is collapsed to its default, and fp8 on the torch backend or
@@ -35,8 +38,11 @@ import yaml
 
 from trials.spec import FP8_ONLY_FIELDS, SpecError, TrialSpec
 
+from .launchers import DEFAULT_LAUNCHER, DEFAULT_WARM_MAX_TRIALS, LAUNCHERS
+
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-TOP_KEYS = ("name", "grid", "fixed", "samples", "resources", "max_concurrent", "trial_timeout_s", "storage")
+TOP_KEYS = ("name", "grid", "fixed", "samples", "resources", "max_concurrent", "trial_timeout_s", "storage",
+            "launcher", "warm_max_trials", "compile_cache")
 RESOURCE_KEYS = ("gpu", "cpu")
 _DEFAULTS = TrialSpec().to_dict()
 
@@ -72,6 +78,9 @@ class Sweep:
     max_concurrent: int | None = None
     trial_timeout_s: float | None = None
     storage: str | None = None
+    launcher: str = DEFAULT_LAUNCHER
+    warm_max_trials: int = DEFAULT_WARM_MAX_TRIALS
+    compile_cache: str | None = None
     source_text: str = ""
     cells: list[Cell] = field(default_factory=list)
     skipped: list[tuple[dict[str, Any], str]] = field(default_factory=list)
@@ -200,8 +209,19 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
     if storage is not None and (not isinstance(storage, str) or not storage.strip()):
         raise err(("storage",), "must be a path or URI string")
 
+    launcher = data.get("launcher", DEFAULT_LAUNCHER)
+    if launcher not in LAUNCHERS:
+        raise err(("launcher",), f"must be one of {', '.join(LAUNCHERS)}; got {launcher!r}")
+    warm_max = data.get("warm_max_trials", DEFAULT_WARM_MAX_TRIALS)
+    if not isinstance(warm_max, int) or isinstance(warm_max, bool) or warm_max < 1:
+        raise err(("warm_max_trials",), "must be a positive integer")
+    compile_cache = data.get("compile_cache")
+    if compile_cache is not None and (not isinstance(compile_cache, str) or not compile_cache.strip()):
+        raise err(("compile_cache",), "must be a directory path or null")
+
     sweep = Sweep(name=name, grids=grids, fixed=fixed, samples=samples, resources=resources,
-                  max_concurrent=max_concurrent, trial_timeout_s=timeout, storage=storage, source_text=text)
+                  max_concurrent=max_concurrent, trial_timeout_s=timeout, storage=storage, launcher=launcher,
+                  warm_max_trials=warm_max, compile_cache=compile_cache, source_text=text)
     _expand(sweep, prefixes, err)
     return sweep
 

@@ -83,6 +83,10 @@ def test_driver_killed_mid_sweep_then_rerun_completes_exactly_once(ray_cluster, 
     trials_dir = tmp_path / "kd" / "trials"
     driver = _start(sweep, tmp_path, ray_cluster)
     wait_for(lambda: trials_dir.exists() and any(p.suffix == ".parquet" for p in trials_dir.iterdir()), 240)
+    second = juicytalk("sweep", str(sweep), "--out", str(tmp_path), "--address", ray_cluster,
+                       "--no-progress", "--no-report", timeout=60)
+    assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
+    assert "in use by another juicytalk sweep" in second.stderr and f"pid {driver.pid}," in second.stderr
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait(30)
     first = {r["cell_id"]: r["recorded_at"] for r in records(tmp_path, "kd")}
@@ -90,6 +94,7 @@ def test_driver_killed_mid_sweep_then_rerun_completes_exactly_once(ray_cluster, 
     run = juicytalk("sweep", str(sweep), "--out", str(tmp_path), "--address", ray_cluster, "--no-progress",
                     "--no-report")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "took over the lock of a driver that is gone" in run.stderr  # the killed driver's lock was stale
     recs = records(tmp_path, "kd")
     assert sorted(r["d_model"] for r in recs) == [32, 48, 64, 80]  # nothing lost, nothing twice
     assert all(r["status"] == "ok" for r in recs)

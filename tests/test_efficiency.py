@@ -9,19 +9,23 @@ import pandas as pd
 from orchestrator.efficiency import concurrent_trials, describe, run_efficiency
 
 
-def _rec(run_id, started, recorded, train_s, bench_s, gpus, startup_s=5.0, duration_s=20.0, wall_s=23.0):
+def _rec(run_id, started, recorded, train_s, bench_s, gpus, startup_s=5.0, wall_s=23.0, pid=1, first=2.0,
+         launcher="process"):
     return {"run_id": run_id, "run_started_at": started, "recorded_at": recorded, "train_s": train_s,
-            "bench_s": bench_s, "run_gpus": gpus, "startup_s": startup_s, "duration_s": duration_s,
-            "trial_wall_s": wall_s}
+            "bench_s": bench_s, "setup_s": 1.0, "gen_s": 0.5, "run_gpus": gpus, "startup_s": startup_s,
+            "first_step_s": first, "trial_wall_s": wall_s, "launcher": launcher, "hostname": "h", "pid": pid}
 
 
 def test_two_runs_of_one_sweep_are_reported_separately():
     records = pd.DataFrame([
         # run A: 1 GPU, 100 s from start to last record, 30 s of train+bench
-        _rec("a", "2026-11-30T04:00:00Z", "2026-11-30T04:00:40Z", 10.0, 5.0, 1, startup_s=4.0),
-        _rec("a", "2026-11-30T04:00:00Z", "2026-11-30T04:01:40Z", 12.0, 3.0, 1, startup_s=6.0, wall_s=24.0),
-        # run B (a resume): 2 GPUs, 50 s, 40 s of train+bench
-        _rec("b", "2026-11-30T05:00:00Z", "2026-11-30T05:00:50Z", 30.0, 10.0, 2),
+        # (overheads: 23 - 16.5 = 6.5 and 24 - 16.5 = 7.5; each trial its own process)
+        _rec("a", "2026-11-30T04:00:00Z", "2026-11-30T04:00:40Z", 10.0, 5.0, 1, startup_s=4.0, pid=1, first=1.0),
+        _rec("a", "2026-11-30T04:00:00Z", "2026-11-30T04:01:40Z", 12.0, 3.0, 1, startup_s=6.0, wall_s=24.0, pid=2),
+        # run B (a resume, warm launcher): 2 GPUs, 50 s, 40 s of train+bench, three trials in two processes
+        _rec("b", "2026-11-30T05:00:00Z", "2026-11-30T05:00:50Z", 30.0, 10.0, 2, wall_s=42.0, launcher="warm"),
+        _rec("b", "2026-11-30T05:00:00Z", "2026-11-30T05:00:20Z", 0.0, 0.0, 2, wall_s=2.0, launcher="warm"),
+        _rec("b", "2026-11-30T05:00:00Z", "2026-11-30T05:00:30Z", 0.0, 0.0, 2, wall_s=2.5, pid=7, launcher="warm"),
         # a record from before runs were recorded: ignored
         _rec(None, None, "2026-11-29T05:00:50Z", 99.0, 99.0, None),
     ])
@@ -30,10 +34,14 @@ def test_two_runs_of_one_sweep_are_reported_separately():
     a, b = eff.loc["a"], eff.loc["b"]
     assert (a["trials"], a["gpus"], a["wall_s"], a["busy_s"]) == (2, 1, 100.0, 30.0)
     assert math.isclose(a["busy_fraction"], 0.30) and math.isclose(a["busy_per_gpu"], 0.30)
-    assert a["startup_s_median"] == 5.0 and a["process_overhead_s_median"] == 3.5
+    assert a["startup_s_median"] == 5.0 and a["overhead_s_median"] == 7.0 and a["first_step_s_median"] == 1.5
+    assert a["trials_per_process"] == 1.0 and a["launcher"] == "process"
     assert math.isclose(b["busy_fraction"], 0.80) and math.isclose(b["busy_per_gpu"], 0.40)
+    assert b["trials_per_process"] == 1.5 and b["launcher"] == "warm"
+    assert b["overhead_s_median"] == 0.5  # overheads 0.5, 0.5 and 1.0 s
     assert "0.80 (0.40 per GPU over 2 GPUs)" in describe(b)
-    assert describe(a).startswith("GPU-busy fraction 0.30: train+bench 30.0s of 100s")
+    assert describe(a).startswith("GPU-busy fraction 0.30: train+bench 30.0s of 100s run wall; launcher process, "
+                                  "1.0 trials per process; per-trial overhead 7.00s median, first step 1.50s")
 
 
 def test_records_without_runs_give_no_rows():

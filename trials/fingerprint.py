@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import socket
 import subprocess
@@ -74,4 +75,5 @@ def fingerprint(device: str) -> dict[str, str | None]:
         "python_version": platform.python_version(),
         "juicytalk_version": juicytalk_version(),
         "git_sha": git_sha(),
+        "compile_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
     }

@@ -1,22 +1,61 @@
-"""Peak device memory, three ways: torch's allocator (allocated, reserved) and NVML (the process).
+"""Peak memory of one trial: torch's allocator (allocated, reserved), NVML (the process) and host RSS.
 
 The allocator numbers say what the model needed; NVML sees what the driver charged this process
 (CUDA context and library workspaces included), which is what decides an OOM on a shared GPU.
+A process may run several trials (the warm launcher): :func:`reset` starts every counter afresh and
+:func:`release` hands back what the last trial left, so each trial's figures are its own.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 
 import torch
 
 log = logging.getLogger(__name__)
 
 
-def reset(device: str) -> None:
+@dataclass(frozen=True)
+class Baseline:
+    """Where a trial's memory counters started."""
+
+    device: str
+    allocated_bytes: int  # device memory still allocated at the start (0 in a fresh process)
+    rss_reset: bool  # the host RSS high-water mark could be reset (else peak_rss_bytes stays unknown)
+
+
+def reset(device: str) -> Baseline:
+    """Start this trial's peaks."""
+    rss_reset = _reset_peak_rss()
+    allocated = 0
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
+        allocated = int(torch.cuda.memory_allocated())
+    return Baseline(device, allocated, rss_reset)
+
+
+def _reset_peak_rss() -> bool:
+    """Linux: set the process's resident high-water mark (VmHWM) back to its current RSS."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_bytes() -> int | None:
+    """VmHWM of this process since the last :func:`reset`, or None where Linux's /proc can't tell."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def nvml_process_bytes() -> int | None:
@@ -48,13 +87,16 @@ def _nvml_handle(pynvml):
         return pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
 
 
-def snapshot(device: str) -> dict[str, int | None]:
-    """Peaks since the last :func:`reset` plus allocator OOM counters."""
-    if device != "cuda":
+def snapshot(baseline: Baseline) -> dict[str, int | None]:
+    """Peaks since :func:`reset` plus allocator OOM counters."""
+    host = {"peak_rss_bytes": peak_rss_bytes() if baseline.rss_reset else None,
+            "mem_at_start_bytes": baseline.allocated_bytes}
+    if baseline.device != "cuda":
         return {"peak_mem_allocated_bytes": None, "peak_mem_reserved_bytes": None,
-                "nvml_process_mem_bytes": None, "num_ooms": None, "num_alloc_retries": None}
+                "nvml_process_mem_bytes": None, "num_ooms": None, "num_alloc_retries": None, **host}
     stats = torch.cuda.memory_stats()
     return {
+        **host,
         "peak_mem_allocated_bytes": int(torch.cuda.max_memory_allocated()),
         "peak_mem_reserved_bytes": int(torch.cuda.max_memory_reserved()),
         "nvml_process_mem_bytes": nvml_process_bytes(),
@@ -64,10 +106,18 @@ def snapshot(device: str) -> dict[str, int | None]:
 
 
 def release(device: str) -> None:
-    """Hand cached device memory back so the next trial in this process starts clean."""
+    """Hand cached memory back so the next trial in this process starts clean."""
+    import ctypes
     import gc
 
     gc.collect()
     if device == "cuda":
         torch.cuda.synchronize()
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)  # cuBLAS workspaces live in the allocator
+        if clear is not None:
+            clear()
         torch.cuda.empty_cache()
+    try:  # glibc keeps freed heap pages; give them back so the next trial's RSS peak is its own
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -97,6 +97,10 @@ FIELDS: list[Field] = [
     _f("nvml_process_mem_bytes", "int", "Device memory NVML charges to the trial process (null where NVML can't tell)."),
     _f("num_ooms", "int", "Allocator OOMs (torch.cuda.memory_stats)."),
     _f("num_alloc_retries", "int", "Allocator retries after freeing cache (memory pressure)."),
+    _f("mem_at_start_bytes", "int", "Device memory still allocated when the trial started (0 in a fresh process; "
+       "what an earlier trial in the same process left)."),
+    _f("peak_rss_bytes", "int", "Peak resident host memory of the trial process during the trial (Linux VmHWM, "
+       "reset at trial start; null where it cannot be reset)."),
     # -- numerics
     _f("fp8_state", "str", "JSON: scale, newest and max amax of block 0's FP8 tensors (delayed scaling)."),
     _f("gen_tokens", "list[int]", "First prompt and its greedy continuation."),
@@ -115,12 +119,18 @@ FIELDS: list[Field] = [
     _f("git_sha", "str", "Commit of the juicytalk source, where it is a git checkout; -dirty: tracked files were edited."),
     _f("hostname", "str", "Host the trial ran on."),
     _f("pid", "int", "Process that ran the trial."),
+    _f("process_trial_index", "int", "Trials this process ran before this one (0: a fresh process)."),
+    _f("dynamo_recompile_limit_hit", "bool", "TorchDynamo hit its recompile limit during the trial (a TE fuser may "
+       "have run uncompiled); the process is replaced after it. Null when the process did not watch."),
+    _f("compile_cache_dir", "str", "TORCHINDUCTOR_CACHE_DIR in effect (null: torch's default); Triton's cache sits "
+       "beside it."),
     # -- time
     _f("started_at", "str", "UTC ISO-8601 start."),
     _f("finished_at", "str", "UTC ISO-8601 end."),
     _f("duration_s", "float", "Whole trial, s."),
     _f("setup_s", "float", "Capability probe, model and optimizer build, graph capture, s."),
     _f("startup_s", "float", "Trial start to the first training step issued, s."),
+    _f("first_step_s", "float", "The first training step alone, synced: TE's fuser compiles and cuDNN plans, s."),
     _f("train_s", "float", "Training steps, s."),
     _f("bench_s", "float", "Warmup, host probe and timed blocks, s."),
     _f("gen_s", "float", "Generation check, s."),

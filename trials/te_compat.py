@@ -107,3 +107,23 @@ def make_graphed_callables(te: ModuleType, module: Callable, sample_args: tuple,
             kwargs.update(fp8_enabled=True, fp8_recipe=recipe_obj)
     return te.make_graphed_callables(module, sample_args, **kwargs)
 
+
+
+def reset_fp8_state() -> None:
+    """Clear TE's process-wide FP8 state (amax buffers, autocast depth, graph flags) between trials.
+
+    A process that runs several trials must not let one trial's amax history or recipe reach the next.
+    Only acts when TE is already imported: a process that never used TE has no state to clear.
+    """
+    import sys
+
+    if "transformer_engine.pytorch" not in sys.modules:
+        return
+    for name in ("transformer_engine.pytorch.quantization", "transformer_engine.pytorch.fp8"):  # newer, older TE
+        try:
+            manager = getattr(importlib.import_module(name), "FP8GlobalStateManager")
+        except (ImportError, AttributeError):
+            continue
+        manager.reset()
+        return
+    log.warning("this Transformer Engine has no FP8GlobalStateManager.reset(); FP8 state not cleared")

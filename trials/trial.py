@@ -39,13 +39,17 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in _OOM_MARKERS)
 
 
-def run_trial(spec: TrialSpec, capability: Capability | None = None) -> dict[str, Any]:
-    """Run ``spec`` and return its record; never raises for a failing trial (see ``status``)."""
+def run_trial(spec: TrialSpec, capability: Capability | None = None, process_trial_index: int = 0) -> dict[str, Any]:
+    """Run ``spec`` and return its record; never raises for a failing trial (see ``status``).
+
+    ``process_trial_index`` says how many trials this process ran before (0: a fresh process).
+    """
     t0 = time.perf_counter()
     record = empty_record()
     record.update(spec.to_dict())
-    record.update(started_at=_now(), pid=os.getpid(), status="error")
+    record.update(started_at=_now(), pid=os.getpid(), status="error", process_trial_index=process_trial_index)
     device = "cpu"
+    baseline = None
     try:
         cap = capability or probe(spec.device, want_te=spec.backend != "torch")
         record.update(gpu_name=cap.gpu_name, compute_capability=cap.compute_capability,
@@ -64,15 +68,15 @@ def run_trial(spec: TrialSpec, capability: Capability | None = None) -> dict[str
         else:
             record.update(effective_backend=res.backend, effective_precision=res.precision,
                           effective_recipe=res.recipe)
-            memory.reset(device)
+            baseline = memory.reset(device)
             _execute(spec, res, cfg, record, t0)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a record
         record.update(status="oom" if is_oom(exc) else "error", error=f"{type(exc).__name__}: {exc}"[:4000],
                       error_type=type(exc).__name__)
         log.warning("trial %s: %s", record["status"], record["error"].splitlines()[0], exc_info=log.isEnabledFor(logging.DEBUG))
     finally:
-        if device == "cuda" and record["status"] != "unsupported":
-            record.update(memory.snapshot(device))
+        if baseline is not None:
+            record.update(memory.snapshot(baseline))
         memory.release(device)
         record.update(finished_at=_now(), duration_s=time.perf_counter() - t0)
     return record
@@ -94,9 +98,10 @@ def _execute(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[st
 
     t_train = time.perf_counter()
     record["startup_s"] = t_train - t0
-    losses = train(step, data, spec.train_steps, spec.batch_size)
-    record.update(train_s=time.perf_counter() - t_train, loss_first=losses[0], loss_final=losses[-1],
-                  loss_curve=losses)
+    trained = train(step, data, spec.train_steps, spec.batch_size)
+    losses = trained.losses
+    record.update(train_s=time.perf_counter() - t_train, first_step_s=trained.first_step_s, loss_first=losses[0],
+                  loss_final=losses[-1], loss_curve=losses)
     bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
     if bad is not None:
         record.update(status="diverged", error=f"non-finite training loss at step {bad}")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 
 from ..store import read_results
 from . import charts
@@ -42,15 +43,15 @@ class Report:
 def _load(path: str) -> pd.DataFrame:
     try:
         table = read_results(path)
-    except (FileNotFoundError, OSError) as exc:
-        raise ReportInputError(f"DIR: {exc}") from None
+    except (FileNotFoundError, OSError, pa.ArrowException) as exc:
+        raise ReportInputError(f"DIR: {path}: {str(exc).splitlines()[0]}") from None
     if table.num_rows == 0:
         raise ReportInputError(f"DIR: {path} holds no trial records")
     return prepare(table.to_pandas())
 
 
 def build_report(path: str, out_html: str | None = None, png_dir: str | None = None,
-                 compare_dir: str | None = None, sweep_text: str | None = None) -> Report:
+                 compare_dir: str | None = None, sweep_text: str | None = None, plotlyjs: str | None = None) -> Report:
     t0 = time.perf_counter()
     src = Path(path).expanduser().resolve()
     base_dir = src if src.is_dir() else src.parent
@@ -81,7 +82,7 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
     md_path, csv_path = out_dir / "results.md", out_dir / "results.csv"
     md_path.write_text(md)
     write_csv(csv_path, pairs, comparison)
-    write_html(out_html, figures, df, pairs, md, sweep_text, comparison)
+    write_html(out_html, figures, df, pairs, md, sweep_text, comparison, plotlyjs)
     pngs = export_pngs(figures, png_dir) if png_dir else []
     log.info("report built in %.2fs", time.perf_counter() - t0)
     return Report(str(out_html), str(md_path), str(csv_path), pngs, pairs)

@@ -73,17 +73,20 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
         mfu_own=("mfu_precision_peak", "median"), peak_gib=("peak_gib", "max"),
         loss_final=("loss_final", "median"), stride_acc=("gen_stride_accuracy", "median"),
         launch_bound=("launch_bound", lambda s: ",".join(sorted({str(v) for v in s if v is not None})) or "-"),
+        launcher=("launcher", lambda s: ",".join(sorted({str(v) for v in s if isinstance(v, str)})) or "-"),
     ).reset_index().sort_values(["d_model", "n_layers", "variant", "cuda_graphs"])
     for col, digits in (("p50_ms", 3), ("tokens_per_s", 0), ("tflops", 1), ("mfu_bf16", 3), ("mfu_own", 3),
                         ("peak_gib", 2), ("loss_final", 4), ("stride_acc", 3)):
         cells[col] = cells[col].astype(float).round(digits)
     sections.append(("All cells", "medians over samples; status lists every sample's status", cells))
     eff = run_efficiency(df).round({"wall_s": 1, "busy_s": 1, "busy_fraction": 3, "busy_per_gpu": 3,
-                                     "startup_s_median": 2, "process_overhead_s_median": 2})
+                                     "overhead_s_median": 2, "first_step_s_median": 2, "startup_s_median": 2,
+                                     "trials_per_process": 1})
     if not eff.empty:
         sections.append(("Sweep efficiency", "per `juicytalk sweep` run: wall = run start to its last record; busy = "
-                         "train+bench time of its trials; busy_per_gpu = busy / wall / GPUs; start-up = trial start to "
-                         "first step; process overhead = trial process wall - trial duration", eff))
+                         "train+bench time of its trials; busy_per_gpu = busy / wall / GPUs; overhead = trial wall on the "
+                         "worker - (setup + train + bench + generation); first step = the first training step, "
+                         "where TE's fusers compile; start-up = trial start to first step", eff))
     flags = sanity_flags(df, pairs)
     if not flags.empty:
         sections.append(("Sanity checks", "numbers that are more likely a measurement problem than a result", flags))
@@ -216,15 +219,31 @@ th{background:#f3f5f7}td:first-child,th:first-child{text-align:left}pre{backgrou
 """
 
 
+def shared_plotlyjs(html_path: str, script: str) -> str:
+    """Write plotly.js at ``script`` (relative to the page's folder) unless it is there; the page's src for it.
+
+    Published reports that share one plotly.min.js are ~100 KB each instead of ~4.8 MB.
+    """
+    import plotly.offline
+
+    target = Path(html_path).resolve().parent / script
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(plotly.offline.get_plotlyjs(), encoding="utf-8")
+    return script
+
+
 def write_html(path: str, figures: list[tuple[str, go.Figure]], df: pd.DataFrame, pairs: Pairs, md: str,
-               sweep_text: str | None, comparison: pd.DataFrame | None) -> None:
-    """A single self-contained file: plotly.js embedded once, so it opens offline from disk."""
+               sweep_text: str | None, comparison: pd.DataFrame | None, plotlyjs: str | None = None) -> None:
+    """By default a single self-contained file (plotly.js embedded once: it opens offline from disk);
+    with ``plotlyjs``, a page that loads that shared script instead."""
+    include: bool | str = shared_plotlyjs(path, plotlyjs) if plotlyjs else True
     gpus = ", ".join(sorted({str(g) for g in df["gpu_name"].dropna().unique()})) or "CPU"
     sweeps = ", ".join(sorted({str(s) for s in df["sweep_name"].dropna().unique()})) or "-"
     body = [f"<header><h1>JuicyTalk scaling report: {html.escape(sweeps)}</h1>"
             f"<p>{len(df)} trial records on {html.escape(gpus)}</p></header><main>"]
     for i, (name, fig) in enumerate(figures):
-        div = fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=f"chart-{name}",
+        div = fig.to_html(full_html=False, include_plotlyjs=include if i == 0 else False, div_id=f"chart-{name}",
                           config={"displaylogo": False, "responsive": True})
         body.append(f'<section class="chart" id="sec-{name}">{div}</section>')
     for title, note, frame in summary_sections(df, pairs, comparison):

@@ -1,0 +1,19 @@
+"""Launchers: how a trial's spec becomes a record on a Ray worker (see :mod:`.base`)."""
+
+from __future__ import annotations
+
+from .base import Launcher, LaunchSettings, Outcome, TrialDied, compile_cache_dir
+from .process import ProcessLauncher
+from .warm import WarmLauncher
+
+LAUNCHERS: dict[str, type[Launcher]] = {cls.name: cls for cls in (ProcessLauncher, WarmLauncher)}
+DEFAULT_LAUNCHER = "process"
+DEFAULT_WARM_MAX_TRIALS = 32
+
+
+def make_launcher(settings: LaunchSettings) -> Launcher:
+    return LAUNCHERS[settings.launcher](settings)
+
+
+__all__ = ["DEFAULT_LAUNCHER", "DEFAULT_WARM_MAX_TRIALS", "LAUNCHERS", "LaunchSettings", "Launcher", "Outcome",
+           "TrialDied", "compile_cache_dir", "make_launcher"]

@@ -1,0 +1,229 @@
+"""The launcher seam: how a trial's spec becomes a record on a Ray worker.
+
+A launcher owns ``python -m trials.server`` child processes (see :mod:`trials.server`). Each child
+imports torch and Transformer Engine before its first spec arrives, runs up to
+:attr:`Launcher.trials_per_process` trials, and is replaced when it retires or dies. Two rules hold
+for every launcher, because they are what make the numbers trustworthy:
+
+* one trial at a time per GPU: a new child is spawned only after the previous one has exited, so two
+  trial processes never hold CUDA contexts on the same device at once;
+* a child that died, hung past ``trial_timeout_s`` or retired is never reused.
+
+Implementations differ in how many trials a child serves (:mod:`.process`: one; :mod:`.warm`: many).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+EXIT_GRACE_S = 30.0  # a retiring child writes its reply, then exits at once (os._exit)
+COMPILE_CACHE_ENV = "JUICYTALK_COMPILE_CACHE"
+
+
+class TrialDied(RuntimeError):
+    """The trial process ended without a record (killed, crashed): Tune retries the trial."""
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """What the sweep file says about launching (keys ``launcher``, ``warm_max_trials``, ``compile_cache``)."""
+
+    launcher: str
+    warm_max_trials: int
+    compile_cache: str | None = None
+
+
+def compile_cache_dir(configured: str | None) -> str:
+    """Per-node directory for Inductor and Triton caches: the sweep's, else $JUICYTALK_COMPILE_CACHE,
+    else the user's cache directory. New processes and later sweeps reuse compiled kernels from it."""
+    chosen = configured or os.environ.get(COMPILE_CACHE_ENV)
+    if not chosen:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        chosen = os.path.join(base, "juicytalk", "compile")
+    return str(Path(chosen).expanduser().resolve())
+
+
+def trial_env(settings: LaunchSettings) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    cache = compile_cache_dir(settings.compile_cache)
+    env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache, "inductor")
+    env["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _wants_te() -> bool:
+    """Preload TE only where a trial can use it: a GPU was given to this worker and TE is installed."""
+    return bool(os.environ.get("CUDA_VISIBLE_DEVICES")) and importlib.util.find_spec("transformer_engine") is not None
+
+
+class TrialProcess:
+    """One ``python -m trials.server`` child: its pipes, its log, and how many trials it ran."""
+
+    def __init__(self, max_trials: int, env: dict[str, str], workdir: str):
+        read_fd, write_fd = os.pipe()
+        fd, path = tempfile.mkstemp(prefix="server-", suffix=".log", dir=workdir)
+        os.close(fd)
+        self.log_path = Path(path)
+        cmd = [sys.executable, "-m", "trials.server", "--reply-fd", str(write_fd), "--max-trials", str(max_trials)]
+        if _wants_te():
+            cmd.append("--preload-te")
+        with open(self.log_path, "wb") as log_fh:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log_fh, stderr=subprocess.STDOUT,
+                                         env=env, cwd=workdir, pass_fds=(write_fd,), text=True)
+        os.close(write_fd)
+        self._replies = os.fdopen(read_fd, "r", encoding="utf-8")
+        self.trials = 0
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log_offset(self) -> int:
+        return self.log_path.stat().st_size
+
+    def log_since(self, offset: int) -> str:
+        with open(self.log_path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode(errors="replace")
+
+    def submit(self, spec: dict[str, Any], out: Path) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"spec": spec, "out": str(out)}) + "\n")
+        self.proc.stdin.flush()
+        self.trials += 1
+
+    def reply(self, timeout_s: float | None) -> dict[str, Any] | None:
+        """The child's answer; None when it died first; TimeoutError past ``timeout_s``."""
+        ready, _, _ = select.select([self._replies], [], [], timeout_s)
+        if not ready:
+            raise TimeoutError
+        line = self._replies.readline()
+        return json.loads(line) if line else None
+
+    def wait_exit(self, timeout_s: float = EXIT_GRACE_S) -> None:
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def close(self) -> None:
+        self.kill()
+        self._replies.close()
+        if self.proc.stdin:
+            try:
+                self.proc.stdin.close()
+            except OSError:  # a broken pipe to a dead child
+                pass
+        self.log_path.unlink(missing_ok=True)
+
+
+@dataclass
+class Outcome:
+    """A record (or None when the child died without one) and the trial's output."""
+
+    record: dict[str, Any] | None
+    log_text: str
+    wall_s: float
+    died: str | None = None
+
+
+class Launcher(ABC):
+    """Turns specs into records on one worker, one trial at a time."""
+
+    name: str = ""
+
+    def __init__(self, settings: LaunchSettings):
+        self.settings = settings
+        self._workdir = tempfile.TemporaryDirectory(prefix="juicytalk-")
+        self._env = trial_env(settings)
+        self._child: TrialProcess | None = None
+
+    @property
+    @abstractmethod
+    def trials_per_process(self) -> int:
+        """How many trials one child serves before it is replaced."""
+
+    def run(self, spec: dict[str, Any], timeout_s: float | None, on_start: Callable[[int], None] | None = None
+            ) -> Outcome:
+        """Run one trial; a timeout becomes a record (status timeout), a dead child an Outcome.died."""
+        t0 = time.perf_counter()
+        child = self._child or self._spawn()
+        self._child = None  # given back below only if it can serve again
+        if on_start:
+            on_start(child.pid)
+        out = Path(self._workdir.name, f"record-{child.pid}-{child.trials}.json")
+        offset = child.log_offset()
+        try:
+            child.submit(spec, out)
+            reply = child.reply(timeout_s)
+        except TimeoutError:
+            text = child.log_since(offset)
+            child.close()
+            record = failure_record(spec, "timeout", f"exceeded trial_timeout_s={timeout_s}")
+            return self._done(Outcome(record, text, time.perf_counter() - t0))
+        except (BrokenPipeError, OSError) as exc:
+            reply, died = None, f"{type(exc).__name__}: {exc}"
+        else:
+            died = None
+        text = child.log_since(offset)
+        if reply is None or not out.exists():
+            code = child.proc.poll()
+            child.close()
+            tail = (text.strip().splitlines() or ["no output"])[-1][:500]
+            return self._done(Outcome(None, text, time.perf_counter() - t0,
+                                      died or f"trial process exited with {code} and no record: {tail}"))
+        record = json.loads(out.read_text())
+        out.unlink()
+        if reply.get("retire") or child.trials >= self.trials_per_process:
+            log.info("trial process %d retires: %s", child.pid, reply.get("why"))
+            child.wait_exit()
+            child.close()
+        else:
+            self._child = child
+        return self._done(Outcome(record, text, time.perf_counter() - t0))
+
+    def _done(self, outcome: Outcome) -> Outcome:
+        """Pre-spawn the next child now: it imports while Tune schedules the next trial."""
+        if self._child is None:
+            self._child = self._spawn()
+        return outcome
+
+    def _spawn(self) -> TrialProcess:
+        return TrialProcess(self.trials_per_process, self._env, self._workdir.name)
+
+    def close(self) -> None:
+        if self._child is not None:
+            self._child.close()
+            self._child = None
+        self._workdir.cleanup()
+
+
+def failure_record(spec: dict[str, Any], status: str, error: str) -> dict[str, Any]:
+    from trials.record import empty_record
+
+    record = empty_record()
+    record.update(spec)
+    record.update(status=status, error=error)
+    return record

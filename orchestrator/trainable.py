@@ -1,0 +1,103 @@
+"""The Ray Tune trainable: one (cell, sample) -> one record in the store, on a reused Ray worker.
+
+Tune reuses the worker actor across trials (``reuse_actors=True``, :meth:`TrialTrainable.reset_config`),
+so the launcher it holds - and the trial process that launcher keeps ready - outlive a single trial.
+Every (cell, sample) is still its own Tune trial: scheduling, retries (``FailureConfig``), timeouts
+and callbacks see every cell. A trial process that dies without a record raises
+:class:`~orchestrator.launchers.TrialDied` here, which Tune retries on a fresh worker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import ray
+from ray import tune
+
+from .launchers import LaunchSettings, TrialDied, make_launcher
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+
+def gpu_context() -> dict[str, Any]:
+    """Memory already used on the trial's GPU(s) and the other processes there, via NVML."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    out: dict[str, Any] = {"cuda_visible_devices": visible, "gpu_mem_in_use_at_start_bytes": None,
+                           "foreign_gpu_processes": None}
+    if not visible:
+        return out
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVML here
+        return out
+    try:
+        used, foreign = 0, []
+        for token in visible.split(","):
+            token = token.strip()
+            handle = (pynvml.nvmlDeviceGetHandleByUUID(token) if token.startswith(("GPU-", "MIG-"))
+                      else pynvml.nvmlDeviceGetHandleByIndex(int(token)))
+            used += int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                foreign.append({"pid": proc.pid, "used_bytes": proc.usedGpuMemory})
+        out.update(gpu_mem_in_use_at_start_bytes=used, foreign_gpu_processes=json.dumps(foreign))
+    except Exception as exc:  # noqa: BLE001
+        log.debug("NVML query failed: %s", exc)
+    finally:
+        pynvml.nvmlShutdown()
+    return out
+
+
+class TrialTrainable(tune.Trainable):
+    """Runs the (cell, sample) in ``config["item"]`` through the sweep's launcher."""
+
+    def setup(self, config: dict[str, Any]) -> None:
+        self.item = config["item"]
+        self.settings = LaunchSettings(**self.item["launch"])
+        self.launcher = make_launcher(self.settings)
+
+    def reset_config(self, new_config: dict[str, Any]) -> bool:
+        """Take the next trial on this worker, keeping the launcher and its ready trial process."""
+        settings = LaunchSettings(**new_config["item"]["launch"])
+        if settings != self.settings:
+            return False  # Tune then starts a fresh worker
+        self.item = new_config["item"]
+        return True
+
+    def step(self) -> dict[str, Any]:
+        item = self.item
+        store = Store(item["storage"], item["sweep_name"])
+        info = {"worker_pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(), "label": item["label"],
+                "started_at": time.time(), "trial_id": self.trial_id}
+        gpu = gpu_context()
+
+        def started(pid: int) -> None:
+            store.mark_running(item["key"], {**info, "child_pid": pid})
+
+        store.mark_running(item["key"], info)
+        try:
+            outcome = self.launcher.run(item["spec"], item.get("timeout_s"), on_start=started)
+        finally:
+            store.clear_running(item["key"])
+        store.write_text(store.path("logs", item["key"] + ".log"), outcome.log_text)
+        if outcome.record is None:
+            raise TrialDied(outcome.died)
+        record = outcome.record
+        record.update(gpu)
+        record.update(item["run"])
+        record.update(cell_id=item["cell_id"], cell_label=item["label"], sample=item["sample"],
+                      trial_id=self.trial_id, node_id=ray.get_runtime_context().get_node_id(),
+                      node_ip=info["node_ip"], worker_pid=os.getpid(), ray_version=ray.__version__,
+                      launcher=self.settings.launcher, trial_wall_s=outcome.wall_s)
+        store.write_record(record)
+        return {"status": record["status"], "step_ms_p50": record.get("step_ms_p50") or float("nan"),
+                "done": True}
+
+    def cleanup(self) -> None:
+        self.launcher.close()

@@ -1,0 +1,197 @@
+"""Launchers on a real Ray cluster: warm processes run many trials with each trial's own figures, and
+every fault a long sweep meets (a killed trial process, an OOM, a timeout, SIGINT, a corrupt record
+file, a second driver) ends with exactly one record per cell and nothing left running."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from .conftest import REPO, cli_env, juicytalk, wait_for
+from .test_cluster import records, write_sweep
+
+CPU_CELL = ("n_layers: 1, seq_len: 32, batch_size: 8, train_steps: %d, bench_steps: 3, warmup_steps: 1, "
+            "gen_len: 2, precision: fp32, device: cpu")
+OOM_VOCAB = 400_000_000  # a 100 GB embedding: the allocator refuses it at once on any CI machine
+
+
+def _sweep(out: Path, name: str, *extra: str, address: str | None = None, timeout: float = 600):
+    args = ["sweep", str(out / f"{name}.yaml"), "--out", str(out), "--no-progress", "--no-report", *extra]
+    if address:
+        args += ["--address", address]
+    return juicytalk(*args, timeout=timeout)
+
+
+def _by_d_model(out: Path, name: str) -> dict[int, dict]:
+    return {r["d_model"]: r for r in records(out, name)}
+
+
+def _servers() -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if "trials.server" in " ".join(p.info["cmdline"] or []):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def test_warm_process_runs_trials_in_turn_and_each_reports_its_own_memory(ray_cluster, tmp_path):
+    # one trial at a time on one reused worker: a large cell, then a small one, in the same process
+    write_sweep(tmp_path, "warm", """
+        grid:
+          - {d_model: [512], n_layers: [4], batch_size: [32], seq_len: [128]}
+          - {d_model: [32], n_layers: [1], batch_size: [8], seq_len: [32]}
+        fixed: {train_steps: 3, bench_steps: 2, warmup_steps: 1, gen_len: 2, precision: fp32, device: cpu}
+        resources: {cpu: 1, gpu: 0}
+        max_concurrent: 1
+        launcher: warm
+    """)
+    run = _sweep(tmp_path, "warm", address=ray_cluster)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    recs = _by_d_model(tmp_path, "warm")
+    large, small = recs[512], recs[32]
+    assert large["status"] == small["status"] == "ok"
+    assert large["launcher"] == small["launcher"] == "warm"
+    assert small["pid"] == large["pid"] and (large["process_trial_index"], small["process_trial_index"]) == (0, 1)
+    # without a reset the high-water mark would still hold the large cell's peak
+    assert small["peak_rss_bytes"] < large["peak_rss_bytes"] - (150 << 20), (small["peak_rss_bytes"],
+                                                                            large["peak_rss_bytes"])
+    assert small["first_step_s"] > 0 and small["compile_cache_dir"].endswith("inductor")
+    assert "1.0 trials per process" not in run.stdout and "launcher warm" in " ".join(run.stdout.split())
+
+
+def test_warm_oom_replaces_the_process_and_the_next_trial_is_clean(ray_cluster, tmp_path):
+    write_sweep(tmp_path, "oom", f"""
+        grid:
+          - {{d_model: [32]}}
+          - {{d_model: [64], vocab: [{OOM_VOCAB}]}}
+          - {{d_model: [48]}}
+        fixed: {{{CPU_CELL % 3}}}
+        resources: {{cpu: 1, gpu: 0}}
+        max_concurrent: 1
+        launcher: warm
+    """)
+    run = _sweep(tmp_path, "oom", address=ray_cluster)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]  # oom is a final status
+    recs = _by_d_model(tmp_path, "oom")
+    first, oom, after = recs[32], recs[64], recs[48]
+    assert oom["status"] == "oom" and "allocate" in oom["error"]
+    assert (first["pid"], first["process_trial_index"]) == (oom["pid"], 0) and oom["process_trial_index"] == 1
+    assert after["status"] == "ok" and after["pid"] != oom["pid"] and after["process_trial_index"] == 0
+    assert abs(after["peak_rss_bytes"] - first["peak_rss_bytes"]) < (100 << 20)
+
+
+@pytest.mark.parametrize("launcher", ["warm", "process"])
+def test_killed_trial_process_is_retried_once_and_later_trials_are_unaffected(ray_cluster, tmp_path, launcher):
+    write_sweep(tmp_path, "kt", f"""
+        grid: {{d_model: [32, 48, 64]}}
+        fixed: {{{CPU_CELL % 1500}}}
+        resources: {{cpu: 1, gpu: 0}}
+        max_concurrent: 1
+        launcher: {launcher}
+    """)
+    running = tmp_path / "kt" / "running"
+    driver = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "sweep", str(tmp_path / "kt.yaml"), "--out",
+                               str(tmp_path), "--address", ray_cluster, "--no-progress", "--no-report"], cwd=REPO,
+                              env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def trial_process():
+        for marker in (running.glob("*.json") if running.exists() else []):
+            try:
+                info = json.loads(marker.read_text())
+            except (OSError, ValueError):
+                continue
+            if info.get("child_pid") and time.time() - info["started_at"] > 2:  # mid-trial, not mid-import
+                return marker.stem, info
+        return None
+
+    key, info = wait_for(trial_process, 240)
+    os.kill(info["child_pid"], signal.SIGKILL)
+    out, err = driver.communicate(timeout=600)
+    assert driver.returncode == 0, out[-2000:] + err[-2000:]
+    recs = records(tmp_path, "kt")
+    assert len(recs) == 3 and all(r["status"] == "ok" and r["launcher"] == launcher for r in recs)
+    [retried] = [r for r in recs if f"{r['cell_id']}-s{r['sample']}" == key]
+    assert retried["pid"] != info["child_pid"] and retried["process_trial_index"] == 0
+
+
+@pytest.mark.parametrize("launcher", ["warm", "process"])
+def test_timeout_kills_the_trial_process(ray_cluster, tmp_path, launcher):
+    write_sweep(tmp_path, "slow", f"""
+        grid: {{d_model: [256]}}
+        fixed: {{n_layers: 4, train_steps: 100000, device: cpu}}
+        trial_timeout_s: 6
+        launcher: {launcher}
+    """)
+    run = _sweep(tmp_path, "slow", address=ray_cluster)
+    assert run.returncode == 1
+    [rec] = records(tmp_path, "slow")
+    assert rec["status"] == "timeout" and "trial_timeout_s=6" in rec["error"] and rec["launcher"] == launcher
+    wait_for(lambda: not _servers(), 30)  # the timed-out process, and any kept ready, are gone
+
+
+def test_sigint_stops_everything_and_the_rerun_resumes(tmp_path):
+    write_sweep(tmp_path, "int", f"""
+        grid: {{d_model: [32, 48, 64, 80]}}
+        fixed: {{{CPU_CELL % 600}}}
+        resources: {{cpu: 1, gpu: 0}}
+        launcher: warm
+    """)
+    driver = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "sweep", str(tmp_path / "int.yaml"), "--out",
+                               str(tmp_path), "--no-progress", "--no-report"], cwd=REPO, env=cli_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    trials_dir = tmp_path / "int" / "trials"
+    wait_for(lambda: trials_dir.exists() and any(p.suffix == ".parquet" for p in trials_dir.iterdir()), 240)
+    tree = psutil.Process(driver.pid).children(recursive=True)  # embedded Ray, workers, trial processes
+    assert any("trials.server" in " ".join(p.cmdline()) for p in tree if p.is_running())
+    driver.send_signal(signal.SIGINT)
+    driver.communicate(timeout=120)
+    assert driver.returncode != 0  # interrupted: cells are missing
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        left = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not left:
+            break
+        time.sleep(0.5)
+    assert not left, [" ".join(p.cmdline())[:120] for p in left]
+    done_before = len(records(tmp_path, "int"))
+    assert 1 <= done_before < 4
+    run = _sweep(tmp_path, "int")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert f"{done_before} already done" in " ".join(run.stdout.split())
+    assert sorted(r["d_model"] for r in records(tmp_path, "int")) == [32, 48, 64, 80]
+
+
+def test_corrupt_record_files_are_quarantined_and_rerun(ray_cluster, tmp_path):
+    write_sweep(tmp_path, "bad", f"""
+        grid: {{d_model: [32, 48]}}
+        fixed: {{{CPU_CELL % 3}}}
+        resources: {{cpu: 1, gpu: 0}}
+    """)
+    assert _sweep(tmp_path, "bad", address=ray_cluster).returncode == 0
+    files = sorted((tmp_path / "bad" / "trials").glob("*.parquet"))
+    data = files[0].read_bytes()
+    files[0].write_bytes(data[: len(data) // 2])  # truncated, as by a full disk
+    files[1].write_text("not parquet at all")
+    collect = juicytalk("collect", str(tmp_path / "bad"))
+    assert collect.returncode == 0 and "0 records" in collect.stdout
+    assert all(f.name in collect.stderr for f in files) and "Traceback" not in collect.stderr
+    assert len(list((tmp_path / "bad" / "quarantine").iterdir())) == 2
+    rerun = _sweep(tmp_path, "bad", address=ray_cluster)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert "0 already done, 2 run now" in " ".join(rerun.stdout.split())
+    files = sorted((tmp_path / "bad" / "trials").glob("*.parquet"))
+    files[0].write_bytes(b"PAR1garbagePAR1")
+    report = juicytalk("report", str(tmp_path / "bad"), "--out", str(tmp_path / "r.html"))
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert files[0].name in report.stderr and len(list((tmp_path / "bad" / "quarantine").iterdir())) == 3

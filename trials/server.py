@@ -1,0 +1,126 @@
+"""A trial process that serves trials one after another: imports and compiles are paid once.
+
+    python -m trials.server --reply-fd N [--max-trials K] [--preload-te]
+
+Started before its first spec is known (torch, and TE where asked, are imported while the caller is
+still scheduling), it reads one JSON request per line on stdin::
+
+    {"spec": {...TrialSpec fields...}, "out": "/abs/path/record.json"}
+
+runs :func:`trials.trial.run_trial`, writes the record to ``out`` atomically, and answers with one
+JSON line on file descriptor N: ``{"out": ..., "status": ..., "retire": bool, "why": ...}``.
+Replies go to their own descriptor so that library output on stdout can never corrupt them.
+
+Between two trials the process frees what the last one left (device memory, cuBLAS workspaces,
+TE's FP8 global state) and starts every memory counter afresh. It retires - exits after answering -
+when a trial ends in oom, error or diverged (the process may be in a bad state), when TorchDynamo hit
+its recompile limit (later cells would run TE's fusers uncompiled), after ``--max-trials`` trials,
+at EOF on stdin, and when its parent dies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+RETIRE_STATUSES = ("oom", "error", "diverged")
+RECOMPILE_LIMIT = 64  # Dynamo's default is 8 versions per function; TE's fusers see one per shape/dtype
+
+
+def _exit_with_parent(parent: int, interval_s: float = 0.5) -> None:
+    """Exit when the process that started us is gone (a killed Ray worker must not leave us running)."""
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(3)
+            time.sleep(interval_s)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def preload(te: bool) -> None:
+    """Import what every trial needs before the first spec arrives."""
+    import torch  # noqa: F401
+
+    from . import trial  # noqa: F401  (model, train, bench, metrics...)
+
+    if te:
+        from . import te_compat
+
+        try:
+            te_compat.import_te()
+        except Exception as exc:  # noqa: BLE001 - the trial itself reports TE's absence as unsupported
+            logging.getLogger(__name__).info("TE preload failed: %s", exc)
+
+
+def between_trials(device: str) -> None:
+    """Leave nothing of the last trial behind: memory, workspaces, TE's FP8 global state."""
+    from . import memory, te_compat
+
+    te_compat.reset_fp8_state()
+    memory.release(device)
+
+
+def serve(requests, reply, max_trials: int) -> int:
+    """Run requests until told to retire; returns the number of trials run."""
+    from . import compile_guard
+    from .cli import write_json_atomic
+    from .spec import TrialSpec
+    from .trial import run_trial
+
+    compile_guard.raise_recompile_limit(RECOMPILE_LIMIT)
+    watch = compile_guard.watch()
+    index = 0
+    for line in iter(requests.readline, ""):
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        record = run_trial(TrialSpec.from_dict(request["spec"]), process_trial_index=index)
+        between_trials(record.get("effective_device") or "cpu")
+        hits = watch.take()
+        record["dynamo_recompile_limit_hit"] = bool(hits)
+        index += 1
+        why = None
+        if record["status"] in RETIRE_STATUSES:
+            why = f"trial ended in {record['status']}"
+        elif hits:
+            why = f"TorchDynamo recompile limit: {hits[0]}"
+        elif index >= max_trials:
+            why = f"ran max_trials={max_trials}"
+        write_json_atomic(Path(request["out"]), record)
+        reply.write(json.dumps({"out": request["out"], "status": record["status"], "retire": why is not None,
+                                "why": why}) + "\n")
+        reply.flush()
+        if why is not None:
+            break
+    return index
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trials.server", description=__doc__.splitlines()[0])
+    parser.add_argument("--reply-fd", type=int, required=True, help="file descriptor for one JSON reply per trial")
+    parser.add_argument("--max-trials", type=int, default=1, help="retire after this many trials")
+    parser.add_argument("--preload-te", action="store_true", help="import Transformer Engine before the first spec")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    _exit_with_parent(os.getppid())
+    preload(args.preload_te)
+    with os.fdopen(args.reply_fd, "w", encoding="utf-8") as reply:
+        serve(sys.stdin, reply, max(1, args.max_trials))
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    # Records are written and replied: skip interpreter teardown (seconds with CUDA and TE loaded).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
