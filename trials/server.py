@@ -1,15 +1,17 @@
 """A trial process that serves trials one after another: imports and compiles are paid once.
 
-    python -m trials.server --reply-fd N [--max-trials K] [--preload-te]
+    python -m trials.server --reply-fd N [--max-trials K] [--preload-te] [--fork]
 
 Started before its first spec is known (torch, and TE where asked, are imported while the caller is
 still scheduling), it reads one JSON request per line on stdin::
 
     {"spec": {...TrialSpec fields...}, "out": "/abs/path/record.json"}
 
-runs :func:`trials.trial.run_trial`, writes the record to ``out`` atomically, and answers with one
-JSON line on file descriptor N: ``{"out": ..., "status": ..., "retire": bool, "why": ...}``.
-Replies go to their own descriptor so that library output on stdout can never corrupt them.
+runs :func:`trials.trial.run_trial`, writes the record to ``out`` atomically, and answers on file
+descriptor N with ``{"started": pid}`` (the process that runs the trial) and then either
+``{"out": ..., "status": ..., "retire": bool, "why": ...}`` or ``{"died": why}``. Replies go to their
+own descriptor so that library output on stdout can never corrupt them. With ``--fork`` each trial
+runs in a fresh child forked from the server (imports inherited, CUDA never initialised before).
 
 Between two trials the process frees what the last one left (device memory, cuBLAS workspaces,
 TE's FP8 global state) and starts every memory counter afresh. It retires - exits after answering -
@@ -65,41 +67,92 @@ def between_trials(device: str) -> None:
     """Leave nothing of the last trial behind: memory, workspaces, TE's FP8 global state."""
     from . import memory, te_compat
 
-    te_compat.reset_fp8_state()
+    te_compat.reset_te_state()
     memory.release(device)
 
 
-def serve(requests, reply, max_trials: int) -> int:
-    """Run requests until told to retire; returns the number of trials run."""
-    from . import compile_guard
+def _send(reply, message: dict[str, Any]) -> None:
+    reply.write(json.dumps(message) + "\n")
+    reply.flush()
+
+
+def _run_one(request: dict[str, Any], index: int, watch) -> dict[str, Any]:
+    """Run one trial here and write its record; returns the record."""
     from .cli import write_json_atomic
     from .spec import TrialSpec
     from .trial import run_trial
 
+    record = run_trial(TrialSpec.from_dict(request["spec"]), process_trial_index=index)
+    between_trials(record.get("effective_device") or "cpu")
+    record["dynamo_recompile_limit_hit"] = bool(watch.take())
+    write_json_atomic(Path(request["out"]), record)
+    return record
+
+
+def _run_forked(request: dict[str, Any], reply, watch) -> dict[str, Any]:
+    """Fork a fresh trial process from this one (imports done, CUDA untouched) and wait for it to exit.
+
+    The child gets its own CUDA context and address space, as a freshly started process would; the
+    next child is forked only after this one has exited, so contexts never overlap on the GPU.
+    """
+    pid = os.fork()
+    if pid == 0:  # the trial process
+        code = 1
+        try:
+            _exit_with_parent(os.getppid())  # threads do not survive fork: watch the server again
+            _run_one(request, 0, watch)
+            code = 0
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _send(reply, {"started": pid})
+    _, status = os.waitpid(pid, 0)
+    out = Path(request["out"])
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and out.exists():
+        return {"out": str(out), "status": json.loads(out.read_text())["status"], "retire": False, "why": None}
+    how = (f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+           else f"exited with {os.WEXITSTATUS(status)}")
+    return {"died": f"trial process {pid} {how} without a record"}
+
+
+def serve(requests, reply, max_trials: int, fork: bool = False) -> int:
+    """Run requests until told to retire; returns the number of trials run.
+
+    ``fork``: every trial in a process forked from this one, which never touches CUDA itself and so
+    serves any number of trials. Where importing left CUDA initialised (forked children could not
+    use it), trials run here instead, ``max_trials`` at most.
+    """
+    import torch
+
+    from . import compile_guard
+
     compile_guard.raise_recompile_limit(RECOMPILE_LIMIT)
     watch = compile_guard.watch()
+    if fork and torch.cuda.is_initialized():
+        logging.getLogger(__name__).warning("CUDA was initialised while importing: trials run in this process")
+        fork = False
     index = 0
     for line in iter(requests.readline, ""):
         if not line.strip():
             continue
         request = json.loads(line)
-        record = run_trial(TrialSpec.from_dict(request["spec"]), process_trial_index=index)
-        between_trials(record.get("effective_device") or "cpu")
-        hits = watch.take()
-        record["dynamo_recompile_limit_hit"] = bool(hits)
         index += 1
-        why = None
-        if record["status"] in RETIRE_STATUSES:
-            why = f"trial ended in {record['status']}"
-        elif hits:
-            why = f"TorchDynamo recompile limit: {hits[0]}"
-        elif index >= max_trials:
-            why = f"ran max_trials={max_trials}"
-        write_json_atomic(Path(request["out"]), record)
-        reply.write(json.dumps({"out": request["out"], "status": record["status"], "retire": why is not None,
-                                "why": why}) + "\n")
-        reply.flush()
-        if why is not None:
+        if fork:
+            answer = _run_forked(request, reply, watch)
+        else:
+            _send(reply, {"started": os.getpid()})
+            record = _run_one(request, index - 1, watch)
+            why = None
+            if record["status"] in RETIRE_STATUSES:
+                why = f"trial ended in {record['status']}"
+            elif record["dynamo_recompile_limit_hit"]:
+                why = "TorchDynamo hit its recompile limit"
+            elif index >= max_trials:
+                why = f"ran max_trials={max_trials}"
+            answer = {"out": request["out"], "status": record["status"], "retire": why is not None, "why": why}
+        _send(reply, answer)
+        if answer.get("retire"):
             break
     return index
 
@@ -109,12 +162,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reply-fd", type=int, required=True, help="file descriptor for one JSON reply per trial")
     parser.add_argument("--max-trials", type=int, default=1, help="retire after this many trials")
     parser.add_argument("--preload-te", action="store_true", help="import Transformer Engine before the first spec")
+    parser.add_argument("--fork", action="store_true", help="run each trial in a fresh process forked from this one")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     _exit_with_parent(os.getppid())
     preload(args.preload_te)
     with os.fdopen(args.reply_fd, "w", encoding="utf-8") as reply:
-        serve(sys.stdin, reply, max(1, args.max_trials))
+        serve(sys.stdin, reply, max(1, args.max_trials), fork=args.fork)
     return 0
 
 

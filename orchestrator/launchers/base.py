@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -76,7 +77,7 @@ def _wants_te() -> bool:
 class TrialProcess:
     """One ``python -m trials.server`` child: its pipes, its log, and how many trials it ran."""
 
-    def __init__(self, max_trials: int, env: dict[str, str], workdir: str):
+    def __init__(self, max_trials: int, env: dict[str, str], workdir: str, fork: bool = False):
         read_fd, write_fd = os.pipe()
         fd, path = tempfile.mkstemp(prefix="server-", suffix=".log", dir=workdir)
         os.close(fd)
@@ -84,9 +85,13 @@ class TrialProcess:
         cmd = [sys.executable, "-m", "trials.server", "--reply-fd", str(write_fd), "--max-trials", str(max_trials)]
         if _wants_te():
             cmd.append("--preload-te")
+        if fork:
+            cmd.append("--fork")
         with open(self.log_path, "wb") as log_fh:
+            # its own process group: a kill reaches a forked trial process too
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log_fh, stderr=subprocess.STDOUT,
-                                         env=env, cwd=workdir, pass_fds=(write_fd,), text=True)
+                                         env=env, cwd=workdir, pass_fds=(write_fd,), text=True,
+                                         start_new_session=True)
         os.close(write_fd)
         self._replies = os.fdopen(read_fd, "r", encoding="utf-8")
         self.trials = 0
@@ -109,9 +114,10 @@ class TrialProcess:
         self.proc.stdin.flush()
         self.trials += 1
 
-    def reply(self, timeout_s: float | None) -> dict[str, Any] | None:
-        """The child's answer; None when it died first; TimeoutError past ``timeout_s``."""
-        ready, _, _ = select.select([self._replies], [], [], timeout_s)
+    def reply(self, deadline: float | None) -> dict[str, Any] | None:
+        """The server's next message; None when it died first; TimeoutError past ``deadline``."""
+        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, _, _ = select.select([self._replies], [], [], wait)
         if not ready:
             raise TimeoutError
         line = self._replies.readline()
@@ -124,8 +130,10 @@ class TrialProcess:
             self.kill()
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the server and the trial process it forked
+        except (ProcessLookupError, PermissionError):
+            pass
         self.proc.wait()
 
     def close(self) -> None:
@@ -153,6 +161,7 @@ class Launcher(ABC):
     """Turns specs into records on one worker, one trial at a time."""
 
     name: str = ""
+    fork: bool = False  # each trial in a process forked from the server (which then serves many)
 
     def __init__(self, settings: LaunchSettings):
         self.settings = settings
@@ -163,40 +172,41 @@ class Launcher(ABC):
     @property
     @abstractmethod
     def trials_per_process(self) -> int:
-        """How many trials one child serves before it is replaced."""
+        """How many trials one trial process runs before it is replaced."""
 
     def run(self, spec: dict[str, Any], timeout_s: float | None, on_start: Callable[[int], None] | None = None
             ) -> Outcome:
         """Run one trial; a timeout becomes a record (status timeout), a dead child an Outcome.died."""
         t0 = time.perf_counter()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         child = self._child or self._spawn()
         self._child = None  # given back below only if it can serve again
-        if on_start:
-            on_start(child.pid)
         out = Path(self._workdir.name, f"record-{child.pid}-{child.trials}.json")
         offset = child.log_offset()
         try:
             child.submit(spec, out)
-            reply = child.reply(timeout_s)
+            reply = child.reply(deadline)
+            while reply is not None and "started" in reply:
+                if on_start:
+                    on_start(reply["started"])
+                reply = child.reply(deadline)
         except TimeoutError:
             text = child.log_since(offset)
             child.close()
             record = failure_record(spec, "timeout", f"exceeded trial_timeout_s={timeout_s}")
             return self._done(Outcome(record, text, time.perf_counter() - t0))
-        except (BrokenPipeError, OSError) as exc:
-            reply, died = None, f"{type(exc).__name__}: {exc}"
-        else:
-            died = None
+        except OSError as exc:  # the pipe to a dead server
+            reply = {"died": f"{type(exc).__name__}: {exc}"}
         text = child.log_since(offset)
-        if reply is None or not out.exists():
+        if reply is None or "died" in reply or not out.exists():
             code = child.proc.poll()
             child.close()
             tail = (text.strip().splitlines() or ["no output"])[-1][:500]
-            return self._done(Outcome(None, text, time.perf_counter() - t0,
-                                      died or f"trial process exited with {code} and no record: {tail}"))
+            why = (reply or {}).get("died") or f"trial process exited with {code} and no record: {tail}"
+            return self._done(Outcome(None, text, time.perf_counter() - t0, why))
         record = json.loads(out.read_text())
         out.unlink()
-        if reply.get("retire") or child.trials >= self.trials_per_process:
+        if reply.get("retire"):
             log.info("trial process %d retires: %s", child.pid, reply.get("why"))
             child.wait_exit()
             child.close()
@@ -211,7 +221,7 @@ class Launcher(ABC):
         return outcome
 
     def _spawn(self) -> TrialProcess:
-        return TrialProcess(self.trials_per_process, self._env, self._workdir.name)
+        return TrialProcess(self.trials_per_process, self._env, self._workdir.name, fork=self.fork)
 
     def close(self) -> None:
         if self._child is not None:
