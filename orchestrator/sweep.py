@@ -15,7 +15,7 @@ A sweep file is YAML read with ``yaml.safe_load`` semantics; nothing in it is ev
     max_concurrent: null      # at most this many trials at once (default: as resources allow)
     trial_timeout_s: 1800     # a trial running longer is killed and recorded as status timeout
     storage: ./juicytalk-results   # local path or a URI pyarrow understands; --out overrides
-    launcher: process         # process: a fresh process per trial; warm: one process per GPU runs many
+    launcher: warm            # warm: one process per GPU runs many trials; process: a fresh process per trial
     warm_max_trials: 32       # warm: a trial process is replaced after this many trials
     compile_cache: null       # Inductor/Triton cache directory on each node (default: ~/.cache/juicytalk/compile)
 

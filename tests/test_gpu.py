@@ -113,3 +113,44 @@ def test_gpu_oom_is_recorded_and_memory_released(te):
     assert rec["status"] == "oom", rec["error"]
     assert rec["peak_mem_allocated_bytes"] > 0
     assert torch.cuda.memory_allocated() <= before + (1 << 20)
+
+
+def _serve(specs: list[TrialSpec], tmp_path) -> tuple[list[dict], list[dict]]:
+    """Run specs through one warm trial server (python -m trials.server); its replies and records."""
+    import os
+    import subprocess
+    import sys
+
+    read_fd, write_fd = os.pipe()
+    lines = "".join(json.dumps({"spec": s.to_dict(), "out": str(tmp_path / f"r{i}.json")}) + "\n"
+                    for i, s in enumerate(specs))
+    subprocess.run([sys.executable, "-m", "trials.server", "--reply-fd", str(write_fd), "--max-trials", "8",
+                    "--preload-te"], input=lines, text=True, pass_fds=(write_fd,), timeout=600, check=True)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as fh:
+        replies = [json.loads(line) for line in fh if "started" not in line]
+    return replies, [json.loads((tmp_path / f"r{i}.json").read_text()) for i in range(len(replies))]
+
+
+def test_warm_server_trials_report_their_own_memory_and_retire_after_oom(te, tmp_path):
+    """A torch cell after a TE cell in one process reports what it reports in a fresh process."""
+    import subprocess
+    import sys
+
+    small = dict(d_model=768, n_layers=2, train_steps=4, warmup_steps=1, bench_steps=3, gen_len=2, device="cuda")
+    subprocess.run([sys.executable, "-m", "trials", "--spec-json", json.dumps(TrialSpec(backend="torch", **small)
+                    .to_dict()), "--json", str(tmp_path / "fresh.json"), "-q"], check=True, timeout=300)
+    fresh = json.loads((tmp_path / "fresh.json").read_text())
+    total = torch.cuda.get_device_properties(0).total_memory
+    oom = TrialSpec(d_model=256, n_layers=1, vocab=65536, batch_size=int(total // (4 * 256 * 65536)) * 4,
+                    seq_len=256, backend="torch", precision="fp32", device="cuda", train_steps=2)
+    replies, recs = _serve([TrialSpec(backend="te", **small), TrialSpec(backend="torch", **small), oom,
+                            TrialSpec(backend="torch", **small)], tmp_path)
+    te_rec, torch_rec, oom_rec = recs
+    assert [r["retire"] for r in replies] == [False, False, True]  # the fourth spec never ran: replaced
+    assert te_rec["status"] == torch_rec["status"] == "ok" and torch_rec["process_trial_index"] == 1
+    assert oom_rec["status"] == "oom"
+    assert torch_rec["mem_at_start_bytes"] < (1 << 20)  # TE keeps a few scale tensors (1 KiB), not its 32 MiB workspace
+    print(f"\ntorch cell peak allocated: fresh process {fresh['peak_mem_allocated_bytes']}, "
+          f"after a TE cell in the same process {torch_rec['peak_mem_allocated_bytes']}")
+    assert abs(torch_rec["peak_mem_allocated_bytes"] - fresh["peak_mem_allocated_bytes"]) <= (1 << 20)

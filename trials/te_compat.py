@@ -110,21 +110,26 @@ def make_graphed_callables(te: ModuleType, module: Callable, sample_args: tuple,
 
 
 def reset_te_state() -> None:
-    """Clear TE's process-wide state between trials: FP8 globals and the cuBLAS workspaces.
+    """Clear TE's process-wide state between trials: FP8 globals and the cached cuBLAS workspaces.
 
     A process that runs several trials must not let one trial's amax history or recipe reach the next,
-    nor its 32 MiB cuBLAS workspace (allocated on TE's first GEMM, kept in a module global) count in
-    the next trial's peak memory: measured on an H200, a torch-bf16 cell run after TE cells reported
-    32 MiB more than in a fresh process until this was cleared.
+    nor TE's 32 MiB cuBLAS workspace (allocated on TE's first GEMM and cached) count in the next trial's
+    peak memory: measured on an H200, torch-bf16 cells run after TE cells in one process reported
+    32 MiB more than in a fresh process. TE 2.x caches its workspaces and constant tensors with
+    ``functools.lru_cache`` in ``cpp_extensions.gemm`` (TE 1.x: a ``module.base`` global).
     Only acts when TE is already imported: a process that never used TE has no state to clear.
     """
     import sys
 
     if "transformer_engine.pytorch" not in sys.modules:
         return
+    gemm = sys.modules.get("transformer_engine.pytorch.cpp_extensions.gemm")
+    for value in list(vars(gemm).values()) if gemm is not None else []:
+        if callable(getattr(value, "cache_clear", None)) and getattr(value, "__module__", None) == gemm.__name__:
+            value.cache_clear()
     base = sys.modules.get("transformer_engine.pytorch.module.base")
     if base is not None:
-        if getattr(base, "_cublas_workspace", None) is not None:
+        if getattr(base, "_cublas_workspace", None) is not None:  # older TE
             base._cublas_workspace = None
         for name in ("_multi_stream_cublas_workspace", "_dummy_wgrads"):
             cached = getattr(base, name, None)

@@ -7,7 +7,7 @@ from .process import ProcessLauncher
 from .warm import WarmLauncher
 
 LAUNCHERS: dict[str, type[Launcher]] = {cls.name: cls for cls in (ProcessLauncher, WarmLauncher)}
-DEFAULT_LAUNCHER = "process"
+DEFAULT_LAUNCHER = "warm"
 DEFAULT_WARM_MAX_TRIALS = 32
 
 
