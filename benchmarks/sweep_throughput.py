@@ -100,7 +100,7 @@ def main() -> int:
     for key, value in worst.items():
         print(f"largest p50 difference, {key}: {value:.2%} ({'within' if value <= TOLERANCE else 'OUTSIDE'} the goal)")
 
-    print(f"\npeak allocated memory (GiB) per cell; mem_at_start = still allocated when the trial began")
+    print("\npeak allocated memory (GiB) per cell; mem_at_start = still allocated when the trial began")
     for cid, row in base.sort_values(["d_model", "cell_label"]).iterrows():
         if pd.isna(row["peak_mem_allocated_bytes"]):
             continue

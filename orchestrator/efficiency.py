@@ -19,7 +19,7 @@ did not move (docs/results/h200). :func:`concurrent_trials` finds the records th
 from __future__ import annotations
 
 import math
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 import numpy as np

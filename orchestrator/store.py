@@ -56,8 +56,10 @@ SWEEP_FIELDS: list[tuple[str, str, str]] = [
     ("node_ip", "str", "IP address of that node."),
     ("worker_pid", "int", "Ray worker process that supervised the trial."),
     ("cuda_visible_devices", "str", "GPUs Ray gave the trial."),
-    ("gpu_mem_in_use_at_start_bytes", "int", "Device memory already in use on the trial's GPU when it started."),
-    ("foreign_gpu_processes", "str", "JSON list of other processes on the trial's GPU at start (pid, bytes)."),
+    ("gpu_mem_in_use_at_start_bytes", "int", "Device memory already in use on the trial's GPU when it started "
+     "(a warm trial process's own context and cache included)."),
+    ("foreign_gpu_processes", "str", "JSON list of other processes on the trial's GPU at start (pid, bytes); the "
+     "sweep's own trial process is not listed."),
     ("ray_version", "str", "Ray version of the worker."),
     ("trial_wall_s", "float", "The worker's view of the trial: spec handed over (or trial process spawned, when none "
      "was ready) to record back, s."),

@@ -10,7 +10,7 @@ A sweep file is YAML read with ``yaml.safe_load`` semantics; nothing in it is ev
     # grid may also be a list of such mappings: the cells are the union of their products
     # (for sweeps that are not one rectangle, e.g. CUDA graphs only at small sizes)
     fixed: {n_layers: 4}      # scalars applied to every cell
-    samples: 1                # independent trials per cell, each a fresh process
+    samples: 1                # independent trials per cell (seed + sample)
     resources: {gpu: 1, cpu: 2}
     max_concurrent: null      # at most this many trials at once (default: as resources allow)
     trial_timeout_s: 1800     # a trial running longer is killed and recorded as status timeout

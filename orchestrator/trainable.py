@@ -24,8 +24,12 @@ from .store import Store
 log = logging.getLogger(__name__)
 
 
-def gpu_context() -> dict[str, Any]:
-    """Memory already used on the trial's GPU(s) and the other processes there, via NVML."""
+def gpu_context(own_pids: frozenset[int] = frozenset()) -> dict[str, Any]:
+    """Memory already used on the trial's GPU(s) and the other processes there, via NVML.
+
+    ``own_pids``: this worker's own trial process (a warm one holds a CUDA context between trials),
+    which is not foreign.
+    """
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     out: dict[str, Any] = {"cuda_visible_devices": visible, "gpu_mem_in_use_at_start_bytes": None,
                            "foreign_gpu_processes": None}
@@ -45,6 +49,8 @@ def gpu_context() -> dict[str, Any]:
                       else pynvml.nvmlDeviceGetHandleByIndex(int(token)))
             used += int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
             for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if proc.pid in own_pids:
+                    continue
                 foreign.append({"pid": proc.pid, "used_bytes": proc.usedGpuMemory})
         out.update(gpu_mem_in_use_at_start_bytes=used, foreign_gpu_processes=json.dumps(foreign))
     except Exception as exc:  # noqa: BLE001
@@ -75,7 +81,7 @@ class TrialTrainable(tune.Trainable):
         store = Store(item["storage"], item["sweep_name"])
         info = {"worker_pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(), "label": item["label"],
                 "started_at": time.time(), "trial_id": self.trial_id}
-        gpu = gpu_context()
+        gpu = gpu_context(self.launcher.own_pids())
 
         def started(pid: int) -> None:
             store.mark_running(item["key"], {**info, "child_pid": pid})

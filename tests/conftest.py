@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -74,3 +75,15 @@ def wait_for(predicate, timeout: float, interval: float = 0.2):
             return value
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout}s")
+
+
+def running_trial(running: Path, min_age_s: float = 0.0):
+    """(key, marker) of a trial whose trial process has started and run ``min_age_s``, else None."""
+    for marker in (running.glob("*.json") if running.exists() else []):
+        try:
+            info = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            continue  # a marker being replaced right now
+        if info.get("child_pid") and time.time() - info["started_at"] >= min_age_s:
+            return marker.stem, info
+    return None

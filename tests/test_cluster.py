@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,7 +15,7 @@ import pyarrow.parquet as pq
 
 from orchestrator.store import Store
 
-from .conftest import REPO, cli_env, juicytalk, wait_for
+from .conftest import REPO, cli_env, juicytalk, running_trial, wait_for
 
 
 def write_sweep(tmp: Path, name: str, body: str) -> Path:
@@ -108,17 +107,7 @@ def test_worker_killed_mid_trial_is_retried(ray_cluster, tmp_path):
     running = tmp_path / "kw" / "running"
     driver = _start(sweep, tmp_path, ray_cluster)
 
-    def a_running_trial():
-        for marker in (running.glob("*.json") if running.exists() else []):
-            try:
-                info = json.loads(marker.read_text())
-            except (OSError, ValueError):
-                continue
-            if info.get("child_pid"):
-                return marker.stem, info
-        return None
-
-    key, info = wait_for(a_running_trial, 240)
+    key, info = wait_for(lambda: running_trial(running), 240)
     os.kill(info["worker_pid"], signal.SIGKILL)
     out, err = driver.communicate(timeout=600)
     assert driver.returncode == 0, out[-2000:] + err[-2000:]

@@ -4,7 +4,6 @@ file, a second driver) ends with exactly one record per cell and nothing left ru
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -15,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from .conftest import REPO, cli_env, juicytalk, wait_for
+from .conftest import REPO, cli_env, juicytalk, running_trial, wait_for
 from .test_cluster import records, write_sweep
 
 CPU_CELL = ("n_layers: 1, seq_len: 32, batch_size: 8, train_steps: %d, bench_steps: 3, warmup_steps: 1, "
@@ -107,17 +106,7 @@ def test_killed_trial_process_is_retried_once_and_later_trials_are_unaffected(ra
                                str(tmp_path), "--address", ray_cluster, "--no-progress", "--no-report"], cwd=REPO,
                               env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    def trial_process():
-        for marker in (running.glob("*.json") if running.exists() else []):
-            try:
-                info = json.loads(marker.read_text())
-            except (OSError, ValueError):
-                continue
-            if info.get("child_pid") and time.time() - info["started_at"] > 2:  # mid-trial, not mid-import
-                return marker.stem, info
-        return None
-
-    key, info = wait_for(trial_process, 240)
+    key, info = wait_for(lambda: running_trial(running, min_age_s=2), 240)  # mid-trial, not mid-hand-over
     os.kill(info["child_pid"], signal.SIGKILL)
     out, err = driver.communicate(timeout=600)
     assert driver.returncode == 0, out[-2000:] + err[-2000:]

@@ -220,6 +220,10 @@ class Launcher(ABC):
             self._child = self._spawn()
         return outcome
 
+    def own_pids(self) -> frozenset[int]:
+        """The trial process this launcher keeps between trials (empty when it keeps none)."""
+        return frozenset({self._child.pid}) if self._child is not None else frozenset()
+
     def _spawn(self) -> TrialProcess:
         return TrialProcess(self.trials_per_process, self._env, self._workdir.name, fork=self.fork)
 
