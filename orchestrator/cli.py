@@ -1,4 +1,4 @@
-"""``juicytalk``: trial, sweep, collect, report, doctor.
+"""``juicytalk``: trial, sweep, collect, report, export, fields, doctor.
 
 Exit status: 0 success; 1 when trials errored or are missing (sweep) or a trial errored (trial);
 2 for bad input, which is one line on stderr naming the field, and nothing is started.
@@ -172,6 +172,28 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("mlflow") is None:
+        return _fail("--mlflow: needs the mlflow package: pip install 'juicytalk[mlflow]'")
+    if not Path(args.results).exists():
+        return _fail(f"RESULTS: {args.results} does not exist (a sweep directory or a results.parquet)")
+    from .export import export_mlflow
+
+    done = export_mlflow(args.results, args.mlflow, args.experiment)
+    print(f"{done.created} MLflow runs created, {done.already} already there (experiment {done.experiment}, "
+          f"{args.mlflow})")
+    return 0
+
+
+def cmd_fields(args: argparse.Namespace) -> int:
+    from trials.record import field_table
+
+    print(field_table(), end="")
+    return 0
+
+
 # -- parser -------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     from trials.cli import OneLineParser, add_trial_arguments
@@ -213,6 +235,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plotlyjs", help="load plotly.js from this .js path, relative to the HTML file, writing it "
                                       "there if absent (for published reports that share one copy); default: embed")
 
+    p = sub.add_parser("export", help="records already on disk -> MLflow, one run per record (idempotent)")
+    p.add_argument("results", help="sweep directory or results.parquet")
+    p.add_argument("--mlflow", required=True, metavar="URI", help="MLflow tracking URI (file:/path, http://host:5000)")
+    p.add_argument("--experiment", help="experiment name (default: the records' sweep name)")
+
+    sub.add_parser("fields", help="the record's fields as a markdown table (the README's)")
+
     p = sub.add_parser("doctor", help="what this machine (and Ray cluster) can run")
     p.add_argument("--ray", action="store_true", help="also start/connect Ray and show cluster resources")
     p.add_argument("--address")
@@ -226,7 +255,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from trials.cli import run_from_args
 
         return run_from_args(args, f"{PROG} trial")
-    return {"sweep": cmd_sweep, "collect": cmd_collect, "report": cmd_report, "doctor": cmd_doctor}[args.command](args)
+    return {"sweep": cmd_sweep, "collect": cmd_collect, "report": cmd_report, "doctor": cmd_doctor,
+            "fields": cmd_fields, "export": cmd_export}[args.command](args)
 
 
 if __name__ == "__main__":

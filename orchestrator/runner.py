@@ -142,22 +142,37 @@ def check_shared_storage(ray: Any, store: Store) -> None:
 # ---------------------------------------------------------------------------------------------
 # The driver
 # ---------------------------------------------------------------------------------------------
-def fit(ray: Any, sweep: Sweep, store: Store, items: list[dict[str, Any]], resources: dict[str, float],
-        max_concurrent: int | None, verbose: bool) -> None:
+def param_space(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """What Tune sees of each trial: its flattened spec, ``sample`` and ``cell_id`` (the ResultGrid's and
+    trackers' columns). ``trial`` (the store key) is the grid; every other key is looked up from it."""
     from ray import tune
 
+    rows = {it["key"]: {**it["spec"], "sample": it["sample"], "cell_id": it["cell_id"]} for it in items}
+    space: dict[str, Any] = {"trial": tune.grid_search(list(rows))}
+    for name in next(iter(rows.values())):
+        space[name] = tune.sample_from(lambda s, name=name: rows[s.config["trial"]][name])
+    return space
+
+
+def fit(ray: Any, sweep: Sweep, store: Store, items: list[dict[str, Any]], resources: dict[str, float],
+        max_concurrent: int | None, verbose: bool, run_id: str) -> None:
+    from ray import tune
+
+    from .trackers import build_callbacks
     from .trainable import TrialTrainable
 
-    trainable = tune.with_resources(TrialTrainable, {"cpu": resources["cpu"], "gpu": resources.get("gpu", 0)})
+    by_key = {it["key"]: it for it in items}
+    trainable = tune.with_resources(tune.with_parameters(TrialTrainable, items=by_key),
+                                    {"cpu": resources["cpu"], "gpu": resources.get("gpu", 0)})
     tuner = tune.Tuner(
         trainable,
-        param_space={"item": tune.grid_search(items)},
+        param_space=param_space(items),
         tune_config=tune.TuneConfig(
             num_samples=1,
             max_concurrent_trials=max_concurrent,
             reuse_actors=True,
-            trial_name_creator=lambda t: t.config["item"]["key"],
-            trial_dirname_creator=lambda t: t.config["item"]["key"],
+            trial_name_creator=lambda t: "{label}-s{sample}".format(**by_key[t.config["trial"]]),
+            trial_dirname_creator=lambda t: t.config["trial"],
         ),
         run_config=tune.RunConfig(
             name=f"{sweep.name}-{time.strftime('%Y%m%dT%H%M%S')}",
@@ -165,6 +180,7 @@ def fit(ray: Any, sweep: Sweep, store: Store, items: list[dict[str, Any]], resou
             failure_config=tune.FailureConfig(max_failures=MAX_FAILURES),
             # the store holds every result; a one-step trial has nothing to resume from
             checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False, checkpoint_frequency=0),
+            callbacks=build_callbacks(sweep.trackers, {"sweep": sweep.name, "run_id": run_id}),
             verbose=1 if verbose else 0,
             log_to_file=True,
         ),
@@ -219,7 +235,8 @@ def _run_locked(sweep: Sweep, storage: str, address: str | None, restart: bool, 
             if progress is not None:
                 progress.start(store, items, done)
             try:
-                fit(ray, sweep, store, pending, resources, max_concurrent or sweep.max_concurrent, verbose)
+                fit(ray, sweep, store, pending, resources, max_concurrent or sweep.max_concurrent, verbose,
+                    run["run_id"])
             finally:
                 if progress is not None:
                     progress.stop()

@@ -32,7 +32,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from trials.record import FIELDS, FINAL_STATUSES, SCHEMA_VERSION
+from trials.record import ALL_FIELDS, FINAL_STATUSES, SCHEMA_VERSION, validate
 
 log = logging.getLogger(__name__)
 
@@ -45,33 +45,8 @@ _ARROW = {
     "list[int]": pa.list_(pa.int64()),
 }
 
-# Fields the orchestrator adds to each trial record.
-SWEEP_FIELDS: list[tuple[str, str, str]] = [
-    ("sweep_name", "str", "Sweep the trial belongs to."),
-    ("cell_id", "str", "Stable id of the cell (hash of its full spec)."),
-    ("cell_label", "str", "Readable cell name, e.g. d768-L4-te-fp8-delayed."),
-    ("sample", "int", "Sample index within the cell (0..samples-1)."),
-    ("trial_id", "str", "Ray Tune trial id."),
-    ("node_id", "str", "Ray node the trial ran on."),
-    ("node_ip", "str", "IP address of that node."),
-    ("worker_pid", "int", "Ray worker process that supervised the trial."),
-    ("cuda_visible_devices", "str", "GPUs Ray gave the trial."),
-    ("gpu_mem_in_use_at_start_bytes", "int", "Device memory already in use on the trial's GPU when it started "
-     "(a warm trial process's own context and cache included)."),
-    ("foreign_gpu_processes", "str", "JSON list of other processes on the trial's GPU at start (pid, bytes); the "
-     "sweep's own trial process is not listed."),
-    ("ray_version", "str", "Ray version of the worker."),
-    ("trial_wall_s", "float", "The worker's view of the trial: spec handed over (or trial process spawned, when none "
-     "was ready) to record back, s."),
-    ("launcher", "str", "How the trial ran: process (a fresh process) or warm (a process that runs many trials)."),
-    ("recorded_at", "str", "UTC time the record was written."),
-    ("run_id", "str", "The `juicytalk sweep` invocation that produced the record (a resumed sweep is a new run)."),
-    ("run_started_at", "str", "UTC start of that run."),
-    ("run_gpus", "int", "GPUs in the Ray cluster that run used (0: no GPU, CPU fallback)."),
-]
-
 RECORD_SCHEMA = pa.schema(
-    [pa.field(f.name, _ARROW[f.type]) for f in FIELDS] + [pa.field(n, _ARROW[t]) for n, t, _ in SWEEP_FIELDS],
+    [pa.field(f.name, _ARROW[f.type]) for f in ALL_FIELDS],
     metadata={b"schema_version": str(SCHEMA_VERSION).encode(), b"producer": b"juicytalk"},
 )
 SERIES_SCHEMA = pa.schema([
@@ -141,6 +116,8 @@ class Store:
         self._commit(final, write)
 
     def write_record(self, record: dict[str, Any]) -> str:
+        """Validate (an undeclared key or a wrong type is an error naming the field) and write atomically."""
+        validate(record)
         row = {name: record.get(name) for name in RECORD_SCHEMA.names}
         row["sweep_name"] = self.sweep_name
         row["recorded_at"] = utc_stamp()

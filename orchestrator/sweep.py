@@ -18,6 +18,10 @@ A sweep file is YAML read with ``yaml.safe_load`` semantics; nothing in it is ev
     launcher: warm            # warm: one process per GPU runs many trials; process: a fresh process per trial
     warm_max_trials: 32       # warm: a trial process is replaced after this many trials
     compile_cache: null       # Inductor/Triton cache directory on each node (default: ~/.cache/juicytalk/compile)
+    trackers:                 # optional: where trials show up besides the store (see orchestrator/trackers)
+      - mlflow: {tracking_uri: file:/tmp/mlruns, experiment: seed}
+      - wandb: {project: juicytalk, mode: offline}
+      - tensorboard: {}
 
 Cells that make no sense are never run twice under two names: an FP8-only field (recipe,
 fp8_format, amax_*) on a non-fp8 cell is collapsed to its default, and fp8 on the torch backend or
@@ -39,10 +43,11 @@ import yaml
 from trials.spec import FP8_ONLY_FIELDS, SpecError, TrialSpec
 
 from .launchers import DEFAULT_LAUNCHER, DEFAULT_WARM_MAX_TRIALS, LAUNCHERS
+from .trackers import TrackerError, check_trackers
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 TOP_KEYS = ("name", "grid", "fixed", "samples", "resources", "max_concurrent", "trial_timeout_s", "storage",
-            "launcher", "warm_max_trials", "compile_cache")
+            "launcher", "warm_max_trials", "compile_cache", "trackers")
 RESOURCE_KEYS = ("gpu", "cpu")
 _DEFAULTS = TrialSpec().to_dict()
 
@@ -81,6 +86,7 @@ class Sweep:
     launcher: str = DEFAULT_LAUNCHER
     warm_max_trials: int = DEFAULT_WARM_MAX_TRIALS
     compile_cache: str | None = None
+    trackers: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     source_text: str = ""
     cells: list[Cell] = field(default_factory=list)
     skipped: list[tuple[dict[str, Any], str]] = field(default_factory=list)
@@ -219,9 +225,15 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
     if compile_cache is not None and (not isinstance(compile_cache, str) or not compile_cache.strip()):
         raise err(("compile_cache",), "must be a directory path or null")
 
+    try:
+        trackers = check_trackers(data.get("trackers"))
+    except TrackerError as exc:
+        path = tuple(int(p) if p.isdigit() else p for p in exc.key.split("."))
+        raise err(path, str(exc)) from None
+
     sweep = Sweep(name=name, grids=grids, fixed=fixed, samples=samples, resources=resources,
                   max_concurrent=max_concurrent, trial_timeout_s=timeout, storage=storage, launcher=launcher,
-                  warm_max_trials=warm_max, compile_cache=compile_cache, source_text=text)
+                  warm_max_trials=warm_max, compile_cache=compile_cache, trackers=trackers, source_text=text)
     _expand(sweep, prefixes, err)
     return sweep
 

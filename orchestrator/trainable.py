@@ -20,6 +20,7 @@ from ray import tune
 
 from .launchers import LaunchSettings, TrialDied, make_launcher
 from .store import Store
+from .trackers.base import RESULT_TAGS
 
 log = logging.getLogger(__name__)
 
@@ -60,20 +61,33 @@ def gpu_context(own_pids: frozenset[int] = frozenset()) -> dict[str, Any]:
     return out
 
 
-class TrialTrainable(tune.Trainable):
-    """Runs the (cell, sample) in ``config["item"]`` through the sweep's launcher."""
+def tune_metrics(record: dict[str, Any]) -> dict[str, Any]:
+    """Every numeric field of the record, and its status and tags, for Tune's results and trackers."""
+    metrics: dict[str, Any] = {k: v for k, v in record.items()
+                               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    metrics.update({k: record.get(k) for k in RESULT_TAGS})
+    return metrics
 
-    def setup(self, config: dict[str, Any]) -> None:
-        self.item = config["item"]
+
+class TrialTrainable(tune.Trainable):
+    """Runs the (cell, sample) whose store key is ``config["trial"]`` through the sweep's launcher.
+
+    The config is what Tune and its callbacks see (the flattened spec, sample, cell id); ``items``
+    (``tune.with_parameters``) holds what the worker needs besides: storage, timeout, launch settings.
+    """
+
+    def setup(self, config: dict[str, Any], items: dict[str, dict[str, Any]]) -> None:
+        self.items = items
+        self.item = items[config["trial"]]
         self.settings = LaunchSettings(**self.item["launch"])
         self.launcher = make_launcher(self.settings)
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         """Take the next trial on this worker, keeping the launcher and its ready trial process."""
-        settings = LaunchSettings(**new_config["item"]["launch"])
-        if settings != self.settings:
+        item = self.items[new_config["trial"]]
+        if LaunchSettings(**item["launch"]) != self.settings:
             return False  # Tune then starts a fresh worker
-        self.item = new_config["item"]
+        self.item = item
         return True
 
     def step(self) -> dict[str, Any]:
@@ -102,8 +116,7 @@ class TrialTrainable(tune.Trainable):
                       node_ip=info["node_ip"], worker_pid=os.getpid(), ray_version=ray.__version__,
                       launcher=self.settings.launcher, trial_wall_s=outcome.wall_s)
         store.write_record(record)
-        return {"status": record["status"], "step_ms_p50": record.get("step_ms_p50") or float("nan"),
-                "done": True}
+        return {**tune_metrics(record), "done": True}
 
     def cleanup(self) -> None:
         self.launcher.close()

@@ -47,6 +47,25 @@ def test_quickstart_records(quickstart):
     assert "launcher warm" in " ".join(run.stdout.split()) and all(r["launcher"] == "warm" for r in table)
 
 
+def test_tune_sees_each_trial_spec_and_metrics(quickstart):
+    """The sweep's Tune directory, restored as users do, has every trial's spec and step time."""
+    from ray.tune import ExperimentAnalysis
+
+    root, _ = quickstart
+    [experiment] = (root / "ray").iterdir()
+    analysis = ExperimentAnalysis(str(experiment))
+    df = analysis.dataframe()
+    records = {(r["cell_id"], r["sample"]): r for r in pq.read_table(root / "results.parquet").to_pylist()}
+    assert len(df) == len(records) == 6
+    for _, row in df.iterrows():
+        rec = records[(row["config/cell_id"], row["config/sample"])]
+        assert (row["config/d_model"], row["config/precision"], row["status"]) == (rec["d_model"], rec["precision"],
+                                                                                   rec["status"])
+        assert row["step_ms_p50"] == rec["step_ms_p50"] or (rec["step_ms_p50"] is None and row["step_ms_p50"] != row["step_ms_p50"])
+        assert row["n_params"] == rec["n_params"]  # every numeric field is reported, not only the step time
+    assert sorted(str(t) for t in analysis.trials) == sorted(f"{r['cell_label']}-s0" for r in records.values())
+
+
 def test_rerun_resumes_without_running_anything(quickstart):
     root, _ = quickstart
     before = {p.name: p.stat().st_mtime_ns for p in (root / "trials").iterdir()}

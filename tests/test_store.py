@@ -4,6 +4,7 @@ import duckdb
 import pandas as pd
 import polars as pl
 import pyarrow.parquet as pq
+import pytest
 
 from orchestrator.store import RECORD_SCHEMA, Store
 from trials.record import empty_record
@@ -52,3 +53,21 @@ def test_results_read_in_pandas_polars_duckdb(tmp_path):
     assert duckdb.sql(f"select sum(step_ms_p50), count(*) from '{path}'").fetchall() == [(6.0, 3)]
     series = store.read_series().to_pandas()
     assert len(series) == 6 and set(series["series"]) == {"loss"}
+
+
+def test_undeclared_fields_and_wrong_types_are_refused(tmp_path):
+    from trials.record import RecordError
+
+    store = Store(str(tmp_path), "v")
+    store.ensure()
+    with pytest.raises(RecordError) as err:
+        store.write_record(_record("a", 0, step_ms_p50_typo=1.0))
+    assert err.value.field == "step_ms_p50_typo" and "not a declared record field" in str(err.value)
+    with pytest.raises(RecordError) as err:
+        store.write_record({**_record("a", 0), "d_model": "768"})
+    assert err.value.field == "d_model" and "must be int" in str(err.value)
+    with pytest.raises(RecordError):
+        store.write_record(_record("a", 0, launch_bound=1))  # an int is not a bool
+    assert store.record_files() == []  # nothing half-written
+    store.write_record(_record("a", 0, step_ms_p50=3, loss_curve=[1.0, 2]))  # ints are fine as floats
+    assert len(store.record_files()) == 1

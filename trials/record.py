@@ -1,13 +1,16 @@
-"""The trial record: one flat dict per trial, every field typed and documented here.
+"""The record: one flat dict per trial, every field declared here once, with its type, its meaning
+and the layer that sets it (the trial itself, the Ray worker that ran it, or the sweep's driver).
 
-The orchestrator derives its Parquet schema from :data:`FIELDS`, and the README's field table is
-checked against it by the tests, so a field cannot be added without a type and a description.
+The store's Parquet schema and :func:`validate` are derived from :data:`ALL_FIELDS`, and the README's
+field table is generated from it (``juicytalk fields``; a test checks the README matches), so
+a field cannot be added without a type and a description, nor written without being declared.
 """
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 SCHEMA_VERSION = 1
 
@@ -16,15 +19,19 @@ FINAL_STATUSES = ("ok", "oom", "unsupported", "diverged")
 STATUSES = FINAL_STATUSES + ("error", "timeout")
 
 
+LAYERS = ("trial", "worker", "driver")
+
+
 @dataclass(frozen=True)
 class Field:
     name: str
     type: str  # int | float | str | bool | list[float] | list[int]
     doc: str
+    layer: str = "trial"  # who sets it: the trial, the Ray worker that ran it, or the sweep's driver
 
 
-def _f(name: str, type_: str, doc: str) -> Field:
-    return Field(name, type_, doc)
+def _f(name: str, type_: str, doc: str, layer: str = "trial") -> Field:
+    return Field(name, type_, doc, layer)
 
 
 FIELDS: list[Field] = [
@@ -136,7 +143,74 @@ FIELDS: list[Field] = [
     _f("gen_s", "float", "Generation check, s."),
 ]
 
-FIELD_NAMES = [f.name for f in FIELDS]
+# Fields the orchestrator adds to each trial record (on the worker, or decided by the driver).
+ORCHESTRATOR_FIELDS: list[Field] = [
+    _f("sweep_name", "str", "Sweep the trial belongs to.", "driver"),
+    _f("cell_id", "str", "Stable id of the cell (hash of its full spec).", "driver"),
+    _f("cell_label", "str", "Readable cell name, e.g. d768-L4-te-fp8-delayed.", "driver"),
+    _f("sample", "int", "Sample index within the cell (0..samples-1).", "driver"),
+    _f("trial_id", "str", "Ray Tune trial id.", "worker"),
+    _f("node_id", "str", "Ray node the trial ran on.", "worker"),
+    _f("node_ip", "str", "IP address of that node.", "worker"),
+    _f("worker_pid", "int", "Ray worker process that supervised the trial.", "worker"),
+    _f("cuda_visible_devices", "str", "GPUs Ray gave the trial.", "worker"),
+    _f("gpu_mem_in_use_at_start_bytes", "int", "Device memory already in use on the trial's GPU when it started "
+       "(a warm trial process's own context and cache included).", "worker"),
+    _f("foreign_gpu_processes", "str", "JSON list of other processes on the trial's GPU at start (pid, bytes); the "
+       "sweep's own trial process is not listed.", "worker"),
+    _f("ray_version", "str", "Ray version of the worker.", "worker"),
+    _f("trial_wall_s", "float", "The worker's view of the trial: spec handed over (or trial process spawned, when "
+       "none was ready) to record back, s.", "worker"),
+    _f("launcher", "str", "How the trial ran: process (a fresh process) or warm (a process that runs many "
+       "trials).", "worker"),
+    _f("recorded_at", "str", "UTC time the record was written.", "worker"),
+    _f("run_id", "str", "The `juicytalk sweep` invocation that produced the record (a resumed sweep is a new run).",
+       "driver"),
+    _f("run_started_at", "str", "UTC start of that run.", "driver"),
+    _f("run_gpus", "int", "GPUs in the Ray cluster that run used (0: no GPU, CPU fallback).", "driver"),
+]
+
+ALL_FIELDS: list[Field] = FIELDS + ORCHESTRATOR_FIELDS
+FIELD_NAMES = [f.name for f in FIELDS]  # what run_trial returns
+_BY_NAME = {f.name: f for f in ALL_FIELDS}
+
+
+class RecordError(ValueError):
+    """A record holds an undeclared field or a value of the wrong type; ``field`` names it."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(f"record field {field_name}: {message}")
+        self.field = field_name
+
+
+def _is(value: Any, type_: str) -> bool:
+    if type_ == "bool":
+        return isinstance(value, bool)
+    if type_ == "int":
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if type_ == "float":
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if type_ == "str":
+        return isinstance(value, str)
+    inner = type_[len("list["):-1]
+    return isinstance(value, (list, tuple)) and all(v is None or _is(v, inner) for v in value)
+
+
+def validate(record: Mapping[str, Any]) -> None:
+    """Every key declared, every value of its declared type (or None); raises :class:`RecordError`."""
+    for name, value in record.items():
+        field = _BY_NAME.get(name)
+        if field is None:
+            raise RecordError(name, "not a declared record field (declare it in trials/record.py)")
+        if value is not None and not _is(value, field.type):
+            raise RecordError(name, f"must be {field.type}, got {type(value).__name__} {str(value)[:60]!r}")
+
+
+def field_table() -> str:
+    """The README's field table, generated from the declaration."""
+    rows = ["| field | type | set by | meaning |", "|---|---|---|---|"]
+    rows += [f"| `{f.name}` | {f.type} | {f.layer} | {f.doc} |" for f in ALL_FIELDS]
+    return "\n".join(rows) + "\n"
 
 
 def empty_record() -> dict[str, Any]:

@@ -1,0 +1,23 @@
+"""``trackers: [{wandb: {project: ..., mode: offline|online}}]``: one W&B run per trial.
+
+Ray Tune's ``WandbLoggerCallback``: the config (spec, sample, cell id) as the run's config, every
+numeric result and the string tags (status, git revision, GPU) as its summary; the sweep name and
+run id are tags and the group. ``mode: offline`` (the default) writes run files for ``wandb sync``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ray.air.integrations.wandb import WandbLoggerCallback
+
+
+def build(options: dict[str, Any], run_tags: dict[str, str]) -> WandbLoggerCallback:
+    extra = {k: options[k] for k in ("entity", "dir") if k in options}
+    mode = options.get("mode", "offline")
+    os.environ["WANDB_MODE"] = mode  # Ray asks for an API key unless the environment says offline
+    if "dir" in options:
+        os.makedirs(options["dir"], exist_ok=True)
+    return WandbLoggerCallback(project=options["project"], mode=mode, log_config=True,
+                               group=run_tags["sweep"], tags=[f"{k}={v}" for k, v in run_tags.items()], **extra)

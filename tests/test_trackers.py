@@ -1,0 +1,106 @@
+"""Results where users look, with the real packages: MLflow, W&B (offline), TensorBoard from the sweep
+file; `juicytalk export` of records on disk to MLflow; bad tracker entries refused before any trial."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from orchestrator import cli
+from orchestrator.trackers import TRACKERS
+
+from .conftest import REPO, juicytalk
+from .test_cluster import records, write_sweep
+
+os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"  # these tests read file: stores that they write
+
+
+def _mlflow_runs(uri: str, experiment: str):
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    return mlflow.search_runs(experiment_names=[experiment], output_format="list")
+
+
+def test_sweep_reaches_mlflow_wandb_and_tensorboard(ray_cluster, tmp_path):
+    uri = f"file:{tmp_path / 'mlruns'}"
+    write_sweep(tmp_path, "trk", f"""
+        grid: {{d_model: [32, 48], precision: [fp32, fp8]}}
+        fixed: {{n_layers: 1, seq_len: 32, batch_size: 8, train_steps: 3, bench_steps: 2, warmup_steps: 1,
+                gen_len: 2}}
+        resources: {{cpu: 1, gpu: 0}}
+        trackers:
+          - mlflow: {{tracking_uri: "{uri}", experiment: trk-exp}}
+          - wandb: {{project: juicytalk-test, mode: offline, dir: "{tmp_path / 'wb'}"}}
+          - tensorboard: {{}}
+    """)
+    run = juicytalk("sweep", str(tmp_path / "trk.yaml"), "--out", str(tmp_path), "--address", ray_cluster,
+                    "--no-progress", "--no-report", env={**os.environ, "PYTHONPATH": str(REPO), "WANDB_SILENT": "true"})
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    recs = {(r["cell_id"], r["sample"]): r for r in records(tmp_path, "trk")}
+    assert len(recs) == 4  # fp8 cells are unsupported on CPU: records too, and runs too
+
+    runs = _mlflow_runs(uri, "trk-exp")
+    assert len(runs) == 4
+    for mrun in runs:
+        rec = recs[(mrun.data.tags["cell_id"], int(mrun.data.tags["sample"]))]
+        assert mrun.data.params["d_model"] == str(rec["d_model"]) and mrun.data.params["precision"] == rec["precision"]
+        assert mrun.data.tags["status"] == rec["status"] and mrun.data.tags["sweep"] == "trk"
+        assert mrun.data.tags["run_id"] == rec["run_id"] and mrun.data.tags["git_sha"] == rec["git_sha"]
+        if rec["status"] == "ok":
+            assert mrun.data.metrics["step_ms_p50"] == pytest.approx(rec["step_ms_p50"])
+
+    offline = sorted((tmp_path / "wb" / "wandb").glob("offline-run-*"))
+    assert len(offline) == 4 and all(list(d.glob("*.wandb")) for d in offline)
+
+    [experiment] = (tmp_path / "trk" / "ray").iterdir()
+    trial_dirs = [d for d in experiment.iterdir() if d.is_dir()]
+    assert len(trial_dirs) == 4 and all(list(d.glob("events.out.tfevents.*")) for d in trial_dirs)
+
+
+def test_export_is_idempotent_with_metric_histories(tmp_path):
+    uri = f"file:{tmp_path / 'mlruns'}"
+    study = REPO / "docs" / "results" / "h200" / "results.parquet"
+    for expected in ("20 MLflow runs created, 0 already there", "0 MLflow runs created, 20 already there"):
+        out = juicytalk("export", str(study), "--mlflow", uri, "--experiment", "h200")
+        assert out.returncode == 0 and expected in out.stdout, out.stdout + out.stderr[-2000:]
+    from mlflow.tracking import MlflowClient
+
+    runs = _mlflow_runs(uri, "h200")
+    assert len(runs) == 20 and len({r.data.tags["juicytalk.record"] for r in runs}) == 20
+    run = next(r for r in runs if r.info.run_name == "d4096-L4-te-fp8-delayed-s0")
+    assert run.data.params["recipe"] == "delayed" and run.data.tags["gpu_name"] == "NVIDIA H200"
+    assert run.data.metrics["step_ms_p50"] == pytest.approx(47.529, abs=1e-3)
+    history = MlflowClient(uri).get_metric_history(run.info.run_id, "loss")
+    assert [m.step for m in history] == list(range(20))  # the sweep's train_steps
+
+
+@pytest.mark.parametrize("entry,message", [
+    ("- comet: {}", "unknown tracker 'comet'"),
+    ("- mlflow: {experiment: x}", "needs tracking_uri"),
+    ("- wandb: {project: p, mode: sometimes}", "must be offline or online"),
+])
+def test_bad_tracker_entries_exit_2_with_one_line(tmp_path, entry, message):
+    path = write_sweep(tmp_path, "bad", f"""
+        grid: {{d_model: [32]}}
+        trackers:
+          {entry}
+    """)
+    out = juicytalk("sweep", str(path), "--out", str(tmp_path), "--no-progress")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
+    assert "line 5" in out.stderr and not (tmp_path / "bad" / "trials").exists()
+
+
+def test_a_tracker_whose_package_is_missing_is_refused_before_any_trial(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(TRACKERS, "wandb", replace(TRACKERS["wandb"], package="wandb_is_not_installed_here"))
+    path = write_sweep(tmp_path, "nopkg", """
+        grid: {d_model: [32]}
+        trackers: [{wandb: {project: p}}]
+    """)
+    assert cli.main(["sweep", str(path), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'juicytalk[wandb]'" in err and "trackers.0.wandb" in err
+    assert not Path(tmp_path, "nopkg").exists()
