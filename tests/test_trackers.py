@@ -55,6 +55,9 @@ def test_sweep_reaches_mlflow_wandb_and_tensorboard(ray_cluster, tmp_path):
 
     offline = sorted((tmp_path / "wb" / "wandb").glob("offline-run-*"))
     assert len(offline) == 4 and all(list(d.glob("*.wandb")) for d in offline)
+    logged = [b"".join(f.read_bytes() for f in d.glob("*.wandb")) for d in offline]  # the runs' tags, as written
+    assert all(b"sweep=trk" in data for data in logged)
+    assert {c for c, _ in recs} == {c for c, _ in recs if any(f"cell_id={c}".encode() in data for data in logged)}
 
     [experiment] = (tmp_path / "trk" / "ray").iterdir()
     trial_dirs = [d for d in experiment.iterdir() if d.is_dir()]

@@ -1,8 +1,9 @@
 """``trackers: [{wandb: {project: ..., mode: offline|online}}]``: one W&B run per trial.
 
 Ray Tune's ``WandbLoggerCallback``: the config (spec, sample, cell id) as the run's config, every
-numeric result and the string tags (status, git revision, GPU) as its summary; the sweep name and
-run id are tags and the group. ``mode: offline`` (the default) writes run files for ``wandb sync``.
+numeric result and the string fields (status, git revision, GPU) as its summary; the sweep name, run
+id, cell id and sample are tags, the sweep the group. ``mode: offline`` (the default) writes run
+files for ``wandb sync``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,19 @@ from typing import Any
 
 from ray.air.integrations.wandb import WandbLoggerCallback
 
+from .base import trial_tags
+
+
+class _Callback(WandbLoggerCallback):
+    def log_trial_start(self, trial: Any) -> None:
+        """Start the trial's run with the sweep's tags plus its own cell and sample."""
+        base = list(self.kwargs.get("tags", []))
+        self.kwargs["tags"] = base + [f"{k}={v}" for k, v in trial_tags(trial).items()]
+        try:
+            super().log_trial_start(trial)
+        finally:
+            self.kwargs["tags"] = base
+
 
 def build(options: dict[str, Any], run_tags: dict[str, str]) -> WandbLoggerCallback:
     extra = {k: options[k] for k in ("entity", "dir") if k in options}
@@ -19,5 +33,5 @@ def build(options: dict[str, Any], run_tags: dict[str, str]) -> WandbLoggerCallb
     os.environ["WANDB_MODE"] = mode  # Ray asks for an API key unless the environment says offline
     if "dir" in options:
         os.makedirs(options["dir"], exist_ok=True)
-    return WandbLoggerCallback(project=options["project"], mode=mode, log_config=True,
-                               group=run_tags["sweep"], tags=[f"{k}={v}" for k, v in run_tags.items()], **extra)
+    return _Callback(project=options["project"], mode=mode, log_config=True,
+                     group=run_tags["sweep"], tags=[f"{k}={v}" for k, v in run_tags.items()], **extra)
