@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from trials.spec import FP8_ONLY_FIELDS, SpecError, TrialSpec
+from trials.spec import FP8_ONLY_FIELDS, SpecError, TrialSpec, variant_name
 
 from .launchers import DEFAULT_LAUNCHER, DEFAULT_WARM_MAX_TRIALS, LAUNCHERS
 from .trackers import TrackerError, check_trackers
@@ -93,16 +93,27 @@ class Sweep:
     collapsed: list[tuple[dict[str, Any], str]] = field(default_factory=list)
 
 
+# The spec fields of the first record layout: always hashed, so every id made since stays valid.
+# A field added later enters the hash only where it differs from its default.
+ID_FIELDS_V1 = ("vocab", "d_model", "n_layers", "n_heads", "ffn", "seq_len", "batch_size", "backend", "precision",
+                "recipe", "fp8_format", "amax_history_len", "amax_compute_algo", "cuda_graphs", "train_steps", "lr",
+                "warmup_steps", "bench_steps", "repeats", "gen_len", "prompt_len", "seed", "device")
+
+
+def spec_id(values: dict[str, Any], defaults: dict[str, Any]) -> str:
+    canonical = {k: v for k, v in values.items() if k in ID_FIELDS_V1 or v != defaults.get(k)}
+    return hashlib.sha1(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:12]
+
+
 def cell_id(spec: TrialSpec) -> str:
-    """Stable id of a spec: the same cell gets the same id in every run and on every machine."""
-    canonical = json.dumps(spec.to_dict(), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha1(canonical.encode()).hexdigest()[:12]
+    """Stable id of a spec: the same cell gets the same id in every run, on every machine, and after
+    new spec fields arrive with defaults (resume and --compare keep working on older results)."""
+    return spec_id(spec.to_dict(), _DEFAULTS)
 
 
 def cell_label(spec: TrialSpec) -> str:
-    parts = [f"d{spec.d_model}", f"L{spec.n_layers}", spec.backend, spec.precision]
-    if spec.precision == "fp8":
-        parts.append(spec.recipe)
+    """d768-L4-te-fp8-delayed[-e4m3...][-graphs]: size, variant (as reports name it), execution."""
+    parts = [f"d{spec.d_model}", f"L{spec.n_layers}", variant_name(spec.to_dict())]
     if spec.cuda_graphs:
         parts.append("graphs")
     return "-".join(parts)

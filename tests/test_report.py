@@ -116,3 +116,64 @@ def test_launch_bound_cells_timed_beside_another_trial_are_flagged(tmp_path):
     shared = [line for line in md.splitlines() if "| shared host |" in line]
     assert [line.split("|")[1].strip() for line in shared] == ["d256-te-bf16-None", "d512-te-bf16-None"]
     assert sum("| launch-bound |" in line for line in md.splitlines()) == 3
+
+
+KNOB_SPEEDUP = {  # (fp8 settings, d_model, batch_size) -> FP8 speedup built into the records
+    **{(("hybrid", 16), d, b): s for (d, b), s in {(256, 32): 0.9, (512, 32): 1.2, (256, 64): 1.0, (512, 64): 1.3}.items()},
+    **{(("e4m3", 16), d, b): s for (d, b), s in {(256, 32): 0.95, (512, 32): 1.25, (256, 64): 1.05, (512, 64): 1.35}.items()},
+    **{(("hybrid", 1024), d, b): s for (d, b), s in {(256, 32): 0.8, (512, 32): 1.1, (256, 64): 0.85, (512, 64): 1.15}.items()},
+}
+
+
+def _knob_rec(spec: TrialSpec, ms: float) -> dict:
+    from orchestrator.sweep import cell_id, cell_label
+
+    rec = empty_record()
+    rec.update(spec.to_dict())
+    steps = [ms * j for j in JITTER]
+    rec.update(status="ok", effective_backend="te", effective_precision=spec.precision,
+               effective_recipe=spec.recipe if spec.precision == "fp8" else None, cell_id=cell_id(spec),
+               cell_label=cell_label(spec), sample=0, n_params=param_count(ModelConfig.from_spec(spec)),
+               step_times_ms=steps, step_ms_p50=float(pd.Series(steps).median()), loss_curve=[4.0, 2.0, 1.0],
+               loss_first=4.0, loss_final=1.0, tokens_per_s=1e6 / ms, gpu_name="NVIDIA H200")
+    return rec
+
+
+def test_fp8_variants_that_differ_in_one_knob_are_never_merged(tmp_path):
+    """FP8 cells differing only in fp8_format, amax_history_len or batch_size: one pair each, right ratios,
+    in results.csv, results.md and every chart."""
+    store = Store(str(tmp_path), "knobs")
+    store.ensure()
+    base = dict(n_layers=2, backend="te")
+    for d in (256, 512):
+        for b in (32, 64):
+            bf16_ms = 10.0 * d / 256 * b / 32
+            store.write_record(_knob_rec(TrialSpec(d_model=d, batch_size=b, precision="bf16", **base), bf16_ms))
+            for (fmt, hist), dd, bb in KNOB_SPEEDUP:
+                if (dd, bb) == (d, b):
+                    spec = TrialSpec(d_model=d, batch_size=b, precision="fp8", fp8_format=fmt, amax_history_len=hist,
+                                     **base)
+                    store.write_record(_knob_rec(spec, bf16_ms / KNOB_SPEEDUP[((fmt, hist), d, b)]))
+    report = build_report(str(tmp_path / "knobs"), out_html=str(tmp_path / "r.html"))
+    csv = pd.read_csv(tmp_path / "results.csv")
+    sp = csv[csv["kind"] == "fp8_speedup"]
+    assert len(sp) == len(KNOB_SPEEDUP) == 12
+    names = {"te-fp8-delayed": ("hybrid", 16), "te-fp8-delayed-e4m3": ("e4m3", 16),
+             "te-fp8-delayed-hist1024": ("hybrid", 1024)}
+    for row in sp.itertuples():
+        assert row.ratio == pytest.approx(KNOB_SPEEDUP[(names[row.candidate], row.d_model, row.batch_size)], rel=1e-9)
+    md = (tmp_path / "results.md").read_text()
+    assert "| batch_size |" in md and "delayed-e4m3" in md and "delayed-hist1024" in md
+    from orchestrator.report import charts
+
+    df = prepare(Store(str(tmp_path), "knobs").read_records().to_pandas())
+    speedup_traces = [t.name for t in charts.speedup_chart(report.pairs).data]
+    assert len(speedup_traces) == len(set(speedup_traces)) == 6  # 3 FP8 variants x 2 batch sizes, 2 points each
+    assert all(len(t.x) == 2 for t in charts.speedup_chart(report.pairs).data)
+    for chart in (charts.step_time_chart, charts.throughput_chart):
+        names_ = [t.name for t in chart(df).data]
+        assert len(names_) == len(set(names_)) == 8 and any("batch_size=64" in n for n in names_)
+    loss_names = {t.name for t in charts.loss_chart(df).data}
+    assert len(loss_names) == 8
+    status_rows = charts.status_chart(df).data[0].y
+    assert len(status_rows) == 8

@@ -95,3 +95,36 @@ def test_cli_dry_run_lists_cells_sizes_and_skips(tmp_path):
     assert "d768-L4-te-fp8-delayed" in text and "28.7M" in text and "skipped" in text and "collapsed" in text
     assert "4 trials" in text
     assert not (tmp_path / "seed").exists()
+
+
+def test_cell_ids_of_published_results_are_stable():
+    """Ids from docs/results/h200 (made before axes were declared) still come out the same, so old
+    results resume and --compare; a field added later with its default leaves every id alone."""
+    from orchestrator.sweep import _DEFAULTS, cell_id, spec_id
+    from trials.spec import TrialSpec
+
+    pinned = {  # id in the study -> the fields that differ between its cells
+        "c472abb3ebfc": dict(d_model=2048, backend="te", precision="bf16"),
+        "0657341db4b1": dict(d_model=2048, backend="te", precision="fp8", recipe="delayed"),
+        "bbff8232dcc4": dict(d_model=2048, backend="te", precision="fp8", recipe="current"),
+    }
+    study = dict(n_layers=4, train_steps=20, warmup_steps=5, bench_steps=10, repeats=3, gen_len=8)
+    for expected, fields in pinned.items():
+        assert cell_id(TrialSpec(**study, **fields)) == expected
+    values = TrialSpec(**study, d_model=2048, backend="te").to_dict()
+    assert spec_id({**values, "te_layer": "transformer_layer"}, {**_DEFAULTS, "te_layer": "transformer_layer"}) \
+        == spec_id(values, _DEFAULTS) == "c472abb3ebfc"
+    assert spec_id({**values, "te_layer": "modules"}, {**_DEFAULTS, "te_layer": "transformer_layer"}) != "c472abb3ebfc"
+
+
+def test_fp8_settings_name_their_own_cells():
+    s = sweep("""
+        name: knobs
+        grid:
+          precision: [fp8]
+          fp8_format: [hybrid, e4m3]
+          amax_history_len: [16, 1024]
+    """)
+    assert sorted(c.label for c in s.cells) == ["d768-L4-auto-fp8-delayed", "d768-L4-auto-fp8-delayed-e4m3",
+                                                "d768-L4-auto-fp8-delayed-e4m3-hist1024",
+                                                "d768-L4-auto-fp8-delayed-hist1024"]

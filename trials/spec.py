@@ -29,33 +29,47 @@ class SpecError(ValueError):
         self.field = field_name
 
 
+# Every field belongs to one axis. What a report compares (the *variant*) and what it pairs on and
+# plots along (the *shape*, the run *schedule*, the *execution* mode) are read from here, once:
+#   shape      the model and the batch: the x-axis and part of the pairing key
+#   schedule   how long and how it trains: part of the pairing key (cells must agree to be compared)
+#   execution  how the step is issued (CUDA graphs): part of the pairing key, drawn dashed
+#   variant    what a speedup compares; ``label`` formats a non-default value in names ("hist{}")
+#   run        seeds and devices: never a reason to keep two cells apart in a report
+AXES = ("shape", "schedule", "execution", "variant", "run")
+
+
+def _on(axis: str, default: Any, label: str | None = None) -> Any:
+    return dataclasses.field(default=default, metadata={"axis": axis, "label": label})
+
+
 @dataclass(frozen=True)
 class TrialSpec:
     """What one trial runs: model size, numerics, schedule and device."""
 
-    vocab: int = 96
-    d_model: int = 768
-    n_layers: int = 4
-    n_heads: int | None = None  # default d_model // 64 (at least 1)
-    ffn: int | None = None  # default 4 * d_model
-    seq_len: int = 256
-    batch_size: int = 32
-    backend: str = "auto"
-    precision: str = "bf16"
-    recipe: str = "delayed"
-    fp8_format: str = "hybrid"
-    amax_history_len: int = 16
-    amax_compute_algo: str = "max"
-    cuda_graphs: bool = False
-    train_steps: int = 60
-    lr: float = 3e-4
-    warmup_steps: int = 10
-    bench_steps: int = 30
-    repeats: int = 1
-    gen_len: int = 24
-    prompt_len: int = 8
-    seed: int = 1234
-    device: str = "auto"
+    vocab: int = _on("shape", 96)
+    d_model: int = _on("shape", 768)
+    n_layers: int = _on("shape", 4)
+    n_heads: int | None = _on("shape", None)  # default d_model // 64 (at least 1)
+    ffn: int | None = _on("shape", None)  # default 4 * d_model
+    seq_len: int = _on("shape", 256)
+    batch_size: int = _on("shape", 32)
+    backend: str = _on("variant", "auto")
+    precision: str = _on("variant", "bf16")
+    recipe: str = _on("variant", "delayed")
+    fp8_format: str = _on("variant", "hybrid", "{}")
+    amax_history_len: int = _on("variant", 16, "hist{}")
+    amax_compute_algo: str = _on("variant", "max", "amax-{}")
+    cuda_graphs: bool = _on("execution", False)
+    train_steps: int = _on("schedule", 60)
+    lr: float = _on("schedule", 3e-4)
+    warmup_steps: int = _on("schedule", 10)
+    bench_steps: int = _on("schedule", 30)
+    repeats: int = _on("schedule", 1)
+    gen_len: int = _on("schedule", 24)
+    prompt_len: int = _on("schedule", 8)
+    seed: int = _on("run", 1234)
+    device: str = _on("run", "auto")
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -168,6 +182,29 @@ def _check_type(name: str, value: Any, annotation: Any) -> None:
         return
     if not ok:
         raise SpecError(name, f"must be {want}, got {value!r}")
+
+
+def axis_fields(*axes: str) -> list[str]:
+    """The spec fields on these axes, in declaration order."""
+    return [f.name for f in dataclasses.fields(TrialSpec) if f.metadata["axis"] in axes]
+
+
+def variant_name(values: Mapping[str, Any]) -> str:
+    """backend-precision[-recipe[-each non-default FP8 setting]], e.g. te-fp8-delayed-e4m3-hist1024.
+
+    The names that reports colour and pair by; FP8-only settings name only FP8 variants (elsewhere
+    the sweep collapses them to their defaults).
+    """
+    name = f"{values.get('backend')}-{values.get('precision')}"
+    if values.get("precision") != "fp8":
+        return name
+    name += f"-{values.get('recipe')}"
+    for f in dataclasses.fields(TrialSpec):
+        label = f.metadata["label"]
+        value = values.get(f.name)
+        if label and value is not None and value != f.default:
+            name += "-" + label.format(value)
+    return name
 
 
 def spec_field_types() -> dict[str, str]:

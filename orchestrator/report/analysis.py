@@ -15,9 +15,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-# Columns that define "the same cell apart from precision": pairs must agree on all of these.
-SHAPE_KEYS = ["d_model", "n_layers", "n_heads", "ffn", "seq_len", "batch_size", "vocab", "cuda_graphs",
-              "train_steps", "warmup_steps", "bench_steps", "repeats"]
+from trials.spec import axis_fields, variant_name
+
+# "The same cell apart from its variant": pairs must agree on every shape, schedule and execution field
+# (declared with TrialSpec). Two different specs are never merged into one cell.
+SHAPE_KEYS = axis_fields("shape", "schedule", "execution")
+# Always in a series' name (n_layers) or its style (cuda_graphs), or moving with the x-axis (d_model).
+_IMPLIED = ("d_model", "n_heads", "ffn", "n_layers", "cuda_graphs")
 BOOTSTRAP_SEED = 0
 
 
@@ -27,13 +31,22 @@ def _get(row: Any, key: str) -> Any:
 
 
 def variant_of(row: Any) -> str:
-    """Backend-precision[-recipe] as it actually ran (requested, for cells that did not run)."""
+    """The variant as it actually ran (requested, for cells that did not run): see ``variant_name``."""
     precision = _get(row, "effective_precision") or _get(row, "precision")
     backend = _get(row, "effective_backend") or ("te" if precision == "fp8" else _get(row, "backend"))
-    name = f"{backend}-{precision}"
-    if precision == "fp8":
-        name += f"-{_get(row, 'effective_recipe') or _get(row, 'recipe')}"
-    return name
+    values = {name: _get(row, name) for name in axis_fields("variant")}
+    values.update(backend=backend, precision=precision, recipe=_get(row, "effective_recipe") or _get(row, "recipe"))
+    return variant_name(values)
+
+
+def varying_keys(df: pd.DataFrame) -> list[str]:
+    """Pairing fields that take several values in this result set and are not already shown by the
+    x-axis, the series name or its style: each becomes part of series names and a table column."""
+    return [k for k in SHAPE_KEYS if k not in _IMPLIED and k in df and df[k].nunique(dropna=True) > 1]
+
+
+def series_label(values: dict[str, Any], keys: list[str]) -> str:
+    return " ".join(f"{k}={values[k]}" for k in keys)
 
 
 def prepare(records: pd.DataFrame) -> pd.DataFrame:
@@ -45,9 +58,12 @@ def prepare(records: pd.DataFrame) -> pd.DataFrame:
         df[strings] = df[strings].astype(object).where(df[strings].notna(), None)
     if df.empty:
         df["variant"] = pd.Series(dtype=str)
+        df["series"] = pd.Series(dtype=str)
         return df
     df["variant"] = [variant_of(r) for r in df.to_dict("records")]
     df["cuda_graphs"] = df["cuda_graphs"].fillna(False).astype(bool)
+    keys = varying_keys(df)
+    df["series"] = [series_label(r, keys) for r in df[keys].to_dict("records")] if keys else ""
     df["size_label"] = [f"{d}x{l}" for d, l in zip(df["d_model"], df["n_layers"])]
     return df
 
@@ -95,7 +111,7 @@ def cell_table(df: pd.DataFrame) -> dict[tuple, dict[str, CellStats]]:
 
 
 def _pair_row(kind: str, shape: tuple, base: CellStats, other: CellStats, resamples: int,
-              rng: np.random.Generator) -> dict[str, Any]:
+              rng: np.random.Generator, series: list[str]) -> dict[str, Any]:
     """Ratio base/other (time of the reference over time of the candidate: > 1 means faster)."""
     if len(base.samples) >= 2 and len(other.samples) >= 2:
         lo, hi = bootstrap_ratio(base.samples, other.samples, resamples, rng)
@@ -104,7 +120,7 @@ def _pair_row(kind: str, shape: tuple, base: CellStats, other: CellStats, resamp
         lo, hi = bootstrap_ratio(base.steps, other.steps, resamples, rng)
         method = "steps"
     row = dict(zip(SHAPE_KEYS, shape))
-    row.update(kind=kind, reference=base.variant, candidate=other.variant, n_params=base.n_params,
+    row.update(series=series_label(row, series), kind=kind, reference=base.variant, candidate=other.variant, n_params=base.n_params,
                reference_ms=base.median_ms, candidate_ms=other.median_ms,
                ratio=base.median_ms / other.median_ms, ci_low=lo, ci_high=hi, ci_method=method,
                n_reference=len(base.samples), n_candidate=len(other.samples))
@@ -121,6 +137,7 @@ class Pairs:
 def pair_cells(df: pd.DataFrame) -> Pairs:
     """FP8 speedups (te-bf16 / te-fp8-*) and TE kernel gains (torch-bf16 / te-bf16)."""
     cells = cell_table(df)
+    series = varying_keys(df)
     n_pairs = sum(len(v) for v in cells.values())
     resamples = int(max(200, min(2000, 400_000 // max(1, n_pairs))))
     rng = np.random.default_rng(BOOTSTRAP_SEED)
@@ -135,10 +152,11 @@ def pair_cells(df: pd.DataFrame) -> Pairs:
             else:
                 why = f"{ref_name} is {ref.status}: {_get(ref.record, 'error') or ''}".strip(": ")
             entry = dict(zip(SHAPE_KEYS, shape))
-            entry.update(kind=kind, cell=cand.variant, partner=ref_name, reason=why)
+            entry.update(series=series_label(entry, series), kind=kind, cell=cand.variant, partner=ref_name,
+                         reason=why)
             unpaired.append(entry)
             return
-        rows.append(_pair_row(kind, shape, ref, cand, resamples, rng))
+        rows.append(_pair_row(kind, shape, ref, cand, resamples, rng, series))
 
     for shape, variants in cells.items():
         for name, cell in variants.items():

@@ -58,14 +58,23 @@ def _x_axis(fig: go.Figure, **kw) -> None:
     fig.update_xaxes(type="log", title_text="Parameters (log scale)", **kw)
 
 
+def series_name(variant: str, layers: int | None, graphs: bool, series: str) -> str:
+    """One line per variant, depth, execution mode and every other field that varies in the results."""
+    name = variant + (f" L{layers}" if layers is not None else "") + (" graphs" if graphs else "")
+    return f"{name} {series}" if series else name
+
+
+SERIES = ["variant", "series", "cuda_graphs", "n_layers"]
+
+
 def _lines(df: pd.DataFrame, y: str, y_title: str, title: str, y_log: bool = False) -> go.Figure:
     fig = go.Figure()
     ok = df[df["status"] == "ok"]
-    for (variant, graphs, layers), g in ok.groupby(["variant", "cuda_graphs", "n_layers"], sort=True):
+    for (variant, series, graphs, layers), g in ok.groupby(SERIES, sort=True):
         med = g.groupby("n_params")[y].median()
         g = g.sort_values("n_params").drop_duplicates("n_params").assign(**{y: lambda d: d["n_params"].map(med)})
         fig.add_trace(go.Scatter(
-            x=g["n_params"], y=g[y], mode="lines+markers", name=f"{variant} L{layers}" + (" graphs" if graphs else ""),
+            x=g["n_params"], y=g[y], mode="lines+markers", name=series_name(variant, layers, graphs, series),
             line=dict(color=color(variant), dash="dash" if graphs else "solid"),
             hovertext=_hover(g), hoverinfo="text+y"))
     fig.update_layout(title=title, **LAYOUT)
@@ -79,12 +88,13 @@ def speedup_chart(pairs: Pairs) -> go.Figure:
     rows = pairs.rows[pairs.rows["kind"] == "fp8_speedup"] if not pairs.rows.empty else pairs.rows
     xs_all, n_cross = [], 0
     if not rows.empty:
-        for (cand, layers, graphs), g in rows.groupby(["candidate", "n_layers", "cuda_graphs"], sort=True):
+        for (cand, series, graphs, layers), g in rows.groupby(["candidate", "series", "cuda_graphs", "n_layers"],
+                                                              sort=True):
             g = g.sort_values("n_params")
             xs_all += list(g["n_params"])
             err_hi = (g["ci_high"] - g["ratio"]).clip(lower=0).fillna(0)
             err_lo = (g["ratio"] - g["ci_low"]).clip(lower=0).fillna(0)
-            name = f"{cand.replace('te-fp8-', 'fp8 ')} L{layers}" + (" graphs" if graphs else "")
+            name = series_name(cand.replace("te-fp8-", "fp8 "), layers, graphs, series)
             fig.add_trace(go.Scatter(
                 x=g["n_params"], y=g["ratio"], mode="lines+markers", name=name,
                 line=dict(color=color(cand), dash="dash" if graphs else "solid"),
@@ -123,10 +133,10 @@ def throughput_chart(df: pd.DataFrame) -> go.Figure:
 def mfu_chart(df: pd.DataFrame) -> go.Figure:
     fig = _lines(df, "mfu_bf16_peak", "MFU (model FLOP/s / dense peak)", "MFU vs scale: solid/dashed vs BF16 peak, dotted vs FP8 peak")
     fp8 = df[(df["status"] == "ok") & (df["variant"].str.startswith("te-fp8"))]
-    for (variant, graphs, layers), g in fp8.groupby(["variant", "cuda_graphs", "n_layers"], sort=True):
+    for (variant, series, graphs, layers), g in fp8.groupby(SERIES, sort=True):
         g = g.sort_values("n_params")
         fig.add_trace(go.Scatter(x=g["n_params"], y=g["mfu_precision_peak"], mode="lines+markers",
-                                 name=f"{variant} L{layers}{' graphs' if graphs else ''} vs FP8 peak",
+                                 name=series_name(variant, layers, graphs, series) + " vs FP8 peak",
                                  line=dict(color=color(variant), dash="dot"), hovertext=_hover(g),
                                  hoverinfo="text+y"))
     fig.update_yaxes(tickformat=".0%")
@@ -148,9 +158,10 @@ def loss_chart(df: pd.DataFrame, max_sizes: int = 6) -> go.Figure:
                         shared_yaxes=True)
     shown = set()
     for i, size in enumerate(sizes):
-        for (variant, graphs), g in ok[ok["size_label"] == size].groupby(["variant", "cuda_graphs"], sort=True):
+        for (variant, series, graphs), g in ok[ok["size_label"] == size].groupby(["variant", "series", "cuda_graphs"],
+                                                                                  sort=True):
             curve = list(g["loss_curve"].iloc[0])
-            name = variant + (" graphs" if graphs else "")
+            name = series_name(variant, None, graphs, series)
             fig.add_trace(go.Scatter(y=curve, x=list(range(len(curve))), mode="lines", name=name,
                                      legendgroup=name, showlegend=name not in shown,
                                      line=dict(color=color(variant), dash="dash" if graphs else "solid")),
@@ -165,7 +176,7 @@ def loss_chart(df: pd.DataFrame, max_sizes: int = 6) -> go.Figure:
 def status_chart(df: pd.DataFrame) -> go.Figure:
     if df.empty:
         return go.Figure().update_layout(title="Status of every cell (no records)", **LAYOUT)
-    keyed = df.assign(row=df["variant"] + df["cuda_graphs"].map({True: " graphs", False: ""}))
+    keyed = df.assign(row=[series_name(v, None, g, s) for v, g, s in zip(df["variant"], df["cuda_graphs"], df["series"])])
     sizes = sorted(keyed["size_label"].unique(), key=lambda s: tuple(int(v) for v in s.split("x")))
     rows = sorted(keyed["row"].unique())
     order = list(STATUS_COLORS)
@@ -187,7 +198,7 @@ def status_chart(df: pd.DataFrame) -> go.Figure:
                                colorscale=scale, showscale=False, hovertemplate="%{y} @ %{x}: %{text}<extra></extra>"))
     fig.update_layout(title="Status of every cell", **{**LAYOUT, "height": max(300, 60 * len(rows) + 160)})
     fig.update_xaxes(title_text="d_model x n_layers", type="category")
-    fig.update_yaxes(title_text="backend-precision-recipe")
+    fig.update_yaxes(title_text="variant")
     return fig
 
 

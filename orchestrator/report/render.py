@@ -11,7 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..efficiency import concurrent_trials, run_efficiency
-from .analysis import Pairs, crossover
+from .analysis import SHAPE_KEYS, Pairs, crossover, varying_keys
 
 log = logging.getLogger(__name__)
 
@@ -38,20 +38,23 @@ def _num(v, digits=2):
 def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | None) -> list[tuple[str, str, pd.DataFrame]]:
     sections = []
     rows = pairs.rows
+    varying = varying_keys(df)  # fields that vary besides size and variant: a column of every table
     sp = rows[rows["kind"] == "fp8_speedup"] if not rows.empty else rows
     if not sp.empty:
         t = pd.DataFrame({
-            "d_model": sp["d_model"], "n_layers": sp["n_layers"], "params (M)": (sp["n_params"] / 1e6).round(1),
+            "d_model": sp["d_model"], "n_layers": sp["n_layers"], **{k: sp[k] for k in varying},
+            "params (M)": (sp["n_params"] / 1e6).round(1),
             "graphs": sp["cuda_graphs"], "recipe": sp["candidate"].str.replace("te-fp8-", "", regex=False),
             "BF16 ms": sp["reference_ms"].round(3), "FP8 ms": sp["candidate_ms"].round(3),
             "speedup": sp["ratio"].round(3), "CI low": sp["ci_low"].round(3), "CI high": sp["ci_high"].round(3),
             "CI over": sp["ci_method"], "n": sp["n_candidate"],
-        }).sort_values(["recipe", "graphs", "n_layers", "params (M)"])
+        }).sort_values(["recipe", "graphs", "n_layers", *varying, "params (M)"])
         sections.append(("FP8 speedup over TE BF16", "speedup = BF16 step time / FP8 step time (> 1: FP8 faster)", t))
         cross = []
-        for (cand, layers, graphs), g in sp.groupby(["candidate", "n_layers", "cuda_graphs"]):
+        for (cand, series, layers, graphs), g in sp.groupby(["candidate", "series", "n_layers", "cuda_graphs"]):
             x = crossover(list(g["n_params"]), list(g["ratio"]))
-            cross.append({"recipe": cand.replace("te-fp8-", ""), "n_layers": layers, "graphs": graphs,
+            cross.append({"recipe": cand.replace("te-fp8-", ""), **({"series": series} if series else {}),
+                          "n_layers": layers, "graphs": graphs,
                           "crossover params (M)": round(x / 1e6, 1) if x else None,
                           "note": "FP8 faster from here on" if x else
                           ("FP8 faster at every size measured" if (g["ratio"] >= 1).all() else
@@ -62,11 +65,13 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
     if not gain.empty:
         sections.append(("TE kernel gain (te-bf16 vs torch-bf16)", "gain = torch-bf16 step time / te-bf16 step time",
                          pd.DataFrame({"d_model": gain["d_model"], "n_layers": gain["n_layers"],
-                                       "graphs": gain["cuda_graphs"], "torch ms": gain["reference_ms"].round(3),
+                                       **{k: gain[k] for k in varying}, "graphs": gain["cuda_graphs"],
+                                       "torch ms": gain["reference_ms"].round(3),
                                        "te ms": gain["candidate_ms"].round(3), "gain": gain["ratio"].round(3),
                                        "CI low": gain["ci_low"].round(3), "CI high": gain["ci_high"].round(3)})))
     cells = df.assign(peak_gib=df["peak_mem_allocated_bytes"] / 2**30).groupby(
-        ["cell_label", "variant", "cuda_graphs", "d_model", "n_layers"], dropna=False, sort=True).agg(
+        ["cell_label", "cell_id", "variant", "cuda_graphs", "d_model", "n_layers", *varying], dropna=False,
+        sort=True).agg(
         samples=("status", "size"), status=("status", lambda s: ",".join(sorted(set(s)))),
         p50_ms=("step_ms_p50", "median"), tokens_per_s=("tokens_per_s", "median"),
         tflops=("model_tflops", "median"), mfu_bf16=("mfu_bf16_peak", "median"),
@@ -74,7 +79,7 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
         loss_final=("loss_final", "median"), stride_acc=("gen_stride_accuracy", "median"),
         launch_bound=("launch_bound", lambda s: ",".join(sorted({str(v) for v in s if v is not None})) or "-"),
         launcher=("launcher", lambda s: ",".join(sorted({str(v) for v in s if isinstance(v, str)})) or "-"),
-    ).reset_index().sort_values(["d_model", "n_layers", "variant", "cuda_graphs"])
+    ).reset_index().sort_values(["d_model", "n_layers", *varying, "variant", "cuda_graphs"])
     for col, digits in (("p50_ms", 3), ("tokens_per_s", 0), ("tflops", 1), ("mfu_bf16", 3), ("mfu_own", 3),
                         ("peak_gib", 2), ("loss_final", 4), ("stride_acc", 3)):
         cells[col] = cells[col].astype(float).round(digits)
@@ -147,16 +152,18 @@ def sanity_flags(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
 
 
 def _loss_deltas(df: pd.DataFrame) -> pd.DataFrame:
+    """Each FP8 variant's final loss against the TE BF16 cell it pairs with (the same pairing key)."""
     ok = df[df["status"] == "ok"]
-    keys = ["d_model", "n_layers", "cuda_graphs", "seq_len", "batch_size"]
-    bf16 = ok[ok["variant"] == "te-bf16"].groupby(keys)["loss_final"].median()
+    shown = ["d_model", "n_layers", "cuda_graphs", *varying_keys(df)]
+    bf16 = ok[ok["variant"] == "te-bf16"].groupby(SHAPE_KEYS)["loss_final"].median()
     out = []
-    for (variant, *key), g in ok[ok["variant"].str.startswith("te-fp8")].groupby(["variant"] + keys):
+    for (variant, *key), g in ok[ok["variant"].str.startswith("te-fp8")].groupby(["variant"] + SHAPE_KEYS):
         ref = bf16.get(tuple(key))
         if ref is None:
             continue
         fp8 = float(g["loss_final"].median())
-        out.append({"variant": variant, **dict(zip(keys, key)), "bf16 loss": round(float(ref), 4),
+        values = dict(zip(SHAPE_KEYS, key))
+        out.append({"variant": variant, **{k: values[k] for k in shown}, "bf16 loss": round(float(ref), 4),
                     "fp8 loss": round(fp8, 4), "delta %": round(100 * (fp8 - ref) / ref, 2)})
     return pd.DataFrame(out)
 
