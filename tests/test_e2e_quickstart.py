@@ -151,3 +151,4 @@ def test_doctor_on_cpu():
     run = juicytalk("doctor")
     assert run.returncode == 0, run.stderr
     assert "device        cpu" in run.stdout and "fp8 delayed   no" in run.stdout and "ray           2." in run.stdout
+    assert all(f"fp8 {recipe:9} no" in run.stdout for recipe in ("current", "block", "mxfp8", "nvfp4"))

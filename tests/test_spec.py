@@ -16,7 +16,7 @@ def test_defaults_follow_d_model():
 @pytest.mark.parametrize("kwargs,field", [
     ({"backend": "jax"}, "backend"),
     ({"precision": "fp16"}, "precision"),
-    ({"recipe": "mxfp8"}, "recipe"),
+    ({"recipe": "fp4-magic"}, "recipe"),
     ({"fp8_format": "e5m2"}, "fp8_format"),
     ({"amax_compute_algo": "mean"}, "amax_compute_algo"),
     ({"device": "tpu"}, "device"),

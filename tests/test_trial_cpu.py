@@ -47,6 +47,14 @@ def test_fp8_on_cpu_is_unsupported_with_reason():
     assert rec["n_params"] > 0  # the cell's size is still known
 
 
+@pytest.mark.parametrize("recipe", ["mxfp8", "nvfp4"])
+def test_blackwell_recipes_are_accepted_and_recorded_unsupported_here(recipe):
+    rec = run_trial(TrialSpec(precision="fp8", recipe=recipe, **{**TINY, "device": "auto", "d_model": 64,
+                                                                   "batch_size": 8}))
+    assert rec["status"] == "unsupported" and "fp8" in rec["error"] and "CUDA" in rec["error"]
+    assert rec["recipe"] == recipe
+
+
 def test_te_backend_without_gpu_is_unsupported():
     rec = run_trial(TrialSpec(backend="te", precision="bf16", **{**TINY, "device": "auto"}))
     assert rec["status"] == "unsupported" and "te" in rec["error"]

@@ -49,7 +49,7 @@ FIELDS: list[Field] = [
     _f("batch_size", "int", "Sequences per step."),
     _f("backend", "str", "Requested backend: auto, te or torch."),
     _f("precision", "str", "Requested precision: fp32, bf16 or fp8."),
-    _f("recipe", "str", "Requested FP8 recipe (delayed, current, block); meaningful for fp8 only."),
+    _f("recipe", "str", "Requested FP8 recipe (delayed, current, block, mxfp8, nvfp4); meaningful for fp8 only."),
     _f("fp8_format", "str", "FP8 format: hybrid (E4M3 fwd / E5M2 bwd) or e4m3."),
     _f("amax_history_len", "int", "Delayed scaling: amax history length."),
     _f("amax_compute_algo", "str", "Delayed scaling: max or most_recent."),

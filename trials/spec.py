@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 BACKENDS = ("auto", "te", "torch")
 PRECISIONS = ("fp32", "bf16", "fp8")
-RECIPES = ("delayed", "current", "block")
+RECIPES = ("delayed", "current", "block", "mxfp8", "nvfp4")  # mxfp8, nvfp4: Blackwell only (else unsupported)
 FP8_FORMATS = ("hybrid", "e4m3")
 AMAX_ALGOS = ("max", "most_recent")
 DEVICES = ("auto", "cuda", "cpu")

@@ -48,8 +48,19 @@ def te_version() -> str | None:
         return None
 
 
+# Block-scaled recipes and TE's check for each (TE >= 2.x); MXFP8 and NVFP4 need Blackwell.
+BLOCK_RECIPE_CHECKS = {"mxfp8": ("is_mxfp8_available", "MXFP8BlockScaling"),
+                       "nvfp4": ("is_nvfp4_available", "NVFP4BlockScaling")}
+
+
 def fp8_support(te: ModuleType, recipe: str) -> tuple[bool, str]:
     """(supported, reason) for one recipe name, in TE's own words."""
+    if recipe in BLOCK_RECIPE_CHECKS:
+        check, cls = BLOCK_RECIPE_CHECKS[recipe]
+        fn = getattr(te, check, None)
+        if fn is None:
+            return False, f"this Transformer Engine ({te_version()}) has no {cls}"
+        return _as_pair(fn(return_reason=True))
     if recipe == "block":
         fn = getattr(te, "is_fp8_block_scaling_available", None)
         if fn is not None:
@@ -84,6 +95,10 @@ def make_recipe(recipe: str, fp8_format: str, amax_history_len: int, amax_comput
         return te_recipe.Float8CurrentScaling(fp8_format=fmt)
     if recipe == "block":
         return te_recipe.Float8BlockScaling(fp8_format=fmt)
+    if recipe == "mxfp8":
+        return te_recipe.MXFP8BlockScaling(fp8_format=fmt)
+    if recipe == "nvfp4":
+        return te_recipe.NVFP4BlockScaling()  # FP4 (E2M1) data with FP8 block scales; fp8_format does not apply
     raise ValueError(f"unknown recipe {recipe!r}")
 
 
