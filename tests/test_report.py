@@ -177,3 +177,28 @@ def test_fp8_variants_that_differ_in_one_knob_are_never_merged(tmp_path):
     assert len(loss_names) == 8
     status_rows = charts.status_chart(df).data[0].y
     assert len(status_rows) == 8
+
+
+def test_recipes_and_formats_section_says_which_knob_moved_speed_or_loss(tmp_path):
+    """Three samples per cell: e4m3 is faster beyond noise, a 1024-long amax history is not, and
+    neither moves the loss; the report's sentences say exactly that."""
+    store = Store(str(tmp_path), "rf")
+    store.ensure()
+    base = dict(d_model=512, n_layers=2, backend="te")
+    cells = [(TrialSpec(precision="bf16", **base), 10.0, 1.00),
+             (TrialSpec(precision="fp8", **base), 10.0 / 1.2, 1.01),
+             (TrialSpec(precision="fp8", fp8_format="e4m3", **base), 10.0 / 1.5, 1.01),
+             (TrialSpec(precision="fp8", amax_history_len=1024, **base), 10.0 / 1.2, 1.01)]
+    for spec, ms, loss in cells:
+        for sample, jitter in enumerate((0.99, 1.0, 1.01)):
+            rec = _knob_rec(spec, ms * jitter)
+            rec.update(sample=sample, loss_final=loss * jitter)
+            store.write_record(rec)
+    build_report(str(tmp_path / "rf"), out_html=str(tmp_path / "r.html"))
+    md = (tmp_path / "results.md").read_text()
+    assert "## Recipes and formats" in md
+    findings = md.split("## Recipes and formats: what changed")[1]
+    e4m3 = next(line for line in findings.splitlines() if "fp8_format e4m3 vs hybrid" in line)
+    hist = next(line for line in findings.splitlines() if "amax_history_len 1024 vs 16" in line)
+    assert "speedup 1.5x" in e4m3 and e4m3.count("beyond noise") == 1 and "final loss" in e4m3
+    assert "within noise; final loss" in hist and hist.rstrip(" |").endswith("within noise.")

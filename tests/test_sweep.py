@@ -7,7 +7,7 @@ import pytest
 from orchestrator.sweep import SweepError, cell_id, parse_sweep
 from trials import TrialSpec
 
-from .conftest import juicytalk
+from .conftest import REPO, juicytalk
 
 
 def sweep(text: str):
@@ -128,3 +128,10 @@ def test_fp8_settings_name_their_own_cells():
     assert sorted(c.label for c in s.cells) == ["d768-L4-auto-fp8-delayed", "d768-L4-auto-fp8-delayed-e4m3",
                                                 "d768-L4-auto-fp8-delayed-e4m3-hist1024",
                                                 "d768-L4-auto-fp8-delayed-hist1024"]
+
+
+@pytest.mark.parametrize("path", sorted(p.name for p in (REPO / "examples").glob("*.yaml")))
+def test_every_example_sweep_validates(path):
+    from orchestrator.sweep import load_sweep
+
+    assert load_sweep(REPO / "examples" / path).cells

@@ -15,13 +15,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from trials.spec import axis_fields, variant_name
+from trials.spec import TrialSpec, axis_fields, variant_name
 
 # "The same cell apart from its variant": pairs must agree on every shape, schedule and execution field
 # (declared with TrialSpec). Two different specs are never merged into one cell.
 SHAPE_KEYS = axis_fields("shape", "schedule", "execution")
 # Always in a series' name (n_layers) or its style (cuda_graphs), or moving with the x-axis (d_model).
 _IMPLIED = ("d_model", "n_heads", "ffn", "n_layers", "cuda_graphs")
+# The FP8 settings a knob comparison varies one at a time (the variant axes besides backend/precision).
+KNOBS = [k for k in axis_fields("variant") if k not in ("backend", "precision")]
+_SPEC_DEFAULTS = TrialSpec().to_dict()
 BOOTSTRAP_SEED = 0
 
 
@@ -75,6 +78,7 @@ class CellStats:
     median_ms: float | None
     samples: list[float]  # per-sample p50
     steps: list[float]  # per-step times of the first sample (for single-sample bootstraps)
+    losses: list[float]  # per-sample final training loss
     n_params: int | None
     record: dict[str, Any] = field(default_factory=dict)
 
@@ -105,8 +109,9 @@ def cell_table(df: pd.DataFrame) -> dict[tuple, dict[str, CellStats]]:
         steps = list(ok["step_times_ms"].iloc[0]) if len(ok) and ok["step_times_ms"].iloc[0] is not None else []
         status = "ok" if len(ok) else str(group["status"].iloc[0])
         first = (ok if len(ok) else group).iloc[0].to_dict()
+        losses = [float(v) for v in ok["loss_final"].dropna()]
         out.setdefault(shape, {})[variant] = CellStats(variant, status, _median(samples) if samples else None,
-                                                        samples, steps, first.get("n_params"), first)
+                                                        samples, steps, losses, first.get("n_params"), first)
     return out
 
 
@@ -120,10 +125,17 @@ def _pair_row(kind: str, shape: tuple, base: CellStats, other: CellStats, resamp
         lo, hi = bootstrap_ratio(base.steps, other.steps, resamples, rng)
         method = "steps"
     row = dict(zip(SHAPE_KEYS, shape))
-    row.update(series=series_label(row, series), kind=kind, reference=base.variant, candidate=other.variant, n_params=base.n_params,
-               reference_ms=base.median_ms, candidate_ms=other.median_ms,
+    row.update(series=series_label(row, series), kind=kind, reference=base.variant, candidate=other.variant,
+               n_params=base.n_params, reference_ms=base.median_ms, candidate_ms=other.median_ms,
                ratio=base.median_ms / other.median_ms, ci_low=lo, ci_high=hi, ci_method=method,
                n_reference=len(base.samples), n_candidate=len(other.samples))
+    # the candidate's variant settings (what a knob comparison groups by) and its final loss against the
+    # reference's: the ratio of medians over samples, with an interval where both have two or more
+    row.update({k: _get(other.record, k) for k in KNOBS})
+    if base.losses and other.losses:
+        loss_lo, loss_hi = bootstrap_ratio(other.losses, base.losses, resamples, rng)
+        row.update(reference_loss=_median(base.losses), candidate_loss=_median(other.losses),
+                   loss_ratio=_median(other.losses) / _median(base.losses), loss_ci_low=loss_lo, loss_ci_high=loss_hi)
     return row
 
 
@@ -197,3 +209,63 @@ def compare_runs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
                      "n_params": first["n_params"], "a_ms": _median(sa), "b_ms": _median(sb), "ratio_b_over_a": ratio,
                      "ci_low": lo, "ci_high": hi, "changed": bool(lo > 1.0 or hi < 1.0)})
     return pd.DataFrame(rows)
+
+
+
+def _interval(value: float, lo: float, hi: float, scale: float = 1.0, unit: str = "") -> str:
+    if value != value:
+        return "-"
+    text = f"{value * scale:.3g}{unit}"
+    return text + (f" [{lo * scale:.3g}, {hi * scale:.3g}]" if lo == lo and hi == hi else " [no interval]")
+
+
+def _verdict(a: tuple[float, float], b: tuple[float, float]) -> str:
+    """'beyond noise' when the two 95% intervals do not overlap."""
+    if any(v != v for v in (*a, *b)):
+        return "no interval to judge by (one sample: use samples >= 2)"
+    return "beyond noise" if a[1] < b[0] or b[1] < a[0] else "within noise"
+
+
+def knob_effects(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Each FP8 knob that takes several values, against cells equal in everything else: the speedup
+    over TE BF16 and the final loss against BF16, with intervals, and one sentence per comparison."""
+    sp = rows[rows["kind"] == "fp8_speedup"] if not rows.empty else rows
+    table: list[dict[str, Any]] = []
+    sentences: list[str] = []
+    for knob in KNOBS:
+        if sp.empty or knob not in sp or sp[knob].nunique(dropna=True) < 2:
+            continue
+        others = [k for k in KNOBS if k != knob]
+        for key, g in sp.groupby(SHAPE_KEYS + others, dropna=False, sort=True):
+            if g[knob].nunique(dropna=True) < 2:
+                continue
+            where = dict(zip(SHAPE_KEYS + others, key))
+            g = g.iloc[np.argsort([value != _SPEC_DEFAULTS[knob] for value in g[knob]], kind="stable")]  # default first
+            g = g.assign(loss_pct=100 * (g.get("loss_ratio", np.nan) - 1),
+                         loss_lo=100 * (g.get("loss_ci_low", np.nan) - 1),
+                         loss_hi=100 * (g.get("loss_ci_high", np.nan) - 1))
+            context = f"d_model {where['d_model']} x {where['n_layers']} layers" + (
+                " (CUDA graphs)" if where["cuda_graphs"] else "") + (f", {g['series'].iloc[0]}" if g["series"].iloc[0] else "")
+            base = g.iloc[0]
+            for r in g.itertuples():
+                table.append({"knob": knob, "value": getattr(r, knob), "d_model": r.d_model, "n_layers": r.n_layers,
+                              "graphs": r.cuda_graphs, "series": r.series, "speedup": r.ratio, "CI low": r.ci_low,
+                              "CI high": r.ci_high, "loss vs BF16 %": r.loss_pct, "loss CI low %": r.loss_lo,
+                              "loss CI high %": r.loss_hi, "n": r.n_candidate})
+                if r.Index == base.name:
+                    continue
+                speed = _verdict((r.ci_low, r.ci_high), (base["ci_low"], base["ci_high"]))
+                loss = _verdict((r.loss_lo, r.loss_hi), (base["loss_lo"], base["loss_hi"]))
+                sentences.append(
+                    f"{context}: {knob} {getattr(r, knob)} vs {base[knob]} — speedup "
+                    f"{_interval(r.ratio, r.ci_low, r.ci_high, unit='x')} vs "
+                    f"{_interval(base['ratio'], base['ci_low'], base['ci_high'], unit='x')}: {speed}; final loss vs BF16 "
+                    f"{_interval(r.loss_pct, r.loss_lo, r.loss_hi, unit='%')} vs "
+                    f"{_interval(base['loss_pct'], base['loss_lo'], base['loss_hi'], unit='%')}: {loss}.")
+    frame = pd.DataFrame(table)
+    if not frame.empty:
+        frame = frame.round({"speedup": 3, "CI low": 3, "CI high": 3, "loss vs BF16 %": 2, "loss CI low %": 2,
+                             "loss CI high %": 2})
+        if not frame["series"].astype(bool).any():
+            frame = frame.drop(columns="series")
+    return frame, sentences

@@ -11,7 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..efficiency import concurrent_trials, run_efficiency
-from .analysis import SHAPE_KEYS, Pairs, crossover, varying_keys
+from .analysis import Pairs, crossover, knob_effects, varying_keys
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,13 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
                            "FP8 slower at every size measured" if (g["ratio"] < 1).all() else "no upward crossing")})
         sections.append(("Crossover size", "where FP8 speedup first crosses 1.0 (log-linear interpolation)",
                          pd.DataFrame(cross)))
+        knobs, findings = knob_effects(rows)
+        if not knobs.empty:
+            sections.append(("Recipes and formats", "each FP8 setting that takes several values, against cells equal in "
+                             "everything else: speedup over TE BF16 and final training loss against TE BF16, 95% "
+                             "intervals (loss: over samples, so samples >= 2)", knobs))
+            sections.append(("Recipes and formats: what changed", "a difference is beyond noise when the two 95% "
+                             "intervals do not overlap", pd.DataFrame({"finding": findings})))
     gain = rows[rows["kind"] == "te_gain"] if not rows.empty else rows
     if not gain.empty:
         sections.append(("TE kernel gain (te-bf16 vs torch-bf16)", "gain = torch-bf16 step time / te-bf16 step time",
@@ -95,9 +102,11 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
     flags = sanity_flags(df, pairs)
     if not flags.empty:
         sections.append(("Sanity checks", "numbers that are more likely a measurement problem than a result", flags))
-    numerics = _loss_deltas(df)
+    numerics = _loss_deltas(df, pairs)
     if not numerics.empty:
-        sections.append(("FP8 numerics", "final training loss of each FP8 cell against its TE BF16 partner", numerics))
+        sections.append(("FP8 numerics", "final training loss of each FP8 cell against its TE BF16 partner: medians over "
+                         "samples, 95% interval of the ratio when both have samples >= 2 (run long enough for the "
+                         "loss to flatten, e.g. train_steps 300, samples 3)", numerics))
     if not pairs.unpaired.empty:
         u = pairs.unpaired
         sections.append(("Unpaired cells", "cells left out of the ratios above, and why",
@@ -151,21 +160,19 @@ def sanity_flags(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _loss_deltas(df: pd.DataFrame) -> pd.DataFrame:
-    """Each FP8 variant's final loss against the TE BF16 cell it pairs with (the same pairing key)."""
-    ok = df[df["status"] == "ok"]
-    shown = ["d_model", "n_layers", "cuda_graphs", *varying_keys(df)]
-    bf16 = ok[ok["variant"] == "te-bf16"].groupby(SHAPE_KEYS)["loss_final"].median()
-    out = []
-    for (variant, *key), g in ok[ok["variant"].str.startswith("te-fp8")].groupby(["variant"] + SHAPE_KEYS):
-        ref = bf16.get(tuple(key))
-        if ref is None:
-            continue
-        fp8 = float(g["loss_final"].median())
-        values = dict(zip(SHAPE_KEYS, key))
-        out.append({"variant": variant, **{k: values[k] for k in shown}, "bf16 loss": round(float(ref), 4),
-                    "fp8 loss": round(fp8, 4), "delta %": round(100 * (fp8 - ref) / ref, 2)})
-    return pd.DataFrame(out)
+def _loss_deltas(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
+    """Each FP8 cell's final loss against the TE BF16 cell it pairs with: median over samples, and the
+    95% interval of the ratio where both cells have two or more samples."""
+    rows = pairs.rows
+    if rows.empty or "loss_ratio" not in rows:
+        return pd.DataFrame()
+    sp = rows[(rows["kind"] == "fp8_speedup") & rows["loss_ratio"].notna()]
+    return pd.DataFrame({
+        "variant": sp["candidate"], "d_model": sp["d_model"], "n_layers": sp["n_layers"], "graphs": sp["cuda_graphs"],
+        **{k: sp[k] for k in varying_keys(df)}, "bf16 loss": sp["reference_loss"].round(4),
+        "fp8 loss": sp["candidate_loss"].round(4), "delta %": (100 * (sp["loss_ratio"] - 1)).round(2),
+        "CI low %": (100 * (sp["loss_ci_low"] - 1)).round(2), "CI high %": (100 * (sp["loss_ci_high"] - 1)).round(2),
+        "n": sp["n_candidate"]})
 
 
 def _md_cell(v) -> str:
