@@ -9,12 +9,12 @@ still scheduling), it reads one JSON request per line on stdin::
 
 runs :func:`trials.trial.run_trial`, writes the record to ``out`` atomically, and answers on file
 descriptor N with ``{"started": pid}`` (the process that runs the trial) and then either
-``{"out": ..., "status": ..., "retire": bool, "why": ...}`` or ``{"died": why}``. Replies go to their
+``{"out": ..., "retire": bool, "why": ...}`` (the record is in ``out``) or ``{"died": why}``. Replies go to their
 own descriptor so that library output on stdout can never corrupt them. With ``--fork`` each trial
 runs in a fresh child forked from the server (imports inherited, CUDA never initialised before).
 
-Between two trials the process frees what the last one left (device memory, cuBLAS workspaces,
-TE's FP8 global state) and starts every memory counter afresh. It retires - exits after answering -
+Every trial frees what it used before it returns (device memory, cuBLAS workspaces, TE's FP8
+global state: :func:`trials.trial.run_trial`) and the next starts every memory counter afresh. It retires - exits after answering -
 when a trial ends in oom, error or diverged (the process may be in a bad state), when TorchDynamo hit
 its recompile limit (later cells would run TE's fusers uncompiled), after ``--max-trials`` trials,
 at EOF on stdin, and when its parent dies.
@@ -63,14 +63,6 @@ def preload(te: bool) -> None:
             logging.getLogger(__name__).info("TE preload failed: %s", exc)
 
 
-def between_trials(device: str) -> None:
-    """Leave nothing of the last trial behind: memory, workspaces, TE's FP8 global state."""
-    from . import memory, te_compat
-
-    te_compat.reset_te_state()
-    memory.release(device)
-
-
 def _send(reply, message: dict[str, Any]) -> None:
     reply.write(json.dumps(message) + "\n")
     reply.flush()
@@ -82,8 +74,7 @@ def _run_one(request: dict[str, Any], index: int, watch) -> dict[str, Any]:
     from .spec import TrialSpec
     from .trial import run_trial
 
-    record = run_trial(TrialSpec.from_dict(request["spec"]), process_trial_index=index)
-    between_trials(record.get("effective_device") or "cpu")
+    record = run_trial(TrialSpec.from_dict(request["spec"]), process_trial_index=index)  # leaves nothing behind
     record["dynamo_recompile_limit_hit"] = bool(watch.take())
     write_json_atomic(Path(request["out"]), record)
     return record
@@ -110,7 +101,7 @@ def _run_forked(request: dict[str, Any], reply, watch) -> dict[str, Any]:
     _, status = os.waitpid(pid, 0)
     out = Path(request["out"])
     if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and out.exists():
-        return {"out": str(out), "status": json.loads(out.read_text())["status"], "retire": False, "why": None}
+        return {"out": str(out), "retire": False, "why": None}
     how = (f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
            else f"exited with {os.WEXITSTATUS(status)}")
     return {"died": f"trial process {pid} {how} without a record"}
@@ -150,7 +141,7 @@ def serve(requests, reply, max_trials: int, fork: bool = False) -> int:
                 why = "TorchDynamo hit its recompile limit"
             elif index >= max_trials:
                 why = f"ran max_trials={max_trials}"
-            answer = {"out": request["out"], "status": record["status"], "retire": why is not None, "why": why}
+            answer = {"out": request["out"], "retire": why is not None, "why": why}
         _send(reply, answer)
         if answer.get("retire"):
             break

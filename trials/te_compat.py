@@ -123,7 +123,6 @@ def make_graphed_callables(te: ModuleType, module: Callable, sample_args: tuple,
     return te.make_graphed_callables(module, sample_args, **kwargs)
 
 
-
 def reset_te_state() -> None:
     """Clear TE's process-wide state between trials: FP8 globals and the cached cuBLAS workspaces.
 

@@ -77,6 +77,7 @@ def run_trial(spec: TrialSpec, capability: Capability | None = None, process_tri
     finally:
         if baseline is not None:
             record.update(memory.snapshot(baseline))
+        te_compat.reset_te_state()  # a process may run more trials: leave nothing of this one behind
         memory.release(device)
         record.update(finished_at=_now(), duration_s=time.perf_counter() - t0)
     return record
