@@ -51,9 +51,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     storage = args.out or sweep.storage or DEFAULT_OUT
     console = Console(stderr=False)
     if args.dry_run:
-        from .plan import plan_table
+        from .plan import expected_ooms, local_gpu_memory_bytes, plan_table
 
-        console.print(plan_table(sweep, Store(storage, sweep.name)))
+        gpu_memory = int(args.gpu_memory * 2**30) if args.gpu_memory else local_gpu_memory_bytes()
+        console.print(plan_table(sweep, Store(storage, sweep.name), gpu_memory))
+        for line in expected_ooms(sweep, gpu_memory):
+            console.print(f"[yellow]expected OOM[/] {line}", soft_wrap=True)
         for asked, why in sweep.skipped:
             console.print(f"[cyan]skipped[/] {asked}: {why}")
         for asked, why in sweep.collapsed:
@@ -213,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", help="Ray cluster address (auto, ray://host:10001); default RAY_ADDRESS, "
                                      "else a local embedded Ray")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    p.add_argument("--gpu-memory", type=float, metavar="GIB",
+                   help="dry run: GPU memory to check the estimates against (default: this machine's GPU)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", help="run only trials without a final record (default)")
     mode.add_argument("--restart", action="store_true", help="move earlier results aside and start over")

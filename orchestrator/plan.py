@@ -17,15 +17,19 @@ def estimate_memory_bytes(spec: TrialSpec) -> int:
     """Rough device-memory need of a training step (an estimate for planning, not a promise).
 
     Weights, gradients and the two AdamW moments in the parameter dtype (fp32 for fp32 cells, bf16
-    otherwise), activations kept for backward of about 34 * tokens * d_model bytes per layer in 16-bit
-    (Korthikanti et al.; flash attention keeps no seq x seq scores), and the fp32 logits with their
-    gradient.
+    otherwise); activations kept for backward per token and layer: the block input, both norm outputs,
+    Q/K/V, the attention output and the residual (7 * d_model + 2 * kv width), fc1's output and the
+    activation's (fc1_out + ffn), in the activation dtype, about 34 * d_model bytes for the gpt block
+    (Korthikanti et al.; flash attention keeps no seq x seq scores); and the logits in the activation
+    dtype plus their fp32 copy and its gradient for the loss.
     """
-    n = param_count(ModelConfig.from_spec(spec))
+    cfg = ModelConfig.from_spec(spec)
+    n = param_count(cfg)
     width = 4 if spec.precision == "fp32" else 2
-    tokens = spec.tokens_per_step
-    activations = 34 * tokens * spec.d_model * spec.n_layers * width // 2
-    logits = 3 * tokens * spec.vocab * 4
+    tokens = spec.tokens
+    per_token_layer = 7 * cfg.d_model + 2 * cfg.kv_dim + cfg.fc1_out + cfg.ffn
+    activations = tokens * spec.n_layers * per_token_layer * width
+    logits = tokens * spec.vocab * (width + 8)
     return 4 * n * width + activations + logits
 
 
@@ -43,12 +47,35 @@ def plan_rows(sweep: Sweep, store: Store) -> list[dict[str, Any]]:
     return rows
 
 
-def plan_table(sweep: Sweep, store: Store) -> Table:
-    table = Table(title=f"sweep {sweep.name}: {len(sweep.cells)} cells x {sweep.samples} sample(s)")
-    for col in ("cell", "id", "params", "est. memory", "records"):
+def local_gpu_memory_bytes() -> int | None:
+    """Memory of this machine's first GPU, or None without one (then the plan cannot say what fits)."""
+    import torch
+
+    return int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else None
+
+
+def plan_table(sweep: Sweep, store: Store, gpu_memory_bytes: int | None = None) -> Table:
+    """The dry-run table; with a GPU memory size, cells whose estimate exceeds it say 'expected OOM'."""
+    gib = 2**30
+    where = f" (GPU memory {gpu_memory_bytes / gib:.0f} GiB)" if gpu_memory_bytes else ""
+    table = Table(title=f"sweep {sweep.name}: {len(sweep.cells)} cells x {sweep.samples} sample(s){where}")
+    table.add_column("cell", overflow="fold")
+    for col in ("id", "params", "est. memory", "records"):
         table.add_column(col)
     for row in plan_rows(sweep, store):
         rec = ", ".join(row["records"]) if row["records"] else "-"
-        table.add_row(row["label"], row["cell_id"], f"{row['params'] / 1e6:.1f}M",
-                      f"{row['est_mem_bytes'] / 2**30:.2f} GiB", f"{len(row['records'])}/{row['samples']} ({rec})")
+        memory = f"{row['est_mem_bytes'] / gib:.2f} GiB"
+        if gpu_memory_bytes and row["est_mem_bytes"] > gpu_memory_bytes:
+            memory += " OOM?"
+        table.add_row(row["label"], row["cell_id"], f"{row['params'] / 1e6:.1f}M", memory,
+                      f"{len(row['records'])}/{row['samples']} ({rec})")
     return table
+
+
+def expected_ooms(sweep: Sweep, gpu_memory_bytes: int | None) -> list[str]:
+    """One line per cell whose estimate exceeds the GPU's memory (it still runs, and records oom if it does)."""
+    if not gpu_memory_bytes:
+        return []
+    return [f"{cell.label}: estimated {estimate_memory_bytes(cell.spec) / 2**30:.1f} GiB > "
+            f"{gpu_memory_bytes / 2**30:.0f} GiB of GPU memory" for cell in sweep.cells
+            if estimate_memory_bytes(cell.spec) > gpu_memory_bytes]

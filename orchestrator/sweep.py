@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from trials.spec import FP8_ONLY_FIELDS, SpecError, TrialSpec, variant_name
+from trials.spec import SpecError, TrialSpec, applies, only_fields, variant_name
 
 from .launchers import DEFAULT_LAUNCHER, DEFAULT_WARM_MAX_TRIALS, LAUNCHERS
 from .trackers import TrackerError, check_trackers
@@ -112,8 +112,9 @@ def cell_id(spec: TrialSpec) -> str:
 
 
 def cell_label(spec: TrialSpec) -> str:
-    """d768-L4-te-fp8-delayed[-e4m3...][-graphs]: size, variant (as reports name it), execution."""
-    parts = [f"d{spec.d_model}", f"L{spec.n_layers}", variant_name(spec.to_dict())]
+    """[llama-]d768-L4-te-fp8-delayed[-e4m3...][-graphs]: arch, size, variant (as reports name it), execution."""
+    parts = [] if spec.arch == "gpt" else [spec.arch]
+    parts += [f"d{spec.d_model}", f"L{spec.n_layers}", variant_name(spec.to_dict())]
     if spec.cuda_graphs:
         parts.append("graphs")
     return "-".join(parts)
@@ -264,8 +265,8 @@ def _expand(sweep: Sweep, prefixes: list[tuple], err) -> None:
                 if values.get("device") == "cpu":
                     sweep.skipped.append((asked, "fp8 needs a CUDA device"))
                     continue
-            else:
-                for name in FP8_ONLY_FIELDS:
+            for name in only_fields("fp8") + only_fields("te"):  # a setting that means nothing here runs as its default
+                if not applies(name, {**_DEFAULTS, **values}):
                     values.pop(name, None)
             try:
                 spec = TrialSpec.from_dict(values)
@@ -275,9 +276,9 @@ def _expand(sweep: Sweep, prefixes: list[tuple], err) -> None:
                 raise err(place, f"{exc} (in cell {shown})") from None
             cid = cell_id(spec)
             if cid in seen:
-                dropped = {k: v for k, v in asked.items() if k in FP8_ONLY_FIELDS}
+                dropped = {k: v for k, v in asked.items() if k not in values}
                 sweep.collapsed.append((asked, f"{cell_label(spec)} appears more than once"
-                                        + (f" ({dropped} means nothing without fp8)" if dropped else "")
+                                        + (f" ({dropped} means nothing for this cell)" if dropped else "")
                                         + "; it runs once"))
                 continue
             seen.add(cid)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -28,6 +29,10 @@ def te():
 
 
 CFG = ModelConfig(vocab=96, d_model=256, n_layers=2, n_heads=4, ffn=1024, seq_len=64)
+LLAMA = ModelConfig(vocab=96, d_model=256, n_layers=2, n_heads=8, ffn=768, seq_len=64, arch="llama", n_kv_heads=2)
+# every way the TE model is built: the tutorial's block and the Llama block, fused layer and TE modules
+BUILDS = [CFG, replace(CFG, te_layer="modules"), LLAMA, replace(LLAMA, te_layer="modules")]
+BUILD_IDS = ["gpt-layer", "gpt-modules", "llama-layer", "llama-modules"]
 
 
 def _tokens(batch: int = 4) -> torch.Tensor:
@@ -35,10 +40,11 @@ def _tokens(batch: int = 4) -> torch.Tensor:
     return torch.randint(0, CFG.vocab, (batch, CFG.seq_len), device="cuda", generator=g)
 
 
-def test_te_model_is_causal_over_positions(te):
+@pytest.mark.parametrize("cfg", BUILDS, ids=BUILD_IDS)
+def test_te_model_is_causal_over_positions(te, cfg):
     """Changing a later token never changes an earlier position's logits (and does change later ones)."""
     torch.manual_seed(0)
-    model = MiniGPT(CFG, torch.bfloat16, "cuda", te).eval()
+    model = MiniGPT(cfg, torch.bfloat16, "cuda", te).eval()
     idx = _tokens()
     t = 40
     changed = idx.clone()
@@ -55,13 +61,14 @@ def test_te_model_is_causal_over_positions(te):
     assert torch.equal(a[1:], c[1:])
 
 
+@pytest.mark.parametrize("cfg", BUILDS, ids=BUILD_IDS)
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-2), (torch.bfloat16, 5e-2)])
-def test_twin_matches_te_with_te_weights(te, dtype, tol):
+def test_twin_matches_te_with_te_weights(te, cfg, dtype, tol):
     """The pure-PyTorch twin loaded with TE's weights computes the same function."""
     torch.manual_seed(0)
-    te_model = MiniGPT(CFG, dtype, "cuda", te).eval()
-    twin = MiniGPT(CFG, dtype, "cuda", None).eval()
-    assert param_count(CFG) == sum(p.numel() for p in te_model.parameters()) == sum(
+    te_model = MiniGPT(cfg, dtype, "cuda", te).eval()
+    twin = MiniGPT(cfg, dtype, "cuda", None).eval()
+    assert param_count(cfg) == sum(p.numel() for p in te_model.parameters()) == sum(
         p.numel() for p in twin.parameters())
     missing, unexpected = twin.load_state_dict(twin_state_from_te(te_model.state_dict()), strict=True)
     assert not missing and not unexpected
@@ -69,8 +76,27 @@ def test_twin_matches_te_with_te_weights(te, dtype, tol):
     with torch.no_grad():
         ref, out = te_model(idx).float(), twin(idx).float()
     rel = ((out - ref).norm() / ref.norm()).item()
-    print(f"twin vs TE relative error ({dtype}): {rel:.2e}")
+    print(f"twin vs TE relative error ({cfg.arch}, {cfg.te_layer}, {dtype}): {rel:.2e}")
     assert rel < tol
+
+
+@pytest.mark.parametrize("cfg", BUILDS[2:], ids=BUILD_IDS[2:])
+def test_llama_twin_logits_within_1e3_in_bf16(te, cfg):
+    """Issue 13's bar for the Llama block: TE and twin logits in bf16 agree to a relative error <= 1e-3.
+
+    The twin rounds where TE's fused kernels round (RoPE and SwiGLU computed in fp32, rounded once), so
+    the two bf16 models differ by accumulation order, not by where they lose precision.
+    """
+    torch.manual_seed(0)
+    te_model = MiniGPT(cfg, torch.bfloat16, "cuda", te).eval()
+    twin = MiniGPT(cfg, torch.bfloat16, "cuda", None).eval()
+    twin.load_state_dict(twin_state_from_te(te_model.state_dict()), strict=True)
+    idx = _tokens()
+    with torch.no_grad():
+        out, ref = te_model(idx).float(), twin(idx).float()
+    rel = ((out - ref).norm() / ref.norm()).item()
+    print(f"llama TE vs twin, both bf16 ({cfg.te_layer}): relative error {rel:.2e}")
+    assert rel <= 1e-3, rel
 
 
 def _small(**kw) -> TrialSpec:
@@ -80,9 +106,12 @@ def _small(**kw) -> TrialSpec:
     return TrialSpec(**base)
 
 
-@pytest.mark.parametrize("recipe", ["delayed", "current"])
-def test_te_fp8_trial(te, recipe):
-    rec = run_trial(_small(backend="te", precision="fp8", recipe=recipe))
+@pytest.mark.parametrize("recipe,extra", [("delayed", {}), ("current", {}), ("delayed", {"te_layer": "modules"}),
+                                          ("current", {"arch": "llama", "n_heads": 4, "n_kv_heads": 2,
+                                                       "vocab": 32000, "te_layer": "modules"}),
+                                          ("delayed", {"arch": "llama", "n_heads": 4, "n_kv_heads": 2})])
+def test_te_fp8_trial(te, recipe, extra):
+    rec = run_trial(_small(backend="te", precision="fp8", recipe=recipe, **extra))
     assert rec["status"] == "ok", rec["error"]
     assert (rec["effective_backend"], rec["effective_precision"], rec["effective_recipe"]) == ("te", "fp8", recipe)
     assert rec["timer"] == "cuda_event" and rec["step_ms_p50"] > 0

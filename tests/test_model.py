@@ -4,12 +4,15 @@ import pytest
 import torch
 
 from trials.data import ArithmeticSequences
-from trials.model import MiniGPT, ModelConfig, matmul_param_count, param_count
+from trials.model import MiniGPT, ModelConfig, apply_rope, matmul_param_count, param_count, rope_freqs
+
+LLAMA = ModelConfig(vocab=96, d_model=64, n_layers=2, n_heads=8, ffn=96, seq_len=32, arch="llama", n_kv_heads=2)
 
 
 @pytest.mark.parametrize("cfg", [
     ModelConfig(vocab=96, d_model=768, n_layers=4, n_heads=12, ffn=3072, seq_len=256),
     ModelConfig(vocab=50, d_model=64, n_layers=3, n_heads=2, ffn=100, seq_len=33),
+    LLAMA,
 ])
 def test_twin_parameter_count_matches_formula(cfg):
     model = MiniGPT(cfg, torch.float32, "cpu")
@@ -24,9 +27,31 @@ def test_tutorial_size():
     assert param_count(cfg) == 28_697_088
 
 
-def test_twin_is_causal_and_rows_are_independent():
+def test_llama_8b_layer_sizes():
+    """Llama-3-8B's published count: 8.03B parameters (32 layers, GQA 32/8, SwiGLU 14336, vocab 128256, untied)."""
+    cfg = ModelConfig(vocab=128256, d_model=4096, n_layers=32, n_heads=32, ffn=14336, seq_len=8192, arch="llama",
+                      n_kv_heads=8)
+    assert param_count(cfg) == 8_030_261_248
+
+
+def test_rope_scores_depend_on_relative_position_only():
+    """q.k after RoPE depends on the offset between positions, not where they sit; norms are kept."""
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab=96, d_model=64, n_layers=2, n_heads=4, ffn=128, seq_len=32)
+    freqs = rope_freqs(64, 16, "cpu")
+    q, k = torch.randn(1, 1, 1, 16).double(), torch.randn(1, 1, 1, 16).double()
+    def at(x, pos):  # x placed at position pos of a (1, 64, 1, 16) sequence, rotated there
+        seq = torch.zeros(1, 64, 1, 16, dtype=torch.float64)
+        seq[:, pos] = x[:, 0]
+        return apply_rope(seq, freqs.double())[:, pos]
+    s1 = (at(q, 10) * at(k, 3)).sum()
+    s2 = (at(q, 50) * at(k, 43)).sum()
+    assert torch.allclose(s1, s2) and not torch.allclose(s1, (at(q, 10) * at(k, 9)).sum())
+    assert torch.allclose(at(q, 37).norm(), q.norm())
+
+
+@pytest.mark.parametrize("cfg", [ModelConfig(vocab=96, d_model=64, n_layers=2, n_heads=4, ffn=128, seq_len=32), LLAMA])
+def test_twin_is_causal_and_rows_are_independent(cfg):
+    torch.manual_seed(0)
     model = MiniGPT(cfg, torch.float32, "cpu").eval()
     idx = torch.randint(0, 96, (3, 32))
     changed = idx.clone()

@@ -202,3 +202,34 @@ def test_recipes_and_formats_section_says_which_knob_moved_speed_or_loss(tmp_pat
     hist = next(line for line in findings.splitlines() if "amax_history_len 1024 vs 16" in line)
     assert "speedup 1.5x" in e4m3 and e4m3.count("beyond noise") == 1 and "final loss" in e4m3
     assert "within noise; final loss" in hist and hist.rstrip(" |").endswith("within noise.")
+
+
+def test_per_layer_cost_and_module_granularity_pairing(tmp_path):
+    """Llama cells at depths 2 and 4 with step = rest + L * layer: the split, the per-layer FP8 speedup and the
+    full-depth estimate come out exactly; modules-built FP8 pairs with modules-built BF16; nothing merges with gpt."""
+    store = Store(str(tmp_path), "layers")
+    store.ensure()
+    shape = dict(arch="llama", d_model=512, n_heads=8, n_kv_heads=2, vocab=32000, seq_len=512, tokens_per_step=4096,
+                 backend="te")
+    split = {"bf16": (4.0, 10.0), "fp8": (3.0, 10.5)}  # (per layer ms, rest ms)
+    for layers in (2, 4):
+        for te_layer, slower in (("transformer_layer", 1.0), ("modules", 1.1)):
+            for precision, (layer, rest) in split.items():
+                spec = TrialSpec(n_layers=layers, precision=precision, te_layer=te_layer, **shape)
+                store.write_record(_knob_rec(spec, (rest + layers * layer) * slower))
+    store.write_record(_knob_rec(TrialSpec(d_model=512, n_layers=2, backend="te", precision="bf16"), 7.0))  # gpt
+    report = build_report(str(tmp_path / "layers"), out_html=str(tmp_path / "r.html"))
+    sp = report.pairs.rows[report.pairs.rows["kind"] == "fp8_speedup"]
+    assert sorted(zip(sp["reference"], sp["candidate"])) == [("te-bf16", "te-fp8-delayed")] * 2 + [
+        ("te-bf16-modules", "te-fp8-delayed-modules")] * 2
+    assert sp["ratio"].tolist() == pytest.approx([(10 + L * 4.0) / (10.5 + L * 3.0) for L in sp["n_layers"]])
+    md = (tmp_path / "results.md").read_text()
+    assert "## Per-layer cost" in md
+    estimate = (10 + 32 * 4.0) / (10.5 + 32 * 3.0)
+    section = md.split("## Per-layer cost: full-depth estimates")[1].split("\n## ")[0]
+    lines = [l for l in section.splitlines() if "te-fp8-delayed" in l]
+    assert len(lines) == 2 and all(f"{estimate:.2f}x at 32 layers" in l and "per-layer FP8 speedup 1.33x" in l
+                                   for l in lines)
+    assert "estimate" in lines[0] and "llama d_model 512, ffn 1536, 8/2 heads" in lines[0]
+    gpt = prepare(Store(str(tmp_path), "layers").read_records().to_pandas())
+    assert gpt.groupby("cell_id")["series"].first().str.contains("arch=").all()  # arch varies: every series says it

@@ -37,6 +37,16 @@ def test_defaults_follow_d_model():
     ({"backend": "te", "device": "cpu"}, "backend"),
     ({"cuda_graphs": True, "device": "cpu"}, "cuda_graphs"),
     ({"prompt_len": 300}, "prompt_len"),
+    ({"arch": "mamba"}, "arch"),
+    ({"te_layer": "blocks"}, "te_layer"),
+    ({"d_model": 100}, "d_model"),  # head dim 100 (one default head) is not a multiple of 8
+    ({"d_model": 480, "n_heads": 8}, "n_heads"),  # head dim 60
+    ({"arch": "llama", "d_model": 512, "n_heads": 8, "n_kv_heads": 3}, "n_kv_heads"),
+    ({"arch": "llama", "n_kv_heads": 0}, "n_kv_heads"),
+    ({"n_kv_heads": 4}, "n_kv_heads"),  # GQA belongs to arch llama
+    ({"arch": "llama", "d_model": 768, "n_heads": 96, "n_kv_heads": 1, "precision": "fp8"}, "n_kv_heads*head_dim"),
+    ({"tokens_per_step": 1000, "seq_len": 256}, "tokens_per_step"),
+    ({"tokens_per_step": 1024, "seq_len": 256, "batch_size": 8}, "tokens_per_step"),
 ])
 def test_bad_values_name_their_field(kwargs, field):
     with pytest.raises(SpecError) as info:
@@ -53,4 +63,12 @@ def test_unknown_field_is_rejected():
 
 def test_round_trip():
     spec = TrialSpec(d_model=256, precision="fp8", recipe="current")
+    assert TrialSpec.from_dict(spec.to_dict()) == spec
+
+
+def test_llama_defaults_and_tokens_per_step_sizing():
+    spec = TrialSpec(arch="llama", d_model=4096, n_heads=32, n_kv_heads=8, seq_len=4096, tokens_per_step=16384)
+    assert (spec.ffn, spec.kv_heads, spec.batch_size, spec.tokens) == (11008, 8, 4, 16384)  # Llama-2-7B's 11008
+    assert TrialSpec(arch="llama", d_model=2048).ffn == 5632 and TrialSpec(d_model=2048).ffn == 8192
+    assert TrialSpec(d_model=1024).kv_heads == 16 and TrialSpec(d_model=1024).n_kv_heads is None
     assert TrialSpec.from_dict(spec.to_dict()) == spec

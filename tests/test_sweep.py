@@ -97,6 +97,17 @@ def test_cli_dry_run_lists_cells_sizes_and_skips(tmp_path):
     assert not (tmp_path / "seed").exists()
 
 
+def test_cli_dry_run_flags_cells_expected_to_oom(tmp_path):
+    out = juicytalk("sweep", "examples/llama-shapes.yaml", "--dry-run", "--gpu-memory", "48", "--out", str(tmp_path),
+                    timeout=120)
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    # the 70B layer at depth 2 (3.8B parameters with its 128k head) does not fit 48 GiB; the 1B layers do
+    flagged = [line for line in out.stdout.splitlines() if line.startswith("expected OOM")]
+    assert len(flagged) == 3 and all("llama-d8192-L2-te-" in line and "> 48 GiB" in line for line in flagged)
+    assert "GPU memory 48 GiB" in text
+
+
 def test_cell_ids_of_published_results_are_stable():
     """Ids from docs/results/h200 (made before axes were declared) still come out the same, so old
     results resume and --compare; a field added later with its default leaves every id alone."""
@@ -135,3 +146,18 @@ def test_every_example_sweep_validates(path):
     from orchestrator.sweep import load_sweep
 
     assert load_sweep(REPO / "examples" / path).cells
+
+
+def test_te_layer_applies_to_te_cells_only_and_arch_labels_cells():
+    s = sweep("""
+        name: layers
+        grid:
+          arch: [gpt, llama]
+          backend: [te, torch]
+          te_layer: [transformer_layer, modules]
+        fixed: {d_model: 512, n_heads: 8}
+    """)
+    labels = sorted(c.label for c in s.cells)
+    assert labels == ["d512-L4-te-bf16", "d512-L4-te-bf16-modules", "d512-L4-torch-bf16",
+                      "llama-d512-L4-te-bf16", "llama-d512-L4-te-bf16-modules", "llama-d512-L4-torch-bf16"]
+    assert len(s.collapsed) == 2 and all("te_layer" in why for _, why in s.collapsed)

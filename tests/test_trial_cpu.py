@@ -31,6 +31,24 @@ def test_tiny_trial_record(precision):
     assert rec["duration_s"] >= rec["train_s"] + rec["bench_s"]
 
 
+def test_llama_trial_at_a_large_vocabulary_learns_and_counts_its_flops():
+    """The llama twin on CPU at an 8k vocabulary, sized by tokens_per_step: the full-vocabulary head is in
+    the FLOP count, the task (over the first 128 ids) is learned, generation stays in those ids."""
+    from trials.model import ModelConfig, matmul_param_count
+
+    spec = TrialSpec(arch="llama", d_model=64, n_heads=4, n_kv_heads=2, n_layers=2, vocab=8192, seq_len=64,
+                     ffn=176, tokens_per_step=1024, train_steps=80, lr=3e-3, precision="fp32", bench_steps=2,
+                     warmup_steps=1, gen_len=8, device="cpu")
+    rec = run_trial(spec)
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["batch_size"] == 16 and rec["tokens_per_step"] == 1024 and rec["arch"] == "llama"
+    cfg = ModelConfig.from_spec(spec)
+    assert matmul_param_count(cfg) == 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 176) + 8192 * 64
+    assert rec["flops_per_step"] == 6 * matmul_param_count(cfg) * 1024 + 6 * 2 * 64 * 64 * 1024
+    assert rec["loss_final"] < 0.25 * rec["loss_first"]
+    assert all(0 <= t < 128 for t in rec["gen_tokens"]) and rec["gen_stride_accuracy"] >= 0.5
+
+
 def test_small_model_learns_the_arithmetic_task():
     rec = run_trial(TrialSpec(d_model=64, n_layers=2, seq_len=64, batch_size=16, train_steps=300, lr=1e-3,
                               precision="fp32", bench_steps=3, warmup_steps=1, device="cpu"))

@@ -1,8 +1,9 @@
 """Greedy decoding check: does the trained model continue a fresh prompt's constant stride?
 
-Decoding always feeds a full (batch, seq_len) window and reads the logits at the last filled
-position. The model is causal, so the unfilled tail cannot change them, and FP8 GEMMs keep their
-token count divisible by 16 however long the context is.
+Decoding feeds a fixed (batch, window) of tokens, window = prompt + generated length rounded up to
+16, and reads the LM head at the last filled position only (at a 128k vocabulary and seq 8192, full
+logits for every position would be tens of GB). The model is causal, so the unfilled tail cannot
+change them, and FP8 GEMMs keep their token count divisible by 16.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from .data import ArithmeticSequences
 from .model import MiniGPT
 
 N_PROMPTS = 8
+WINDOW_MULTIPLE = 16
 
 
 @dataclass
@@ -30,20 +32,22 @@ def generation_check(model: MiniGPT, prompt_len: int, gen_len: int, seed: int,
                      te: Any = None, recipe: Any = None) -> GenerationResult:
     cfg = model.cfg
     device = model.positions.device
-    prompts, stride = ArithmeticSequences(cfg.vocab, cfg.seq_len, device, seed).sequences(N_PROMPTS, prompt_len)
-    window = torch.zeros(N_PROMPTS, cfg.seq_len, dtype=torch.long, device=device)
-    window[:, :prompt_len] = prompts
+    data = ArithmeticSequences(cfg.vocab, cfg.seq_len, device, seed)
+    prompts, stride = data.sequences(N_PROMPTS, prompt_len)
     end = min(cfg.seq_len, prompt_len + gen_len)
+    width = min(cfg.seq_len, -(-end // WINDOW_MULTIPLE) * WINDOW_MULTIPLE)
+    window = torch.zeros(N_PROMPTS, width, dtype=torch.long, device=device)  # (prompts, width)
+    window[:, :prompt_len] = prompts
     was_training = model.training
     model.eval()
     try:
         for pos in range(prompt_len, end):
             with te_compat.autocast(te if model.backend == "te" else None, recipe):
-                logits = model(window)
-            window[:, pos] = logits[:, pos - 1].argmax(-1)
+                hidden = model.features(window)  # (prompts, width, d_model)
+            window[:, pos] = model.head(hidden[:, pos - 1]).argmax(-1)
     finally:
         model.train(was_training)
-    diffs = (window[:, prompt_len:end] - window[:, prompt_len - 1:end - 1]) % cfg.vocab
+    diffs = (window[:, prompt_len:end] - window[:, prompt_len - 1:end - 1]) % data.vocab
     hits = (diffs == stride.unsqueeze(1)).float()
     accuracy = float(hits.mean().item()) if hits.numel() else float("nan")
     return GenerationResult(tokens=window[0, :end].tolist(), stride_accuracy=accuracy)

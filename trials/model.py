@@ -1,16 +1,23 @@
-"""MiniGPT: a small GPT-style causal LM, in Transformer Engine and as a pure-PyTorch twin.
+"""MiniGPT: a causal LM in Transformer Engine and as a pure-PyTorch twin, in two architectures.
 
-Both variants are the same network, parameter for parameter:
+``arch="gpt"`` is the tutorial's network:
 
     token embedding + learned position embedding
     n_layers x pre-LayerNorm block:  x += proj(causal_attn(qkv(LN1(x))));  x += fc2(gelu_tanh(fc1(LN2(x))))
     final LayerNorm, LM head without bias
 
-The TE variant uses one fused ``te.TransformerLayer`` per block with ``attn_input_format="bshd"``
-(our tensors are (batch, seq, hidden); TE's default layout is (seq, batch, hidden), which would run
-the causal mask over the batch axis). The twin computes attention with
-``F.scaled_dot_product_attention(is_causal=True)`` and TE's GELU (the tanh approximation), and
-:func:`twin_state_from_te` maps a TE state dict onto it, which is how the GPU tests prove they agree.
+``arch="llama"`` is the block most models are trained with today: RMSNorm instead of LayerNorm, no
+biases, no position embedding but rotary embeddings (RoPE) on queries and keys, grouped-query
+attention (``n_kv_heads`` key/value heads shared by ``n_heads`` query heads) and a SwiGLU MLP,
+``fc2(silu(a) * b)`` with ``[a, b] = fc1(x)`` (fc1 is 2 x ffn wide; TE gates with the first half).
+
+The TE variant builds each block as one fused ``te.TransformerLayer`` (``te_layer="transformer_layer"``)
+or from TE's modules (``te_layer="modules"``: ``te.LayerNormLinear`` for norm+QKV,
+``te.DotProductAttention``, ``te.Linear`` for the projection, ``te.LayerNormMLP``), the same math.
+Tensors are (batch, seq, hidden) and attention runs with ``bshd`` (TE's default layout is
+(seq, batch, hidden), which would run the causal mask over the batch axis). The twin computes
+attention with ``F.scaled_dot_product_attention(is_causal=True)``; :func:`twin_state_from_te` maps
+either TE layout onto it, which is how the GPU tests prove they agree.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from .spec import TrialSpec
 
 LN_EPS = 1e-5
 INIT_STD = 0.02
+ROPE_BASE = 500_000.0  # Llama 3's rotary base
 
 
 @dataclass(frozen=True)
@@ -37,49 +45,130 @@ class ModelConfig:
     n_heads: int
     ffn: int
     seq_len: int
+    arch: str = "gpt"
+    n_kv_heads: int | None = None  # default n_heads (no GQA)
+    te_layer: str = "transformer_layer"
 
     @classmethod
     def from_spec(cls, spec: TrialSpec) -> "ModelConfig":
-        return cls(spec.vocab, spec.d_model, spec.n_layers, int(spec.n_heads), int(spec.ffn), spec.seq_len)
+        return cls(spec.vocab, spec.d_model, spec.n_layers, int(spec.n_heads), int(spec.ffn), spec.seq_len,
+                   spec.arch, spec.kv_heads, spec.te_layer)
+
+    @property
+    def llama(self) -> bool:
+        return self.arch == "llama"
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of K (and of V): key/value heads x head dim."""
+        return (self.n_kv_heads or self.n_heads) * self.head_dim
+
+    @property
+    def fc1_out(self) -> int:
+        return 2 * self.ffn if self.llama else self.ffn  # SwiGLU's fc1 makes gate and value at once
+
+
+def _block_matmul_params(cfg: ModelConfig) -> int:
+    d = cfg.d_model
+    return 2 * d * d + 2 * d * cfg.kv_dim + d * cfg.fc1_out + cfg.ffn * d  # Q, proj, K and V, fc1, fc2
 
 
 def param_count(cfg: ModelConfig) -> int:
-    """Total parameters: embeddings + blocks (QKV, proj, FC1, FC2 with biases, two LayerNorms) + LN_f + head."""
-    d, f = cfg.d_model, cfg.ffn
-    per_block = 4 * d * d + 2 * d * f + 9 * d + f
-    return cfg.vocab * d + cfg.seq_len * d + cfg.n_layers * per_block + 2 * d + cfg.vocab * d
+    """All parameters: embeddings, blocks (GEMM weights, biases and norm gains for gpt), final norm, head."""
+    d = cfg.d_model
+    if cfg.llama:
+        norms, biases, positions = 2 * d, 0, 0
+    else:
+        norms, biases, positions = 4 * d, (d + 2 * cfg.kv_dim) + d + cfg.fc1_out + d, cfg.seq_len * d
+    per_block = _block_matmul_params(cfg) + biases + norms
+    return cfg.vocab * d + positions + cfg.n_layers * per_block + norms // 2 + cfg.vocab * d
 
 
 def matmul_param_count(cfg: ModelConfig) -> int:
     """Weights that take part in matrix products per token (blocks + LM head; not the lookups)."""
-    d, f = cfg.d_model, cfg.ffn
-    return cfg.n_layers * (4 * d * d + 2 * d * f) + cfg.vocab * d
+    return cfg.n_layers * _block_matmul_params(cfg) + cfg.vocab * cfg.d_model
+
+
+def rope_freqs(seq_len: int, head_dim: int, device: torch.device | str) -> torch.Tensor:
+    """Rotary angles, (seq_len, 1, 1, head_dim) fp32, in TE's non-interleaved layout (GPT-NeoX/Llama)."""
+    inv_freq = 1.0 / (ROPE_BASE ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+    freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32, device=device), inv_freq)
+    return torch.cat((freqs, freqs), dim=-1).view(seq_len, 1, 1, head_dim)
+
+
+def apply_rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """x: (b, t, heads, head_dim); the rotation TE's fused kernel applies, in fp32, rounded once to x's dtype."""
+    f = freqs[: x.shape[1]].transpose(0, 1)  # (1, t, 1, head_dim)
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    return (xf * f.cos() + torch.cat((-x2, x1), dim=-1) * f.sin()).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * gain, computed in fp32 like TE's kernel, returned in x's dtype."""
+
+    def __init__(self, d: int, eps: float, **factory: Any):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d, **factory))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()).to(x.dtype)
+
+
+def _norm(cfg: ModelConfig, **factory: Any) -> nn.Module:
+    return RMSNorm(cfg.d_model, LN_EPS, **factory) if cfg.llama else nn.LayerNorm(cfg.d_model, eps=LN_EPS, **factory)
 
 
 class TwinBlock(nn.Module):
-    """Pure-PyTorch mirror of ``te.TransformerLayer`` (pre-LN, causal self-attention, GELU MLP)."""
+    """Pure-PyTorch mirror of the TE block (pre-norm, causal self-attention, GELU or SwiGLU MLP)."""
 
     def __init__(self, cfg: ModelConfig, **factory: Any):
         super().__init__()
-        d = cfg.d_model
-        self.n_heads = cfg.n_heads
-        self.ln1 = nn.LayerNorm(d, eps=LN_EPS, **factory)
-        self.qkv = nn.Linear(d, 3 * d, **factory)
-        self.proj = nn.Linear(d, d, **factory)
-        self.ln2 = nn.LayerNorm(d, eps=LN_EPS, **factory)
-        self.fc1 = nn.Linear(d, cfg.ffn, **factory)
-        self.fc2 = nn.Linear(cfg.ffn, d, **factory)
+        d, bias = cfg.d_model, not cfg.llama
+        self.cfg = cfg
+        self.ln1 = _norm(cfg, **factory)
+        self.qkv = nn.Linear(d, d + 2 * cfg.kv_dim, bias=bias, **factory)
+        self.proj = nn.Linear(d, d, bias=bias, **factory)
+        self.ln2 = _norm(cfg, **factory)
+        self.fc1 = nn.Linear(d, cfg.fc1_out, bias=bias, **factory)
+        self.fc2 = nn.Linear(cfg.ffn, d, bias=bias, **factory)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rotary_pos_emb: torch.Tensor | None = None) -> torch.Tensor:
+        cfg = self.cfg
         b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        q, k, v = (z.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2) for z in (q, k, v))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        q, k, v = self.qkv(self.ln1(x)).split([d, cfg.kv_dim, cfg.kv_dim], dim=-1)
+        q = q.view(b, t, cfg.n_heads, cfg.head_dim)  # (b, t, h, hd)
+        k, v = (z.view(b, t, -1, cfg.head_dim) for z in (k, v))  # (b, t, kv_heads, hd)
+        if rotary_pos_emb is not None:
+            q, k = apply_rope(q, rotary_pos_emb), apply_rope(k, rotary_pos_emb)
+        gqa = {"enable_gqa": True} if cfg.kv_dim != d else {}  # each K/V head serves n_heads/n_kv_heads queries
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                           **gqa)  # (b, h, t, hd)
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
+        h = self.fc1(self.ln2(x))  # (b, t, fc1_out)
+        if cfg.llama:
+            gate, value = h.chunk(2, dim=-1)
+            h = (F.silu(gate.float()) * value.float()).to(h.dtype)  # one rounding, as TE's SwiGLU kernel
+        else:
+            h = F.gelu(h, approximate="tanh")
+        return x + self.fc2(h)
+
+
+def _te_common(cfg: ModelConfig) -> dict[str, Any]:
+    norm = {"normalization": "RMSNorm"} if cfg.llama else {}
+    return {"bias": not cfg.llama, "device": "cuda", **norm}
 
 
 def _te_block(te: Any, cfg: ModelConfig, index: int, dtype: torch.dtype) -> nn.Module:
+    if cfg.te_layer == "modules":
+        return TEModulesBlock(te, cfg, index, dtype)
+    arch = {"activation": "swiglu", "num_gqa_groups": cfg.kv_dim // cfg.head_dim} if cfg.llama else {}
     return te.TransformerLayer(
         hidden_size=cfg.d_model,
         ffn_hidden_size=cfg.ffn,
@@ -91,8 +180,43 @@ def _te_block(te: Any, cfg: ModelConfig, index: int, dtype: torch.dtype) -> nn.M
         attn_input_format="bshd",
         layer_number=index + 1,
         params_dtype=dtype,
-        device="cuda",
+        **arch,
+        **_te_common(cfg),
     )
+
+
+class TEModulesBlock(nn.Module):
+    """The block from TE's modules, as a user composes them in their own architecture."""
+
+    def __init__(self, te: Any, cfg: ModelConfig, index: int, dtype: torch.dtype):
+        super().__init__()
+        d, common = cfg.d_model, _te_common(cfg)
+        self.cfg = cfg
+        self.rope_fn = _te_rope(te) if cfg.llama else None
+        self.qkv = te.LayerNormLinear(d, d + 2 * cfg.kv_dim, eps=LN_EPS, params_dtype=dtype, **common)
+        self.attn = te.DotProductAttention(cfg.n_heads, cfg.head_dim, num_gqa_groups=cfg.kv_dim // cfg.head_dim,
+                                           attention_dropout=0.0, qkv_format="bshd", attn_mask_type="causal",
+                                           layer_number=index + 1)
+        self.proj = te.Linear(d, d, params_dtype=dtype, bias=common["bias"], device="cuda")
+        self.mlp = te.LayerNormMLP(d, cfg.ffn, eps=LN_EPS, activation="swiglu" if cfg.llama else "gelu",
+                                   params_dtype=dtype, **common)
+
+    def forward(self, x: torch.Tensor, rotary_pos_emb: torch.Tensor | None = None) -> torch.Tensor:
+        cfg = self.cfg
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split([d, cfg.kv_dim, cfg.kv_dim], dim=-1)  # norm + QKV in one TE module
+        q = q.view(b, t, cfg.n_heads, cfg.head_dim)  # (b, t, h, hd)
+        k, v = (z.view(b, t, -1, cfg.head_dim) for z in (k, v))  # (b, t, kv_heads, hd)
+        if rotary_pos_emb is not None:
+            q, k = (self.rope_fn(z, rotary_pos_emb, tensor_format="bshd", fused=True) for z in (q, k))
+        x = x + self.proj(self.attn(q, k, v))  # attention output (b, t, h * hd)
+        return x + self.mlp(x)
+
+
+def _te_rope(te: Any) -> Any:
+    from transformer_engine.pytorch.attention.rope import apply_rotary_pos_emb
+
+    return apply_rotary_pos_emb
 
 
 class MiniGPT(nn.Module):
@@ -104,14 +228,17 @@ class MiniGPT(nn.Module):
         self.cfg = cfg
         self.backend = "te" if te is not None else "torch"
         self.tok = nn.Embedding(cfg.vocab, cfg.d_model, **factory)
-        self.pos = nn.Embedding(cfg.seq_len, cfg.d_model, **factory)
+        if not cfg.llama:
+            self.pos = nn.Embedding(cfg.seq_len, cfg.d_model, **factory)
         if te is not None:
             self.blocks = nn.ModuleList(_te_block(te, cfg, i, dtype) for i in range(cfg.n_layers))
         else:
             self.blocks = nn.ModuleList(TwinBlock(cfg, **factory) for _ in range(cfg.n_layers))
-        self.ln_f = nn.LayerNorm(cfg.d_model, eps=LN_EPS, **factory)
+        self.ln_f = _norm(cfg, **factory)
         self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False, **factory)
         self.register_buffer("positions", torch.arange(cfg.seq_len, device=device), persistent=False)
+        rope = rope_freqs(cfg.seq_len, cfg.head_dim, device) if cfg.llama else None
+        self.register_buffer("rope", rope, persistent=False)
         self.reset_parameters()
 
     @torch.no_grad()
@@ -124,15 +251,24 @@ class MiniGPT(nn.Module):
                 p.normal_(0.0, resid_std if residual_out else INIT_STD)
             elif name.endswith("bias"):
                 p.zero_()
-            else:  # LayerNorm gains
+            else:  # norm gains
                 p.fill_(1.0)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def features(self, idx: torch.Tensor) -> torch.Tensor:
+        """(b, t) token ids -> (b, t, d_model) final-norm hidden states (what the LM head reads)."""
         t = idx.shape[1]
-        h = self.tok(idx) + self.pos(self.positions[:t])
-        for block in self.blocks:
-            h = block(h)
-        return self.head(self.ln_f(h))
+        h = self.tok(idx)
+        if self.cfg.llama:
+            for block in self.blocks:
+                h = block(h, rotary_pos_emb=self.rope[:t])
+        else:
+            h = h + self.pos(self.positions[:t])
+            for block in self.blocks:
+                h = block(h)
+        return self.ln_f(h)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(idx))  # (b, t, vocab)
 
 
 def build_model(spec: TrialSpec, backend: str, precision: str, device: str, te: Any = None) -> MiniGPT:
@@ -141,6 +277,7 @@ def build_model(spec: TrialSpec, backend: str, precision: str, device: str, te: 
     return MiniGPT(ModelConfig.from_spec(spec), dtype, device, te if backend == "te" else None)
 
 
+# TE parameter names (after ``blocks.<i>.``) -> twin names; fused layer first, then the modules block.
 _TE_TO_TWIN = {
     "self_attention.layernorm_qkv.layer_norm_weight": "ln1.weight",
     "self_attention.layernorm_qkv.layer_norm_bias": "ln1.bias",
@@ -152,6 +289,18 @@ _TE_TO_TWIN = {
     "layernorm_mlp.fc1_bias": "fc1.bias",
     "layernorm_mlp.fc2_weight": "fc2.weight",
     "layernorm_mlp.fc2_bias": "fc2.bias",
+    "qkv.layer_norm_weight": "ln1.weight",
+    "qkv.layer_norm_bias": "ln1.bias",
+    "qkv.weight": "qkv.weight",
+    "qkv.bias": "qkv.bias",
+    "proj.weight": "proj.weight",
+    "proj.bias": "proj.bias",
+    "mlp.layer_norm_weight": "ln2.weight",
+    "mlp.layer_norm_bias": "ln2.bias",
+    "mlp.fc1_weight": "fc1.weight",
+    "mlp.fc1_bias": "fc1.bias",
+    "mlp.fc2_weight": "fc2.weight",
+    "mlp.fc2_bias": "fc2.bias",
 }
 
 

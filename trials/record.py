@@ -47,12 +47,16 @@ FIELDS: list[Field] = [
     _f("ffn", "int", "MLP hidden size (default 4*d_model)."),
     _f("seq_len", "int", "Tokens per sequence."),
     _f("batch_size", "int", "Sequences per step."),
+    _f("arch", "str", "Architecture: gpt (the tutorial's MiniGPT) or llama (RMSNorm, SwiGLU, GQA, RoPE, no biases)."),
+    _f("n_kv_heads", "int", "Key/value heads (grouped-query attention, llama); null: n_heads."),
     _f("backend", "str", "Requested backend: auto, te or torch."),
     _f("precision", "str", "Requested precision: fp32, bf16 or fp8."),
     _f("recipe", "str", "Requested FP8 recipe (delayed, current, block, mxfp8, nvfp4); meaningful for fp8 only."),
     _f("fp8_format", "str", "FP8 format: hybrid (E4M3 fwd / E5M2 bwd) or e4m3."),
     _f("amax_history_len", "int", "Delayed scaling: amax history length."),
     _f("amax_compute_algo", "str", "Delayed scaling: max or most_recent."),
+    _f("te_layer", "str", "TE block granularity: transformer_layer (one fused te.TransformerLayer) or modules "
+       "(te.LayerNormLinear, te.DotProductAttention, te.Linear, te.LayerNormMLP)."),
     _f("cuda_graphs", "bool", "Forward+backward captured as CUDA graphs."),
     _f("train_steps", "int", "Training steps before the benchmark."),
     _f("lr", "float", "AdamW learning rate."),
@@ -73,8 +77,10 @@ FIELDS: list[Field] = [
     # -- model size and work
     _f("n_params", "int", "All parameters (embeddings included)."),
     _f("n_matmul_params", "int", "Weights in matrix products (blocks + LM head), N in the FLOP formula."),
-    _f("tokens_per_step", "int", "batch_size * seq_len."),
-    _f("flops_per_step", "float", "6*N_matmul*tokens + 6*n_layers*seq_len*d_model*tokens."),
+    _f("tokens_per_step", "int", "batch_size * seq_len. As a spec field (requested), it sizes the batch: "
+       "batch_size = tokens_per_step / seq_len."),
+    _f("flops_per_step", "float", "6*N_matmul*tokens + 6*n_layers*seq_len*d_model*tokens (causal attention; "
+       "N_matmul follows the arch: GQA's narrower K/V, SwiGLU's third GEMM, the LM head at the full vocabulary)."),
     # -- training
     _f("loss_first", "float", "Loss of the first training step."),
     _f("loss_final", "float", "Loss of the last training step."),

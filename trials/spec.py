@@ -16,9 +16,9 @@ RECIPES = ("delayed", "current", "block", "mxfp8", "nvfp4")  # mxfp8, nvfp4: Bla
 FP8_FORMATS = ("hybrid", "e4m3")
 AMAX_ALGOS = ("max", "most_recent")
 DEVICES = ("auto", "cuda", "cpu")
-
-# Fields that only mean something for an fp8 cell; other cells carry their defaults.
-FP8_ONLY_FIELDS = ("recipe", "fp8_format", "amax_history_len", "amax_compute_algo")
+ARCHS = ("gpt", "llama")  # gpt: the tutorial's MiniGPT; llama: RMSNorm, SwiGLU, GQA, RoPE, no biases
+TE_LAYERS = ("transformer_layer", "modules")  # one fused te.TransformerLayer, or TE's modules composed
+HEAD_DIM_MULTIPLE = 8  # fused attention kernels (and TE) need head dims in multiples of 8
 
 
 class SpecError(ValueError):
@@ -36,11 +36,13 @@ class SpecError(ValueError):
 #   execution  how the step is issued (CUDA graphs): part of the pairing key, drawn dashed
 #   variant    what a speedup compares; ``label`` formats a non-default value in names ("hist{}")
 #   run        seeds and devices: never a reason to keep two cells apart in a report
+# ``only`` marks a field that means something only for fp8 cells ("fp8") or TE cells ("te"); elsewhere
+# the sweep collapses it to its default and variant names leave it out.
 AXES = ("shape", "schedule", "execution", "variant", "run")
 
 
-def _on(axis: str, default: Any, label: str | None = None) -> Any:
-    return dataclasses.field(default=default, metadata={"axis": axis, "label": label})
+def _on(axis: str, default: Any, label: str | None = None, only: str | None = None) -> Any:
+    return dataclasses.field(default=default, metadata={"axis": axis, "label": label, "only": only})
 
 
 @dataclass(frozen=True)
@@ -51,15 +53,19 @@ class TrialSpec:
     d_model: int = _on("shape", 768)
     n_layers: int = _on("shape", 4)
     n_heads: int | None = _on("shape", None)  # default d_model // 64 (at least 1)
-    ffn: int | None = _on("shape", None)  # default 4 * d_model
+    ffn: int | None = _on("shape", None)  # default 4 * d_model (gpt), SwiGLU's ~8/3 * d_model (llama)
     seq_len: int = _on("shape", 256)
     batch_size: int = _on("shape", 32)
+    arch: str = _on("shape", "gpt")
+    n_kv_heads: int | None = _on("shape", None)  # GQA key/value heads (llama); default n_heads
+    tokens_per_step: int | None = _on("shape", None)  # sizes the batch: batch_size = tokens_per_step / seq_len
     backend: str = _on("variant", "auto")
     precision: str = _on("variant", "bf16")
-    recipe: str = _on("variant", "delayed")
-    fp8_format: str = _on("variant", "hybrid", "{}")
-    amax_history_len: int = _on("variant", 16, "hist{}")
-    amax_compute_algo: str = _on("variant", "max", "amax-{}")
+    recipe: str = _on("variant", "delayed", only="fp8")
+    fp8_format: str = _on("variant", "hybrid", "{}", only="fp8")
+    amax_history_len: int = _on("variant", 16, "hist{}", only="fp8")
+    amax_compute_algo: str = _on("variant", "max", "amax-{}", only="fp8")
+    te_layer: str = _on("variant", "transformer_layer", "{}", only="te")
     cuda_graphs: bool = _on("execution", False)
     train_steps: int = _on("schedule", 60)
     lr: float = _on("schedule", 3e-4)
@@ -74,11 +80,24 @@ class TrialSpec:
     def __post_init__(self) -> None:
         for f in fields(self):
             _check_type(f.name, getattr(self, f.name), f.type)
+        heads_given = self.n_heads is not None
         if self.n_heads is None:
             object.__setattr__(self, "n_heads", max(1, self.d_model // 64))
         if self.ffn is None:
-            object.__setattr__(self, "ffn", 4 * self.d_model)
+            object.__setattr__(self, "ffn", swiglu_hidden(self.d_model) if self.arch == "llama" else 4 * self.d_model)
+        if self.tokens_per_step is not None:
+            if self.batch_size != 32 and self.batch_size * self.seq_len != self.tokens_per_step:
+                raise SpecError("tokens_per_step", f"sizes the batch; give it or batch_size, not both "
+                                f"(batch_size={self.batch_size}, seq_len={self.seq_len})")
+            if self.tokens_per_step < 1 or self.tokens_per_step % self.seq_len:
+                raise SpecError("tokens_per_step", f"must be a positive multiple of seq_len={self.seq_len}, "
+                                f"got {self.tokens_per_step}")
+            object.__setattr__(self, "batch_size", self.tokens_per_step // self.seq_len)
         self._validate()
+        if self.head_dim % HEAD_DIM_MULTIPLE:  # after _validate: an fp8 cell's d_model error comes first
+            raise SpecError("n_heads" if heads_given else "d_model",
+                            f"d_model / n_heads (the head dim) must be a multiple of {HEAD_DIM_MULTIPLE}, "
+                            f"got {self.d_model} / {self.n_heads} = {self.head_dim}")
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -99,7 +118,7 @@ class TrialSpec:
 
     def replace(self, **changes: Any) -> "TrialSpec":
         base = self.to_dict()
-        if "d_model" in changes:  # derived defaults follow a new d_model unless given too
+        if "d_model" in changes or "arch" in changes:  # derived defaults follow unless given too
             base["n_heads"] = changes.get("n_heads")
             base["ffn"] = changes.get("ffn")
         base.update(changes)
@@ -111,8 +130,13 @@ class TrialSpec:
         return self.d_model // int(self.n_heads)  # type: ignore[arg-type]
 
     @property
-    def tokens_per_step(self) -> int:
+    def tokens(self) -> int:
+        """Tokens per training step (batch_size * seq_len)."""
         return self.batch_size * self.seq_len
+
+    @property
+    def kv_heads(self) -> int:
+        return int(self.n_heads if self.n_kv_heads is None else self.n_kv_heads)  # type: ignore[arg-type]
 
     # -- validation -----------------------------------------------------------------------------
     def _validate(self) -> None:
@@ -122,6 +146,8 @@ class TrialSpec:
         _choice("fp8_format", self.fp8_format, FP8_FORMATS)
         _choice("amax_compute_algo", self.amax_compute_algo, AMAX_ALGOS)
         _choice("device", self.device, DEVICES)
+        _choice("arch", self.arch, ARCHS)
+        _choice("te_layer", self.te_layer, TE_LAYERS)
         for name in ("vocab", "d_model", "n_layers", "n_heads", "ffn", "seq_len", "batch_size",
                      "amax_history_len", "train_steps", "bench_steps", "repeats", "prompt_len"):
             if getattr(self, name) < 1:
@@ -133,6 +159,12 @@ class TrialSpec:
             raise SpecError("lr", f"must be > 0, got {self.lr}")
         if self.d_model % int(self.n_heads) != 0:  # type: ignore[arg-type]
             raise SpecError("n_heads", f"must divide d_model={self.d_model}, got {self.n_heads}")
+        if self.n_kv_heads is not None and self.n_kv_heads < 1:
+            raise SpecError("n_kv_heads", f"must be a positive integer, got {self.n_kv_heads}")
+        if self.n_heads % self.kv_heads:  # type: ignore[operator]
+            raise SpecError("n_kv_heads", f"must divide n_heads={self.n_heads}, got {self.n_kv_heads}")
+        if self.arch == "gpt" and self.kv_heads != self.n_heads:
+            raise SpecError("n_kv_heads", "grouped-query attention is part of arch llama; gpt has n_kv_heads = n_heads")
         if self.vocab < 2:
             raise SpecError("vocab", "must be at least 2")
         if self.prompt_len + 1 > self.seq_len:
@@ -145,7 +177,8 @@ class TrialSpec:
             if self.device == "cpu":
                 raise SpecError("device", "fp8 needs a CUDA device; use precision fp32 or bf16 on cpu")
             for name, value in (("d_model", self.d_model), ("ffn", self.ffn),
-                                ("batch_size*seq_len", self.tokens_per_step)):
+                                ("n_kv_heads*head_dim", self.kv_heads * self.head_dim),
+                                ("batch_size*seq_len", self.tokens)):
                 if value % 16:  # type: ignore[operator]
                     raise SpecError(name, f"fp8 GEMMs need a multiple of 16, got {value}")
         if self.backend == "te" and self.device == "cpu":
@@ -184,27 +217,44 @@ def _check_type(name: str, value: Any, annotation: Any) -> None:
         raise SpecError(name, f"must be {want}, got {value!r}")
 
 
+def swiglu_hidden(d_model: int) -> int:
+    """Llama's SwiGLU width for a hidden size: 8/3 * d_model rounded up to a multiple of 256."""
+    return -(-8 * d_model // 3 // 256) * 256
+
+
+def only_fields(scope: str) -> list[str]:
+    """Fields that mean something only for fp8 cells (``"fp8"``) or TE cells (``"te"``)."""
+    return [f.name for f in dataclasses.fields(TrialSpec) if f.metadata["only"] == scope]
+
+
 def axis_fields(*axes: str) -> list[str]:
     """The spec fields on these axes, in declaration order."""
     return [f.name for f in dataclasses.fields(TrialSpec) if f.metadata["axis"] in axes]
 
 
-def variant_name(values: Mapping[str, Any]) -> str:
-    """backend-precision[-recipe[-each non-default FP8 setting]], e.g. te-fp8-delayed-e4m3-hist1024.
+def applies(field_name: str, values: Mapping[str, Any]) -> bool:
+    """Whether a field means something for these values (an fp8-only field on an fp8 cell, ...)."""
+    only = {f.name: f.metadata["only"] for f in dataclasses.fields(TrialSpec)}[field_name]
+    return (only is None or (only == "fp8" and values.get("precision") == "fp8")
+            or (only == "te" and values.get("backend") in ("te", "auto") and values.get("device") != "cpu"))
 
-    The names that reports colour and pair by; FP8-only settings name only FP8 variants (elsewhere
-    the sweep collapses them to their defaults).
+
+def variant_name(values: Mapping[str, Any]) -> str:
+    """backend-precision[-recipe][-each non-default labelled setting], e.g. te-fp8-delayed-e4m3-hist1024-modules.
+
+    The names that reports colour and pair by; a setting names only the variants it applies to
+    (elsewhere the sweep collapses it to its default).
     """
     name = f"{values.get('backend')}-{values.get('precision')}"
-    if values.get("precision") != "fp8":
-        return name
-    name += f"-{values.get('recipe')}"
+    if values.get("precision") == "fp8":
+        name += f"-{values.get('recipe')}"
     for f in dataclasses.fields(TrialSpec):
         label = f.metadata["label"]
         value = values.get(f.name)
-        if label and value is not None and value != f.default:
+        if label and value is not None and value != f.default and applies(f.name, values):
             name += "-" + label.format(value)
     return name
+
 
 
 def spec_field_types() -> dict[str, str]:

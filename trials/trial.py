@@ -60,8 +60,8 @@ def run_trial(spec: TrialSpec, capability: Capability | None = None, process_tri
         record["te_version"] = cap.te_version or record["te_version"]
         cfg = ModelConfig.from_spec(spec)
         record.update(effective_device=device, n_params=param_count(cfg),
-                      n_matmul_params=matmul_param_count(cfg), tokens_per_step=spec.tokens_per_step,
-                      flops_per_step=flops_per_step(cfg, spec.tokens_per_step))
+                      n_matmul_params=matmul_param_count(cfg), tokens_per_step=spec.tokens,
+                      flops_per_step=flops_per_step(cfg, spec.tokens))
         if res.unsupported:
             record.update(status="unsupported", error=res.unsupported)
             log.info("unsupported: %s", res.unsupported)
@@ -116,7 +116,7 @@ def _execute(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[st
     record["bench_s"] = time.perf_counter() - t_bench
     stats = step_stats(result.step_ms)
     record.update(stats)
-    record.update(throughput(cfg, spec.tokens_per_step, stats["step_ms_mean"], record["gpu_name"], res.precision))
+    record.update(throughput(cfg, spec.tokens, stats["step_ms_mean"], record["gpu_name"], res.precision))
     record.update(timer=result.timer, step_times_ms=result.step_ms, repeat_medians_ms=result.repeat_medians_ms,
                   host_ms_per_step=result.host_ms_per_step, launch_bound=result.launch_bound,
                   bench_loss_final=result.last_loss)

@@ -139,6 +139,11 @@ def _pair_row(kind: str, shape: tuple, base: CellStats, other: CellStats, resamp
     return row
 
 
+def bf16_partner(cell: CellStats) -> str:
+    """The TE BF16 variant an FP8 cell is compared with: built the same way (te_layer, any TE-wide setting)."""
+    return variant_name({**{k: _get(cell.record, k) for k in KNOBS}, "backend": "te", "precision": "bf16"})
+
+
 @dataclass
 class Pairs:
     rows: pd.DataFrame  # one row per pair with a ratio
@@ -173,7 +178,8 @@ def pair_cells(df: pd.DataFrame) -> Pairs:
     for shape, variants in cells.items():
         for name, cell in variants.items():
             if name.startswith("te-fp8"):
-                pair("fp8_speedup", shape, "te-bf16", cell, variants.get("te-bf16"))
+                ref_name = bf16_partner(cell)
+                pair("fp8_speedup", shape, ref_name, cell, variants.get(ref_name))
         if "te-bf16" in variants:
             pair("te_gain", shape, "torch-bf16", variants["te-bf16"], variants.get("torch-bf16"))
     return Pairs(pd.DataFrame(rows), pd.DataFrame(unpaired), resamples)
@@ -269,3 +275,59 @@ def knob_effects(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         if not frame["series"].astype(bool).any():
             frame = frame.drop(columns="series")
     return frame, sentences
+
+
+# Depths of published models a per-layer split is extrapolated to (Llama-3.2-1B: 16, Llama-3-8B: 32, 70B: 80).
+REFERENCE_DEPTHS = (16, 32, 80)
+
+
+def per_layer_costs(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """How a step splits into transformer layers and the rest (embedding, LM head, loss, optimizer of those),
+    from the same cell timed at two depths: per layer = (t_deep - t_shallow) / (L_deep - L_shallow).
+
+    Also the FP8 speedup such a split implies at the depths of published models: an estimate from a
+    linear model of depth, labelled as one, not a measurement.
+    """
+    depth = SHAPE_KEYS.index("n_layers")
+    by_shape: dict[tuple, dict[int, dict[str, CellStats]]] = {}
+    for shape, variants in cell_table(df).items():
+        by_shape.setdefault(shape[:depth] + shape[depth + 1:], {})[int(shape[depth])] = variants
+    rows: list[dict[str, Any]] = []
+    sentences: list[str] = []
+    for rest_of_shape, depths in by_shape.items():
+        if len(depths) < 2:
+            continue
+        l1, l2 = min(depths), max(depths)
+        where = dict(zip(SHAPE_KEYS[:depth] + SHAPE_KEYS[depth + 1:], rest_of_shape))
+        kv = where.get("n_kv_heads")
+        heads = f"{int(where['n_heads'])}/{int(kv if kv == kv and kv is not None else where['n_heads'])}"
+        split: dict[str, dict[str, Any]] = {}  # variant -> its row
+        for name, shallow in depths[l1].items():
+            deep = depths[l2].get(name)
+            if deep is None or shallow.median_ms is None or deep.median_ms is None:
+                continue
+            layer = (deep.median_ms - shallow.median_ms) / (l2 - l1)
+            split[name] = {"arch": where.get("arch"), "d_model": where["d_model"], "ffn": where["ffn"],
+                           "heads/kv": heads, "vocab": where["vocab"], "seq_len": where["seq_len"],
+                           "graphs": where["cuda_graphs"], "variant": name, "depths": f"{l1}, {l2}",
+                           "ms shallow": shallow.median_ms, "ms deep": deep.median_ms, "per layer ms": layer,
+                           "rest ms": shallow.median_ms - l1 * layer,
+                           "layer share at deep": l2 * layer / deep.median_ms}
+            rows.append(split[name])
+        context = (f"{where.get('arch')} d_model {where['d_model']}, ffn {where['ffn']}, {heads} heads, "
+                   f"vocab {where['vocab']}, seq {where['seq_len']}" + (" (CUDA graphs)" if where["cuda_graphs"] else ""))
+        for name, row in split.items():
+            ref = split.get(bf16_partner(depths[l1][name])) if name.startswith("te-fp8") else None
+            if ref is None:
+                continue
+            layer, rest, b_layer, b_rest = row["per layer ms"], row["rest ms"], ref["per layer ms"], ref["rest ms"]
+            estimates = {d: (b_rest + d * b_layer) / (rest + d * layer) for d in REFERENCE_DEPTHS}
+            row["per-layer speedup"] = b_layer / layer
+            row.update({f"est. speedup at {d} layers": v for d, v in estimates.items()})
+            sentences.append(
+                f"{context}: one layer takes {b_layer:.2f} ms in {ref['variant']} and {layer:.2f} ms in {name} "
+                f"(per-layer FP8 speedup {b_layer / layer:.2f}x); the rest of the step {b_rest:.2f} ms vs {rest:.2f} ms. "
+                "Estimated end-to-end FP8 speedup for the full-depth model (an estimate from this split, not "
+                "measured): " + ", ".join(f"{v:.2f}x at {d} layers" for d, v in estimates.items()) + ".")
+    table = pd.DataFrame(rows)
+    return (table.round(3) if not table.empty else table), sentences

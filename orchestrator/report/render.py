@@ -11,7 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..efficiency import concurrent_trials, run_efficiency
-from .analysis import Pairs, crossover, knob_effects, varying_keys
+from .analysis import Pairs, crossover, knob_effects, per_layer_costs, varying_keys
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,14 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
                              "intervals (loss: over samples, so samples >= 2)", knobs))
             sections.append(("Recipes and formats: what changed", "a difference is beyond noise when the two 95% "
                              "intervals do not overlap", pd.DataFrame({"finding": findings})))
+    layers, estimates = per_layer_costs(df)
+    if not layers.empty:
+        sections.append(("Per-layer cost", "the same cell at two depths: per layer = (t_deep - t_shallow) / (L_deep - "
+                         "L_shallow); rest = embedding, LM head, loss and their optimizer work. Speedups at published "
+                         "depths are estimates from this split, not measurements", layers))
+        if estimates:
+            sections.append(("Per-layer cost: full-depth estimates", "labelled estimates, from the split above",
+                             pd.DataFrame({"estimate": estimates})))
     gain = rows[rows["kind"] == "te_gain"] if not rows.empty else rows
     if not gain.empty:
         sections.append(("TE kernel gain (te-bf16 vs torch-bf16)", "gain = torch-bf16 step time / te-bf16 step time",
