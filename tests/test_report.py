@@ -233,3 +233,49 @@ def test_per_layer_cost_and_module_granularity_pairing(tmp_path):
     assert "estimate" in lines[0] and "llama d_model 512, ffn 1536, 8/2 heads" in lines[0]
     gpt = prepare(Store(str(tmp_path), "layers").read_records().to_pandas())
     assert gpt.groupby("cell_id")["series"].first().str.contains("arch=").all()  # arch varies: every series says it
+
+
+def _infer_rec(spec: TrialSpec, decode_ms: float, prefill_ms: float, weight_bytes: int, match: float | None) -> dict:
+    from orchestrator.sweep import cell_id, cell_label
+
+    rec = empty_record()
+    rec.update(spec.to_dict())
+    decode = [decode_ms * j for j in JITTER]
+    prefill = [prefill_ms * j for j in JITTER]
+    rec.update(status="ok", effective_backend="te", effective_precision=spec.precision,
+               effective_recipe=spec.recipe if spec.precision == "fp8" else None, cell_id=cell_id(spec),
+               cell_label=cell_label(spec), sample=0, n_params=param_count(ModelConfig.from_spec(spec)),
+               decode_times_ms=decode, decode_ms_per_token_p50=float(pd.Series(decode).median()),
+               prefill_times_ms=prefill, prefill_ms_p50=float(pd.Series(prefill).median()),
+               decode_tokens_per_s=spec.batch_size / decode_ms * 1000, weight_bytes=weight_bytes,
+               kv_cache_bytes=1 << 20, gen_match_rate=match, loss_final=1.0, gpu_name="NVIDIA H200")
+    return rec
+
+
+def test_inference_section_pairs_fp8_weights_with_bf16_and_shows_where_fp8_is_slower(tmp_path):
+    """Decode and prefill speedups come out as built; FP8 slower at batch 1 is a finding, not dropped; the
+    training sections and charts never see inference records."""
+    store = Store(str(tmp_path), "inf")
+    store.ensure()
+    want = {(768, 1): 0.8, (768, 32): 1.1, (4096, 1): 1.3, (4096, 32): 1.4}
+    for (d, b), speedup in want.items():
+        base = dict(workload="infer", d_model=d, n_layers=4, batch_size=b, backend="te", cuda_graphs=True,
+                    prompt_len=32, gen_len=32)
+        store.write_record(_infer_rec(TrialSpec(precision="bf16", **base), 1.0 * d / 768, 5.0, 2000, None))
+        store.write_record(_infer_rec(TrialSpec(precision="fp8", weights="fp8", **base), 1.0 * d / 768 / speedup,
+                                      5.0 / 1.25, 1000 + 50, 0.97))
+    store.write_record(_knob_rec(TrialSpec(d_model=768, n_layers=4, backend="te", precision="bf16"), 20.0))  # training
+    report = build_report(str(tmp_path / "inf"), out_html=str(tmp_path / "r.html"))
+    md = (tmp_path / "results.md").read_text()
+    table = md.split("## Inference: FP8 vs TE BF16")[1].split("\n## ")[0]
+    rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| ") and "d_model" not in line]
+    got = {(int(r[0]), int(r[2])): float(r[7]) for r in rows}
+    assert got == pytest.approx(want, rel=1e-3)
+    assert all(float(r[10]) == pytest.approx(1.25, rel=1e-3) and float(r[13]) == pytest.approx(0.525) and
+               float(r[14]) == pytest.approx(0.97) for r in rows)
+    findings = md.split("## Inference: where FP8 pays off")[1].split("\n## ")[0]
+    slow = next(line for line in findings.splitlines() if "d_model 768 x 4, batch 1," in line)
+    assert "FP8 decode slower (0.8x" in slow and "prefill faster" in slow
+    assert report.pairs.rows.empty  # the one training cell has no partner; inference never pairs with training
+    html = open(report.html_path).read()
+    assert "FP8 decode speedup over TE BF16" in html and "KV-cached decode throughput" in html

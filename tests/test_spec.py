@@ -46,6 +46,13 @@ def test_defaults_follow_d_model():
     ({"n_kv_heads": 4}, "n_kv_heads"),  # GQA belongs to arch llama
     ({"arch": "llama", "d_model": 768, "n_heads": 96, "n_kv_heads": 1, "precision": "fp8"}, "n_kv_heads*head_dim"),
     ({"tokens_per_step": 1000, "seq_len": 256}, "tokens_per_step"),
+    ({"workload": "serve"}, "workload"),
+    ({"weights": "int4"}, "weights"),
+    ({"weights": "fp8", "precision": "fp8"}, "weights"),  # fp8 weights with workload train
+    ({"weights": "fp8", "workload": "infer"}, "weights"),  # fp8 weights without fp8 compute
+    ({"workload": "infer", "prompt_len": 200, "gen_len": 100}, "gen_len"),  # 300 > seq_len 256
+    ({"workload": "infer", "gen_len": 1}, "gen_len"),
+    ({"workload": "infer", "te_layer": "modules"}, "te_layer"),
     ({"tokens_per_step": 1024, "seq_len": 256, "batch_size": 8}, "tokens_per_step"),
 ])
 def test_bad_values_name_their_field(kwargs, field):

@@ -64,6 +64,9 @@ def test_cell_id_is_stable_and_complete():
     ("name: x\ngrid: [d_model\n", "yaml", 3),
     ("name: x\ngrid:\n  - d_model: [64]\n    precision: [bf16, fp4]\n", "grid.0.precision", 4),
     ("name: x\ngrid:\n  - {d_model: [64]}\n  - d_model: [100, 128]\n    precision: [fp8]\n", "grid.1.d_model", 4),
+    ("name: x\ngrid:\n  precision: [fp8]\n  weights: [bf16, fp8]\n", "grid.weights", 4),  # fp8 weights, training
+    ("name: x\ngrid:\n  gen_len: [8, 300]\nfixed:\n  workload: infer\n", "grid.gen_len", 3),
+    ("name: x\ngrid:\n  arch: [llama]\n  n_kv_heads: [5]\nfixed:\n  n_heads: 12\n", "grid.n_kv_heads", 4),
 ])
 def test_errors_name_key_and_line(text, key, line):
     with pytest.raises(SweepError) as info:

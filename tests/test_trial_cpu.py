@@ -49,6 +49,26 @@ def test_llama_trial_at_a_large_vocabulary_learns_and_counts_its_flops():
     assert all(0 <= t < 128 for t in rec["gen_tokens"]) and rec["gen_stride_accuracy"] >= 0.5
 
 
+@pytest.mark.parametrize("arch", ["gpt", "llama"])
+def test_infer_trial_trains_then_times_prefill_and_kv_cached_decode(arch):
+    spec = TrialSpec(workload="infer", arch=arch, d_model=64, n_heads=4, n_layers=2, seq_len=64, batch_size=3,
+                     train_steps=200, lr=2e-3, precision="fp32", bench_steps=3, prompt_len=8, gen_len=16,
+                     device="cpu")
+    rec = run_trial(spec)
+    assert rec["status"] == "ok", rec["error"]
+    assert set(rec) == set(FIELD_NAMES)
+    assert len(rec["prefill_times_ms"]) == 3 and len(rec["decode_times_ms"]) == 3 * 15
+    assert 0 < rec["decode_ms_per_token_p50"] <= rec["decode_ms_per_token_p90"]
+    assert rec["decode_tokens_per_s"] == pytest.approx(3 / (sum(rec["decode_times_ms"]) / 45 / 1000))
+    assert rec["decode_rows"] == 3 and rec["gen_match_rate"] is None  # no FP8 on CPU: nothing to agree with
+    model_bytes = 4 * rec["n_params"]  # fp32 weights
+    assert rec["weight_bytes"] == model_bytes
+    kv_heads = 4
+    assert rec["kv_cache_bytes"] == 2 * 2 * 3 * 64 * kv_heads * 16 * 4  # K and V, layers, rows, positions (64), heads, dim
+    assert rec["gen_stride_accuracy"] >= 0.9 and rec["ref_stride_accuracy"] >= 0.9  # trained: it continues the stride
+    assert rec["step_ms_p50"] is None and rec["flops_per_step"] is None  # no training-step benchmark
+
+
 def test_small_model_learns_the_arithmetic_task():
     rec = run_trial(TrialSpec(d_model=64, n_layers=2, seq_len=64, batch_size=16, train_steps=300, lr=1e-3,
                               precision="fp32", bench_steps=3, warmup_steps=1, device="cpu"))

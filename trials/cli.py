@@ -83,7 +83,7 @@ def summary(record: dict[str, Any]) -> str:
     r = record
     lines = [
         f"status        {r['status']}" + (f"  ({r['error']})" if r.get("error") else ""),
-        f"cell          d_model={r['d_model']} n_layers={r['n_layers']} heads={r['n_heads']} ffn={r['ffn']} "
+        f"cell          {r.get('workload') or 'train'} {r.get('arch') or 'gpt'} d_model={r['d_model']} n_layers={r['n_layers']} heads={r['n_heads']} ffn={r['ffn']} "
         f"batch={r['batch_size']} seq={r['seq_len']} cuda_graphs={r['cuda_graphs']}",
         f"requested     backend={r['backend']} precision={r['precision']}"
         + (f" recipe={r['recipe']}" if r["precision"] == "fp8" else "") + f" device={r['device']}",
@@ -98,6 +98,10 @@ def summary(record: dict[str, Any]) -> str:
         f"host          {_fmt(r['host_ms_per_step'], ' ms/step to issue')}  launch_bound={r['launch_bound']}",
         f"memory        allocated {_fmt(r['peak_mem_allocated_bytes'])} B  reserved {_fmt(r['peak_mem_reserved_bytes'])} B",
         f"generation    stride accuracy {_fmt(r['gen_stride_accuracy'], '', 3)}",
+        *([f"inference     prefill p50 {_fmt(r['prefill_ms_p50'], ' ms')}  decode p50 "
+           f"{_fmt(r['decode_ms_per_token_p50'], ' ms/token', 3)}  {_fmt(r['decode_tokens_per_s'], ' tok/s', 0)}  "
+           f"weights {_fmt(r['weight_bytes'])} B  kv {_fmt(r['kv_cache_bytes'])} B  "
+           f"FP8 token agreement {_fmt(r['gen_match_rate'], '', 3)}"] if r.get("workload") == "infer" else []),
         f"device        {r['gpu_name'] or 'cpu'} cc={r['compute_capability']} torch={r['torch_version']} te={r['te_version']}",
         f"time          {_fmt(r['duration_s'], ' s')} (setup {_fmt(r['setup_s'], ' s')}, train {_fmt(r['train_s'], ' s')}, "
         f"bench {_fmt(r['bench_s'], ' s')})",

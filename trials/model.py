@@ -139,7 +139,9 @@ class TwinBlock(nn.Module):
         self.fc1 = nn.Linear(d, cfg.fc1_out, bias=bias, **factory)
         self.fc2 = nn.Linear(cfg.ffn, d, bias=bias, **factory)
 
-    def forward(self, x: torch.Tensor, rotary_pos_emb: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rotary_pos_emb: torch.Tensor | None = None,
+                kv: tuple[torch.Tensor, torch.Tensor] | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """``kv``: this layer's (k, v) cache, each (b, max_len, kv_heads, hd), written at ``positions`` (t,)."""
         cfg = self.cfg
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).split([d, cfg.kv_dim, cfg.kv_dim], dim=-1)
@@ -148,7 +150,14 @@ class TwinBlock(nn.Module):
         if rotary_pos_emb is not None:
             q, k = apply_rope(q, rotary_pos_emb), apply_rope(k, rotary_pos_emb)
         gqa = {"enable_gqa": True} if cfg.kv_dim != d else {}  # each K/V head serves n_heads/n_kv_heads queries
-        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+        if kv is None:
+            mask = {"is_causal": True}
+        else:  # append to the cache and attend to every cached position up to each query's own
+            kv[0].index_copy_(1, positions, k)
+            kv[1].index_copy_(1, positions, v)
+            k, v = kv
+            mask = {"attn_mask": torch.arange(k.shape[1], device=x.device)[None, :] <= positions[:, None]}  # (t, max_len)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **mask,
                                            **gqa)  # (b, h, t, hd)
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
         h = self.fc1(self.ln2(x))  # (b, t, fc1_out)
@@ -165,10 +174,12 @@ def _te_common(cfg: ModelConfig) -> dict[str, Any]:
     return {"bias": not cfg.llama, "device": "cuda", **norm}
 
 
-def _te_block(te: Any, cfg: ModelConfig, index: int, dtype: torch.dtype) -> nn.Module:
+def _te_block(te: Any, cfg: ModelConfig, index: int, dtype: torch.dtype, fused_qkv: bool = False) -> nn.Module:
     if cfg.te_layer == "modules":
         return TEModulesBlock(te, cfg, index, dtype)
     arch = {"activation": "swiglu", "num_gqa_groups": cfg.kv_dim // cfg.head_dim} if cfg.llama else {}
+    if fused_qkv:  # one [Q; K; V] weight (not per-head interleaved): the layout of fused_qkv_state
+        arch.update(fuse_qkv_params=True, qkv_weight_interleaved=False)
     return te.TransformerLayer(
         hidden_size=cfg.d_model,
         ffn_hidden_size=cfg.ffn,
@@ -222,7 +233,9 @@ def _te_rope(te: Any) -> Any:
 class MiniGPT(nn.Module):
     """The causal LM; ``te`` is the imported ``transformer_engine.pytorch`` module or None for the twin."""
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str, te: Any = None):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device | str, te: Any = None,
+                 fused_qkv: bool = False):
+        """``fused_qkv``: TE layers keep Q, K and V in one parameter (FP8-only weights cannot be split)."""
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         self.cfg = cfg
@@ -231,7 +244,7 @@ class MiniGPT(nn.Module):
         if not cfg.llama:
             self.pos = nn.Embedding(cfg.seq_len, cfg.d_model, **factory)
         if te is not None:
-            self.blocks = nn.ModuleList(_te_block(te, cfg, i, dtype) for i in range(cfg.n_layers))
+            self.blocks = nn.ModuleList(_te_block(te, cfg, i, dtype, fused_qkv) for i in range(cfg.n_layers))
         else:
             self.blocks = nn.ModuleList(TwinBlock(cfg, **factory) for _ in range(cfg.n_layers))
         self.ln_f = _norm(cfg, **factory)
@@ -246,6 +259,8 @@ class MiniGPT(nn.Module):
         """GPT-2 style init, applied by shape so both variants start from the same distribution."""
         resid_std = INIT_STD / math.sqrt(2 * self.cfg.n_layers)
         for name, p in self.named_parameters():
+            if hasattr(p, "dequantize"):  # FP8-only (quantized_model_init): TE initialised it; a load replaces it
+                continue
             if p.dim() >= 2:
                 residual_out = name.endswith(("proj.weight", "fc2.weight", "fc2_weight"))
                 p.normal_(0.0, resid_std if residual_out else INIT_STD)
@@ -254,17 +269,22 @@ class MiniGPT(nn.Module):
             else:  # norm gains
                 p.fill_(1.0)
 
-    def features(self, idx: torch.Tensor) -> torch.Tensor:
-        """(b, t) token ids -> (b, t, d_model) final-norm hidden states (what the LM head reads)."""
+    def features(self, idx: torch.Tensor, positions: torch.Tensor | None = None, cache: Any = None) -> torch.Tensor:
+        """(b, t) token ids -> (b, t, d_model) final-norm hidden states (what the LM head reads).
+
+        ``positions`` (t,): where the tokens sit (default 0..t-1); ``cache``: a KV cache from
+        ``trials.decode`` that each block reads and extends (its ``block_kwargs`` say how).
+        """
         t = idx.shape[1]
-        h = self.tok(idx)
-        if self.cfg.llama:
-            for block in self.blocks:
-                h = block(h, rotary_pos_emb=self.rope[:t])
-        else:
-            h = h + self.pos(self.positions[:t])
-            for block in self.blocks:
-                h = block(h)
+        positions = self.positions[:t] if positions is None else positions
+        h = self.tok(idx)  # (b, t, d_model)
+        if not self.cfg.llama:
+            h = h + self.pos(positions)
+        for i, block in enumerate(self.blocks):
+            kwargs = {"rotary_pos_emb": self.rope[:t]} if self.cfg.llama else {}
+            if cache is not None:
+                kwargs.update(cache.block_kwargs(i))
+            h = block(h, **kwargs)
         return self.ln_f(h)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
@@ -326,4 +346,21 @@ def twin_state_from_te(te_state: Mapping[str, torch.Tensor]) -> dict[str, torch.
         qkv.setdefault(f"blocks.{idx}.qkv.{kind}", {})[which] = value
     for name, parts in qkv.items():
         out[name] = torch.cat([parts["query"], parts["key"], parts["value"]], dim=0)
+    return out
+
+
+def fused_qkv_state(te_state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A TE MiniGPT state dict with Q, K and V as separate parameters -> the fused_qkv model's names."""
+    out: dict[str, torch.Tensor] = {}
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    prefix = "self_attention.layernorm_qkv."
+    for name, value in te_state.items():
+        head, sep, tail = name.partition(prefix)
+        which, _, kind = tail.partition("_")  # query_weight -> (query, weight)
+        if sep and which in ("query", "key", "value") and kind in ("weight", "bias"):
+            parts.setdefault(f"{head}{prefix}{kind}", {})[which] = value
+        else:
+            out[name] = value
+    for name, qkv in parts.items():
+        out[name] = torch.cat([qkv["query"], qkv["key"], qkv["value"]], dim=0)
     return out

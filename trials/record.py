@@ -57,14 +57,16 @@ FIELDS: list[Field] = [
     _f("amax_compute_algo", "str", "Delayed scaling: max or most_recent."),
     _f("te_layer", "str", "TE block granularity: transformer_layer (one fused te.TransformerLayer) or modules "
        "(te.LayerNormLinear, te.DotProductAttention, te.Linear, te.LayerNormMLP)."),
-    _f("cuda_graphs", "bool", "Forward+backward captured as CUDA graphs."),
+    _f("weights", "str", "Inference weights: bf16 (high precision) or fp8 (TE quantized_model_init; fp8 cells only)."),
+    _f("cuda_graphs", "bool", "Forward+backward captured as CUDA graphs (infer: the decode step)."),
+    _f("workload", "str", "train (training steps) or infer (prefill + KV-cached decode)."),
     _f("train_steps", "int", "Training steps before the benchmark."),
     _f("lr", "float", "AdamW learning rate."),
     _f("warmup_steps", "int", "Untimed steps before the timed blocks."),
     _f("bench_steps", "int", "Timed steps per repeat."),
     _f("repeats", "int", "Timed blocks of bench_steps steps."),
-    _f("gen_len", "int", "Tokens decoded greedily in the generation check."),
-    _f("prompt_len", "int", "Prompt tokens for the generation check."),
+    _f("gen_len", "int", "Tokens decoded greedily in the generation check (infer: tokens generated per request)."),
+    _f("prompt_len", "int", "Prompt tokens for the generation check (infer: the prefill length)."),
     _f("seed", "int", "Seed of weights and data."),
     _f("device", "str", "Requested device: auto, cuda or cpu."),
     # -- what actually ran
@@ -104,6 +106,23 @@ FIELDS: list[Field] = [
     _f("mfu_precision_peak", "float", "model_tflops / peak_tflops_precision."),
     _f("host_ms_per_step", "float", "Host time to issue one step from an idle GPU, ms."),
     _f("launch_bound", "bool", "GPU waits on the host: host_ms_per_step >= 0.8 * step_ms_p50 (null on CPU)."),
+    # -- inference (workload infer)
+    _f("prefill_times_ms", "list[float]", "infer: every timed prefill (prompt_len tokens x batch), ms."),
+    _f("decode_times_ms", "list[float]", "infer: every timed decode step (one token per row), ms."),
+    _f("prefill_ms_p50", "float", "infer: median prefill time, ms."),
+    _f("prefill_ms_p90", "float", "infer: 90th percentile prefill time, ms."),
+    _f("decode_ms_per_token_p50", "float", "infer: median decode step, ms per generated token (per row)."),
+    _f("decode_ms_per_token_p90", "float", "infer: 90th percentile decode step, ms."),
+    _f("prefill_tokens_per_s", "float", "infer: batch_size * prompt_len / mean prefill time."),
+    _f("decode_tokens_per_s", "float", "infer: batch_size / mean decode step time."),
+    _f("decode_rows", "int", "infer: rows decoded (batch_size, rounded up to a multiple of 8 for FP8 GEMMs)."),
+    _f("weight_bytes", "int", "infer: device memory the inference model's weights take (FP8 data and scales "
+       "included; storage size on CPU)."),
+    _f("kv_cache_bytes", "int", "infer: the KV cache's memory (rows x positions x layers x K and V)."),
+    _f("peak_decode_mem_bytes", "int", "infer: peak allocated device memory over the timed generations."),
+    _f("gen_match_rate", "float", "infer, fp8 cells: share of greedy tokens equal to the BF16 model's (the same "
+       "trained weights, the same prompts)."),
+    _f("ref_stride_accuracy", "float", "infer: stride accuracy of the BF16 reference generation."),
     # -- memory
     _f("peak_mem_allocated_bytes", "int", "torch.cuda.max_memory_allocated over the trial."),
     _f("peak_mem_reserved_bytes", "int", "torch.cuda.max_memory_reserved over the trial."),
@@ -145,7 +164,7 @@ FIELDS: list[Field] = [
     _f("startup_s", "float", "Trial start to the first training step issued, s."),
     _f("first_step_s", "float", "The first training step alone, synced: TE's fuser compiles and cuDNN plans, s."),
     _f("train_s", "float", "Training steps, s."),
-    _f("bench_s", "float", "Warmup, host probe and timed blocks, s."),
+    _f("bench_s", "float", "Warmup, host probe and timed blocks, s (infer: inference models, generations)."),
     _f("gen_s", "float", "Generation check, s."),
 ]
 

@@ -18,6 +18,8 @@ AMAX_ALGOS = ("max", "most_recent")
 DEVICES = ("auto", "cuda", "cpu")
 ARCHS = ("gpt", "llama")  # gpt: the tutorial's MiniGPT; llama: RMSNorm, SwiGLU, GQA, RoPE, no biases
 TE_LAYERS = ("transformer_layer", "modules")  # one fused te.TransformerLayer, or TE's modules composed
+WORKLOADS = ("train", "infer")  # what a trial measures: training steps, or prefill + KV-cached decode
+WEIGHTS = ("bf16", "fp8")  # how an inference model stores its weights (fp8: TE's quantized_model_init)
 HEAD_DIM_MULTIPLE = 8  # fused attention kernels (and TE) need head dims in multiples of 8
 
 
@@ -66,7 +68,9 @@ class TrialSpec:
     amax_history_len: int = _on("variant", 16, "hist{}", only="fp8")
     amax_compute_algo: str = _on("variant", "max", "amax-{}", only="fp8")
     te_layer: str = _on("variant", "transformer_layer", "{}", only="te")
-    cuda_graphs: bool = _on("execution", False)
+    weights: str = _on("variant", "bf16", "{}-weights", only="fp8")
+    cuda_graphs: bool = _on("execution", False)  # infer: the decode step is graphed
+    workload: str = _on("schedule", "train")
     train_steps: int = _on("schedule", 60)
     lr: float = _on("schedule", 3e-4)
     warmup_steps: int = _on("schedule", 10)
@@ -148,6 +152,8 @@ class TrialSpec:
         _choice("device", self.device, DEVICES)
         _choice("arch", self.arch, ARCHS)
         _choice("te_layer", self.te_layer, TE_LAYERS)
+        _choice("workload", self.workload, WORKLOADS)
+        _choice("weights", self.weights, WEIGHTS)
         for name in ("vocab", "d_model", "n_layers", "n_heads", "ffn", "seq_len", "batch_size",
                      "amax_history_len", "train_steps", "bench_steps", "repeats", "prompt_len"):
             if getattr(self, name) < 1:
@@ -185,6 +191,21 @@ class TrialSpec:
             raise SpecError("backend", "te needs a CUDA device; use backend torch or auto on cpu")
         if self.cuda_graphs and self.device == "cpu":
             raise SpecError("cuda_graphs", "needs a CUDA device")
+        if self.weights == "fp8":
+            if self.workload != "infer":
+                raise SpecError("weights", "fp8 weights are an inference setting; use workload: infer (training keeps "
+                                "high-precision master weights)")
+            if self.precision != "fp8":
+                raise SpecError("weights", "fp8 weights run under FP8 autocast; use precision: fp8")
+        if self.workload == "infer":
+            if self.prompt_len + self.gen_len > self.seq_len:
+                raise SpecError("gen_len", f"prompt_len + gen_len must be <= seq_len={self.seq_len} (the KV cache and "
+                                f"positions end there), got {self.prompt_len} + {self.gen_len}")
+            if self.gen_len < 2:
+                raise SpecError("gen_len", "infer decodes gen_len - 1 steps after the prefill's token: must be >= 2")
+            if self.te_layer != "transformer_layer":
+                raise SpecError("te_layer", "infer builds te.TransformerLayer blocks (their KV cache is TE's "
+                                "InferenceParams); use transformer_layer")
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -111,6 +111,41 @@ def autocast(te: ModuleType | None, recipe_obj: Any) -> contextlib.AbstractConte
     return te.fp8_autocast(enabled=True, fp8_recipe=recipe_obj)  # older TE compatibility
 
 
+def calibration(te: ModuleType, recipe_obj: Any) -> contextlib.AbstractContextManager:
+    """TE's calibration mode: a high-precision forward that records the amaxes FP8 scales are made from."""
+    if hasattr(te, "autocast"):
+        return te.autocast(enabled=False, calibrating=True, recipe=recipe_obj)
+    return te.fp8_autocast(enabled=False, calibrating=True, fp8_recipe=recipe_obj)  # older TE compatibility
+
+
+def quantized_model_init(te: ModuleType, recipe_obj: Any) -> contextlib.AbstractContextManager:
+    """Build TE modules whose parameters exist only in FP8 (``fp8_model_init`` in older TE)."""
+    if hasattr(te, "quantized_model_init"):
+        return te.quantized_model_init(enabled=True, recipe=recipe_obj)
+    return te.fp8_model_init(enabled=True, recipe=recipe_obj)  # older TE compatibility
+
+
+@contextlib.contextmanager
+def own_extra_state() -> Any:
+    """Let TE load FP8 metadata this process itself just produced.
+
+    TE 2.x refuses pickled ``_extra_state`` (delayed-scaling scales and amax histories) unless
+    ``NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1``, because unpickling a checkpoint from elsewhere can run
+    code. The state loaded here never left this process's memory; the variable is set only around
+    that load and restored after it.
+    """
+    name = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
+    before = os.environ.get(name)
+    os.environ[name] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
 def make_graphed_callables(te: ModuleType, module: Callable, sample_args: tuple, recipe_obj: Any) -> Callable:
     """CUDA-graph ``module`` forward+backward with TE, FP8 state included when a recipe is given."""
     params = inspect.signature(te.make_graphed_callables).parameters

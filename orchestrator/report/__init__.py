@@ -18,6 +18,7 @@ import pyarrow as pa
 from ..store import read_results
 from . import charts
 from .analysis import Pairs, compare_runs, crossover, pair_cells, prepare
+from .inference import inference_pairs, split
 from .render import export_pngs, markdown_tables, write_csv, write_html
 
 log = logging.getLogger(__name__)
@@ -56,19 +57,29 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
     src = Path(path).expanduser().resolve()
     base_dir = src if src.is_dir() else src.parent
     df = _load(str(src))
-    pairs = pair_cells(df)
+    train, infer = split(df)
+    pairs = pair_cells(train)
     if sweep_text is None and (base_dir / "sweep.yaml").is_file():
         sweep_text = (base_dir / "sweep.yaml").read_text()
 
-    figures = [
+    figures = [] if train.empty else [
         ("fp8_speedup", charts.speedup_chart(pairs)),
-        ("step_time", charts.step_time_chart(df)),
-        ("throughput", charts.throughput_chart(df)),
-        ("mfu", charts.mfu_chart(df)),
-        ("memory", charts.memory_chart(df)),
-        ("loss_curves", charts.loss_chart(df)),
-        ("status", charts.status_chart(df)),
+        ("step_time", charts.step_time_chart(train)),
+        ("throughput", charts.throughput_chart(train)),
+        ("mfu", charts.mfu_chart(train)),
+        ("memory", charts.memory_chart(train)),
+        ("loss_curves", charts.loss_chart(train)),
     ]
+    if not infer.empty:
+        ip = inference_pairs(infer)
+        figures += [
+            ("decode_speedup", charts.speedup_chart(ip.decode, "FP8 decode speedup over TE BF16 vs model scale (95% "
+                                                    "bootstrap intervals)", "BF16 ms per token / FP8 ms per token")),
+            ("decode_throughput", charts.decode_chart(infer)),
+            ("prefill_speedup", charts.speedup_chart(ip.prefill, "FP8 prefill speedup over TE BF16 vs model scale",
+                                                     "BF16 prefill ms / FP8 prefill ms")),
+        ]
+    figures.append(("status", charts.status_chart(df)))
     comparison = None
     if compare_dir:
         other = _load(compare_dir)

@@ -65,6 +65,7 @@ def prepare(records: pd.DataFrame) -> pd.DataFrame:
         return df
     df["variant"] = [variant_of(r) for r in df.to_dict("records")]
     df["cuda_graphs"] = df["cuda_graphs"].fillna(False).astype(bool)
+    df["workload"] = df["workload"].fillna("train")  # records from before the workload field trained
     keys = varying_keys(df)
     df["series"] = [series_label(r, keys) for r in df[keys].to_dict("records")] if keys else ""
     df["size_label"] = [f"{d}x{l}" for d, l in zip(df["d_model"], df["n_layers"])]
@@ -98,15 +99,28 @@ def bootstrap_ratio(num: list[float], den: list[float], resamples: int, rng: np.
     return float(lo), float(hi)
 
 
-def cell_table(df: pd.DataFrame) -> dict[tuple, dict[str, CellStats]]:
+@dataclass(frozen=True)
+class Timing:
+    """Which record fields time a cell: the per-sample median and every timed step of a sample."""
+
+    median: str = "step_ms_p50"
+    steps: str = "step_times_ms"
+
+
+TRAIN_STEP = Timing()
+DECODE_STEP = Timing("decode_ms_per_token_p50", "decode_times_ms")
+PREFILL = Timing("prefill_ms_p50", "prefill_times_ms")
+
+
+def cell_table(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> dict[tuple, dict[str, CellStats]]:
     """(shape key) -> variant -> stats, over all samples of that cell."""
     out: dict[tuple, dict[str, CellStats]] = {}
     if df.empty:
         return out
     for (shape, variant), group in df.groupby([df[SHAPE_KEYS].apply(tuple, axis=1), "variant"], sort=False):
         ok = group[group["status"] == "ok"]
-        samples = [float(v) for v in ok["step_ms_p50"].dropna()]
-        steps = list(ok["step_times_ms"].iloc[0]) if len(ok) and ok["step_times_ms"].iloc[0] is not None else []
+        samples = [float(v) for v in ok[timing.median].dropna()]
+        steps = list(ok[timing.steps].iloc[0]) if len(ok) and ok[timing.steps].iloc[0] is not None else []
         status = "ok" if len(ok) else str(group["status"].iloc[0])
         first = (ok if len(ok) else group).iloc[0].to_dict()
         losses = [float(v) for v in ok["loss_final"].dropna()]
@@ -151,9 +165,9 @@ class Pairs:
     resamples: int
 
 
-def pair_cells(df: pd.DataFrame) -> Pairs:
-    """FP8 speedups (te-bf16 / te-fp8-*) and TE kernel gains (torch-bf16 / te-bf16)."""
-    cells = cell_table(df)
+def pair_cells(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> Pairs:
+    """FP8 speedups (te-bf16 / te-fp8-*) and TE kernel gains (torch-bf16 / te-bf16), by ``timing``."""
+    cells = cell_table(df, timing)
     series = varying_keys(df)
     n_pairs = sum(len(v) for v in cells.values())
     resamples = int(max(200, min(2000, 400_000 // max(1, n_pairs))))

@@ -83,7 +83,8 @@ def _lines(df: pd.DataFrame, y: str, y_title: str, title: str, y_log: bool = Fal
     return fig
 
 
-def speedup_chart(pairs: Pairs) -> go.Figure:
+def speedup_chart(pairs: Pairs, title: str = "FP8 speedup over TE BF16 vs model scale (95% bootstrap intervals)",
+                  y_title: str = "Speedup (BF16 step time / FP8 step time)") -> go.Figure:
     fig = go.Figure()
     rows = pairs.rows[pairs.rows["kind"] == "fp8_speedup"] if not pairs.rows.empty else pairs.rows
     xs_all, n_cross = [], 0
@@ -115,10 +116,10 @@ def speedup_chart(pairs: Pairs) -> go.Figure:
                   line_width=0, layer="below")
     fig.add_hline(y=1.0, line=dict(color="black", width=1, dash="dot"),
                   annotation_text="1.0 = no gain; shaded: FP8 slower", annotation_position="bottom right")
-    fig.update_layout(title="FP8 speedup over TE BF16 vs model scale (95% bootstrap intervals)", **LAYOUT)
+    fig.update_layout(title=title, **LAYOUT)
     _x_axis(fig, range=[math.log10(lo), math.log10(hi)])
     top = max([1.6] + ([float(rows["ci_high"].max()) * 1.1] if not rows.empty and rows["ci_high"].notna().any() else []))
-    fig.update_yaxes(title_text="Speedup (BF16 step time / FP8 step time)", range=[0, top])
+    fig.update_yaxes(title_text=y_title, range=[0, top])
     return note_if_empty(fig, "no TE BF16 / FP8 pairs that both ran ok (see 'Unpaired cells')")
 
 
@@ -128,6 +129,11 @@ def step_time_chart(df: pd.DataFrame) -> go.Figure:
 
 def throughput_chart(df: pd.DataFrame) -> go.Figure:
     return _lines(df, "tokens_per_s", "Tokens per second (log)", "Training throughput vs scale", y_log=True)
+
+
+def decode_chart(df: pd.DataFrame) -> go.Figure:
+    return _lines(df, "decode_tokens_per_s", "Decode tokens per second (log)",
+                  "KV-cached decode throughput vs scale (dashed: CUDA-graphed decode)", y_log=True)
 
 
 def mfu_chart(df: pd.DataFrame) -> go.Figure:

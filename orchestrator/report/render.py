@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 
 from ..efficiency import concurrent_trials, run_efficiency
 from .analysis import Pairs, crossover, knob_effects, per_layer_costs, varying_keys
+from .inference import inference_sections, split
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,8 @@ def _num(v, digits=2):
 
 
 def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | None) -> list[tuple[str, str, pd.DataFrame]]:
+    """Every table of the report; ``pairs`` are the training records' (inference pairs its own)."""
+    everything, (df, infer) = df, split(df)
     sections = []
     rows = pairs.rows
     varying = varying_keys(df)  # fields that vary besides size and variant: a column of every table
@@ -84,6 +87,7 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
                                        "torch ms": gain["reference_ms"].round(3),
                                        "te ms": gain["candidate_ms"].round(3), "gain": gain["ratio"].round(3),
                                        "CI low": gain["ci_low"].round(3), "CI high": gain["ci_high"].round(3)})))
+    sections += inference_sections(infer)
     cells = df.assign(peak_gib=df["peak_mem_allocated_bytes"] / 2**30).groupby(
         ["cell_label", "cell_id", "variant", "cuda_graphs", "d_model", "n_layers", *varying], dropna=False,
         sort=True).agg(
@@ -98,8 +102,9 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
     for col, digits in (("p50_ms", 3), ("tokens_per_s", 0), ("tflops", 1), ("mfu_bf16", 3), ("mfu_own", 3),
                         ("peak_gib", 2), ("loss_final", 4), ("stride_acc", 3)):
         cells[col] = cells[col].astype(float).round(digits)
-    sections.append(("All cells", "medians over samples; status lists every sample's status", cells))
-    eff = run_efficiency(df).round({"wall_s": 1, "busy_s": 1, "busy_fraction": 3, "busy_per_gpu": 3,
+    if not df.empty:
+        sections.append(("All cells", "medians over samples; status lists every sample's status", cells))
+    eff = run_efficiency(everything).round({"wall_s": 1, "busy_s": 1, "busy_fraction": 3, "busy_per_gpu": 3,
                                      "overhead_s_median": 2, "first_step_s_median": 2, "startup_s_median": 2,
                                      "trials_per_process": 1})
     if not eff.empty:

@@ -1,0 +1,106 @@
+"""The report's inference section: FP8 against TE BF16 for prefill and KV-cached decode, weight memory
+and token agreement, from ``workload: infer`` records (training analyses never see them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from .analysis import DECODE_STEP, PREFILL, SHAPE_KEYS, Pairs, _interval, pair_cells, varying_keys
+
+
+@dataclass
+class InferencePairs:
+    decode: Pairs  # ratio = BF16 decode ms per token / FP8's (> 1: FP8 decodes faster)
+    prefill: Pairs
+
+
+def split(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(training records, inference records)."""
+    infer = df["workload"] == "infer"
+    return df[~infer], df[infer]
+
+
+def inference_pairs(infer: pd.DataFrame) -> InferencePairs:
+    return InferencePairs(pair_cells(infer, DECODE_STEP), pair_cells(infer, PREFILL))
+
+
+def _cells(infer: pd.DataFrame) -> pd.DataFrame:
+    keys = ["cell_label", "variant", "d_model", "n_layers", "batch_size", "cuda_graphs",
+            *[k for k in varying_keys(infer) if k != "batch_size"]]
+    g = infer[infer["status"] == "ok"].groupby(keys, dropna=False, sort=True)
+    cells = g.agg(samples=("status", "size"), decode_tok_s=("decode_tokens_per_s", "median"),
+                  decode_ms=("decode_ms_per_token_p50", "median"), prefill_ms=("prefill_ms_p50", "median"),
+                  prefill_tok_s=("prefill_tokens_per_s", "median"), weight_gib=("weight_bytes", "median"),
+                  kv_mib=("kv_cache_bytes", "median"), peak_gib=("peak_decode_mem_bytes", "max"),
+                  rows=("decode_rows", "max"), match=("gen_match_rate", "median"),
+                  stride=("gen_stride_accuracy", "median"), ref_stride=("ref_stride_accuracy", "median"))
+    cells = cells.reset_index()
+    cells["weight_gib"] /= 2**30
+    cells["kv_mib"] /= 2**20
+    cells["peak_gib"] /= 2**30
+    return cells
+
+
+def inference_sections(infer: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
+    if infer.empty:
+        return []
+    pairs = inference_pairs(infer)
+    cells = _cells(infer)
+    sections = []
+    dec = pairs.decode.rows
+    if not dec.empty:
+        dec = dec[dec["kind"] == "fp8_speedup"]
+        pre = pairs.prefill.rows
+        pre = pre[pre["kind"] == "fp8_speedup"].set_index(SHAPE_KEYS + ["candidate"]) if not pre.empty else pre
+        by_cell = cells.set_index("variant")
+        rows = []
+        for r in dec.to_dict("records"):
+            key = tuple(r[k] for k in SHAPE_KEYS) + (r["candidate"],)
+            p = pre.loc[key] if not pre.empty and key in pre.index else None
+            same = [c for c in by_cell.loc[[r["candidate"], r["reference"]]].itertuples()
+                    if c.d_model == r["d_model"] and c.n_layers == r["n_layers"] and c.batch_size == r["batch_size"]
+                    and c.cuda_graphs == r["cuda_graphs"]]
+            weights = {c.Index: c.weight_gib for c in same}
+            match = next((c.match for c in same if c.Index == r["candidate"]), None)
+            rows.append({"d_model": r["d_model"], "n_layers": r["n_layers"], "batch": r["batch_size"],
+                         "graphs": r["cuda_graphs"], "FP8 variant": r["candidate"].replace("te-fp8-", ""),
+                         "BF16 ms/token": r["reference_ms"], "FP8 ms/token": r["candidate_ms"],
+                         "decode speedup": r["ratio"], "CI low": r["ci_low"], "CI high": r["ci_high"],
+                         "prefill speedup": None if p is None else p["ratio"],
+                         "prefill CI low": None if p is None else p["ci_low"],
+                         "prefill CI high": None if p is None else p["ci_high"],
+                         "weights FP8/BF16": (weights.get(r["candidate"]) or float("nan"))
+                         / (weights.get(r["reference"]) or float("nan")),
+                         "token agreement": match})
+        table = pd.DataFrame(rows)
+        if not table.empty:
+            table = table.sort_values(["FP8 variant", "graphs", "batch", "d_model"]).round(3)
+            sections.append(("Inference: FP8 vs TE BF16", "decode speedup = BF16 ms per token / FP8 ms per token, "
+                             "prefill likewise (> 1: FP8 faster), 95% bootstrap intervals; weights = the inference "
+                             "model's weight memory; token agreement = greedy tokens equal to the BF16 model's", table))
+            sections.append(("Inference: where FP8 pays off", "a verdict per cell: faster or slower when the 95% "
+                             "interval excludes 1", pd.DataFrame({"finding": [_verdict(r) for r in rows]})))
+    shown = cells.round({"decode_tok_s": 0, "decode_ms": 4, "prefill_ms": 3, "prefill_tok_s": 0, "weight_gib": 3,
+                         "kv_mib": 1, "peak_gib": 2, "match": 3, "stride": 3, "ref_stride": 3})
+    sections.append(("Inference: all cells", "medians over samples: decode tokens/s and ms per token (per row), "
+                     "prefill ms for prompt_len x batch, weight and KV-cache memory, peak during decode, FP8 token "
+                     "agreement with BF16 and stride accuracy (ref: the BF16 reference)", shown))
+    return sections
+
+
+def _verdict(r: dict) -> str:
+    def word(lo: float, hi: float) -> str:
+        if lo != lo or hi != hi:
+            return "no interval"
+        return "faster" if lo > 1 else "slower" if hi < 1 else "within noise"
+
+    where = (f"d_model {r['d_model']} x {r['n_layers']}, batch {r['batch']}" + (", CUDA-graphed decode" if r["graphs"]
+             else ", eager decode") + f", {r['FP8 variant']}")
+    text = (f"{where}: FP8 decode {word(r['CI low'], r['CI high'])} "
+            f"({_interval(r['decode speedup'], r['CI low'], r['CI high'], unit='x')})")
+    if r["prefill speedup"] is not None:
+        text += (f", prefill {word(r['prefill CI low'], r['prefill CI high'])} "
+                 f"({_interval(r['prefill speedup'], r['prefill CI low'], r['prefill CI high'], unit='x')})")
+    return text + "."

@@ -1,0 +1,180 @@
+"""The inference workload: does FP8 pay off for serving this model size?
+
+1. Train the model briefly in BF16 (fp32 on fp32 cells), on the same data and schedule as a training
+   trial, so that generation means something.
+2. The BF16 reference: a fresh inference model loaded with the trained weights generates greedily
+   from ``batch_size`` prompts (KV cache); its tokens are what FP8 is compared with.
+3. The measured model: the reference itself (bf16 cells), the reference under FP8 autocast (fp8
+   compute, BF16 weights), or a model built under TE's ``quantized_model_init`` whose weights exist
+   only in FP8 (``weights: fp8``). Delayed scaling needs scales that describe the trained model's
+   tensors first: a few forward passes in TE's calibration mode record amaxes, one FP8 forward turns
+   them into scales, and the FP8-weight model loads that state (see ``_load_fp8_weights``).
+4. ``bench_steps`` timed generations after one untimed: prefill of ``prompt_len`` tokens, then
+   ``gen_len - 1`` single-token decode steps (CUDA-graphed with ``cuda_graphs``).
+
+FP8 GEMMs need at least 8 rows (TE asserts it): FP8 cells decode ``batch_size`` rounded up to a
+multiple of 8 rows and count only ``batch_size`` of them in every throughput, as a TE deployment
+serving that batch would have to. ``decode_rows`` records it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+import torch
+
+from .. import memory, te_compat
+from ..capability import Resolution
+from ..data import ArithmeticSequences
+from ..decode import Generation, Generator
+from ..metrics import percentile
+from ..model import MiniGPT, ModelConfig, fused_qkv_state
+from ..spec import TrialSpec
+from ..train import build_train_step, train
+
+log = logging.getLogger(__name__)
+
+TRAIN_BATCH = TrialSpec.__dataclass_fields__["batch_size"].default  # the training trial's batch
+CALIBRATION_BATCHES = 4  # forward passes in TE's calibration mode before FP8 scales are made
+FP8_ROWS = 8  # TE's FP8 GEMMs need the token count to be a multiple of 8
+
+
+def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, Any], t0: float) -> None:
+    """Train, build the inference model, time prefill and decode; fills ``record`` in place."""
+    t_setup = time.perf_counter()
+    high = "fp32" if res.precision == "fp32" else "bf16"
+    step = build_train_step(spec, res.backend, high, res.device)  # the spec's fp8 settings wait for step 3
+    te = step.te
+    recipe = None
+    if res.precision == "fp8":
+        recipe = te_compat.make_recipe(spec.recipe, spec.fp8_format, spec.amax_history_len, spec.amax_compute_algo)
+        record["fp8_recipe_repr"] = repr(recipe)
+    if te is not None:
+        record["te_torch_compile"] = te_compat.te_torch_compile()
+    data = ArithmeticSequences(spec.vocab, spec.seq_len, res.device, spec.seed)
+    record["setup_s"] = time.perf_counter() - t_setup
+
+    t_train = time.perf_counter()
+    record["startup_s"] = t_train - t0
+    trained = train(step, data, spec.train_steps, TRAIN_BATCH)
+    record.update(train_s=time.perf_counter() - t_train, first_step_s=trained.first_step_s,
+                  loss_first=trained.losses[0], loss_final=trained.losses[-1], loss_curve=trained.losses)
+    if not all(math.isfinite(v) for v in trained.losses):
+        record.update(status="diverged", error="non-finite training loss")
+        return
+    state = {k: v.detach().clone() for k, v in step.model.state_dict().items()}
+    dtype = next(step.model.parameters()).dtype
+    del step, trained
+    memory.release(res.device)
+
+    rows = spec.batch_size if recipe is None else math.ceil(spec.batch_size / FP8_ROWS) * FP8_ROWS
+    prompts, stride = ArithmeticSequences(spec.vocab, spec.seq_len, res.device, spec.seed + 1).sequences(
+        rows, spec.prompt_len)  # (rows, prompt_len)
+    max_len = spec.prompt_len + spec.gen_len
+    t_bench = time.perf_counter()
+    model, weight_bytes = _build(cfg, dtype, res.device, te, state)
+    reference = Generator(model, rows, max_len, te).generate(prompts, spec.gen_len)
+    record["ref_stride_accuracy"] = _stride_accuracy(prompts, reference.tokens, stride, data.vocab, spec.batch_size)
+    if recipe is not None:
+        _calibrate(model, te, recipe, data)
+        if spec.weights == "fp8":
+            state = model.state_dict()
+            del model
+            memory.release(res.device)
+            model, weight_bytes = _build(cfg, dtype, res.device, te, state, recipe)
+
+    generator = Generator(model, rows, max_len, te, recipe, graphs=spec.cuda_graphs)
+    generator.generate(prompts, spec.gen_len)  # warm-up: kernels chosen, caches filled
+    if res.device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    runs: list[Generation] = [generator.generate(prompts, spec.gen_len) for _ in range(spec.bench_steps)]
+    peak = int(torch.cuda.max_memory_allocated()) if res.device == "cuda" else None
+    record["bench_s"] = time.perf_counter() - t_bench
+
+    tokens = runs[-1].tokens
+    prefill = [g.prefill_ms for g in runs]
+    decode = [ms for g in runs for ms in g.decode_ms]
+    record.update(_timing(prefill, decode, spec))
+    record.update(decode_rows=rows, weight_bytes=weight_bytes, kv_cache_bytes=generator.cache.bytes,
+                  peak_decode_mem_bytes=peak, timer="cuda_event" if res.device == "cuda" else "perf_counter",
+                  gen_tokens=torch.cat([prompts[0], tokens[0]]).tolist(),
+                  gen_stride_accuracy=_stride_accuracy(prompts, tokens, stride, data.vocab, spec.batch_size))
+    if recipe is not None:
+        real = slice(0, spec.batch_size)
+        record["gen_match_rate"] = float((tokens[real] == reference.tokens[real]).float().mean().item())
+    record.update(status="ok", error=None)
+
+
+def _build(cfg: ModelConfig, dtype: torch.dtype, device: str, te: Any, state: dict,
+           fp8_recipe: Any = None) -> tuple[MiniGPT, int]:
+    """A fresh inference model holding ``state``; with ``fp8_recipe``, its TE weights exist only in FP8.
+
+    Returns the model and the bytes its weights take on the device (what building it allocated:
+    FP8 data and scales included), or their storage size on CPU.
+    """
+    te_model = te if device == "cuda" else None
+    before = torch.cuda.memory_allocated() if device == "cuda" else 0
+    with torch.no_grad():  # no grad: TE keeps no transposed copy of FP8 weights (only backward needs it)
+        if fp8_recipe is None:
+            model = MiniGPT(cfg, dtype, device, te_model).eval()
+            model.load_state_dict(state)
+        else:
+            with te_compat.quantized_model_init(te, fp8_recipe):
+                model = MiniGPT(cfg, dtype, device, te_model, fused_qkv=True).eval()
+            _load_fp8_weights(model, fused_qkv_state(state))
+    if device == "cuda":
+        torch.cuda.synchronize()
+        return model, int(torch.cuda.memory_allocated() - before)
+    return model, sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _load_fp8_weights(model: MiniGPT, state: dict) -> None:
+    """Load BF16 weights into FP8 parameters with the calibrated scales.
+
+    Copying a BF16 tensor into an FP8 parameter quantizes it with the parameter's current scale, and
+    a TE module's FP8 scales arrive with its ``_extra_state``, which ``load_state_dict`` applies after
+    the parameters (and which re-points the weights' quantizers at the loaded scales). The first load
+    brings the scales, the second quantizes every weight with them. Current scaling takes each
+    tensor's own amax and needs no scales; loading twice does no harm there.
+    """
+    with te_compat.own_extra_state():  # the state this trial just calibrated, never a file
+        model.load_state_dict(state)
+        model.load_state_dict(state)
+
+
+def _calibrate(model: MiniGPT, te: Any, recipe: Any, data: ArithmeticSequences) -> None:
+    """Delayed scaling: amaxes from TE's calibration mode, then one FP8 forward turns them into scales
+    (TE updates delayed scales when an FP8 region that recorded gradients ends). Other recipes compute
+    their scales from each tensor as it is cast; the passes cost them nothing but time."""
+    for _ in range(CALIBRATION_BATCHES):
+        x, _ = data.batch(TRAIN_BATCH)
+        with te_compat.calibration(te, recipe):
+            model(x)
+    x, _ = data.batch(TRAIN_BATCH)
+    with te_compat.autocast(te, recipe):
+        model(x)
+
+
+def _timing(prefill: list[float], decode: list[float], spec: TrialSpec) -> dict[str, Any]:
+    prefill_sorted, decode_sorted = sorted(prefill), sorted(decode)
+    prefill_mean, decode_mean = sum(prefill) / len(prefill), sum(decode) / len(decode)
+    return {
+        "prefill_times_ms": prefill, "decode_times_ms": decode,
+        "prefill_ms_p50": percentile(prefill_sorted, 50), "prefill_ms_p90": percentile(prefill_sorted, 90),
+        "decode_ms_per_token_p50": percentile(decode_sorted, 50),
+        "decode_ms_per_token_p90": percentile(decode_sorted, 90),
+        "prefill_tokens_per_s": spec.batch_size * spec.prompt_len / (prefill_mean / 1000.0),
+        "decode_tokens_per_s": spec.batch_size / (decode_mean / 1000.0),
+    }
+
+
+def _stride_accuracy(prompts: torch.Tensor, tokens: torch.Tensor, stride: torch.Tensor, vocab: int,
+                     rows: int) -> float:
+    """Share of generated tokens that continue their prompt's stride (real rows only)."""
+    seq = torch.cat([prompts[:rows, -1:], tokens[:rows]], dim=1)  # (rows, 1 + gen_len)
+    hits = ((seq[:, 1:] - seq[:, :-1]) % vocab) == stride[:rows].unsqueeze(1)
+    return float(hits.float().mean().item())
