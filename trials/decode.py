@@ -38,7 +38,7 @@ class TwinCache:
 
     def __init__(self, model: MiniGPT, rows: int, max_len: int):
         cfg, p = model.cfg, next(model.parameters())
-        shape = (rows, max_len, cfg.kv_dim // cfg.head_dim, cfg.head_dim)
+        shape = (rows, max_len, cfg.kv_heads, cfg.head_dim)
         self.k = [torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in range(cfg.n_layers)]
         self.v = [torch.zeros(shape, dtype=p.dtype, device=p.device) for _ in range(cfg.n_layers)]
         self.rope = model.rope
@@ -68,7 +68,7 @@ class TECache:
         cfg = model.cfg
         self.rows, self.max_len = rows, max_len
         self.params = te.InferenceParams(max_batch_size=rows, max_sequence_length=max_len,
-                                         num_heads_kv=cfg.kv_dim // cfg.head_dim, head_dim_k=cfg.head_dim,
+                                         num_heads_kv=cfg.kv_heads, head_dim_k=cfg.head_dim,
                                          dtype=dtype, qkv_format="bshd")
         self.rope = rope_freqs(max_len, cfg.head_dim, "cuda") if cfg.llama else None  # TE offsets into it
         self.step_len = 0

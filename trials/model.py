@@ -63,9 +63,13 @@ class ModelConfig:
         return self.d_model // self.n_heads
 
     @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
     def kv_dim(self) -> int:
         """Width of K (and of V): key/value heads x head dim."""
-        return (self.n_kv_heads or self.n_heads) * self.head_dim
+        return self.kv_heads * self.head_dim
 
     @property
     def fc1_out(self) -> int:
@@ -108,6 +112,14 @@ def apply_rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     return (xf * f.cos() + torch.cat((-x2, x1), dim=-1) * f.sin()).to(x.dtype)
 
 
+def split_heads(qkv: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(b, t, d + 2 * kv_dim) -> q (b, t, n_heads, hd), k and v (b, t, kv_heads, hd)."""
+    b, t, _ = qkv.shape
+    q, k, v = qkv.split([cfg.d_model, cfg.kv_dim, cfg.kv_dim], dim=-1)
+    return (q.view(b, t, cfg.n_heads, cfg.head_dim), k.view(b, t, cfg.kv_heads, cfg.head_dim),
+            v.view(b, t, cfg.kv_heads, cfg.head_dim))
+
+
 class RMSNorm(nn.Module):
     """x / rms(x) * gain, computed in fp32 like TE's kernel, returned in x's dtype."""
 
@@ -144,9 +156,7 @@ class TwinBlock(nn.Module):
         """``kv``: this layer's (k, v) cache, each (b, max_len, kv_heads, hd), written at ``positions`` (t,)."""
         cfg = self.cfg
         b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split([d, cfg.kv_dim, cfg.kv_dim], dim=-1)
-        q = q.view(b, t, cfg.n_heads, cfg.head_dim)  # (b, t, h, hd)
-        k, v = (z.view(b, t, -1, cfg.head_dim) for z in (k, v))  # (b, t, kv_heads, hd)
+        q, k, v = split_heads(self.qkv(self.ln1(x)), cfg)
         if rotary_pos_emb is not None:
             q, k = apply_rope(q, rotary_pos_emb), apply_rope(k, rotary_pos_emb)
         gqa = {"enable_gqa": True} if cfg.kv_dim != d else {}  # each K/V head serves n_heads/n_kv_heads queries
@@ -177,7 +187,7 @@ def _te_common(cfg: ModelConfig) -> dict[str, Any]:
 def _te_block(te: Any, cfg: ModelConfig, index: int, dtype: torch.dtype, fused_qkv: bool = False) -> nn.Module:
     if cfg.te_layer == "modules":
         return TEModulesBlock(te, cfg, index, dtype)
-    arch = {"activation": "swiglu", "num_gqa_groups": cfg.kv_dim // cfg.head_dim} if cfg.llama else {}
+    arch = {"activation": "swiglu", "num_gqa_groups": cfg.kv_heads} if cfg.llama else {}
     if fused_qkv:  # one [Q; K; V] weight (not per-head interleaved): the layout of fused_qkv_state
         arch.update(fuse_qkv_params=True, qkv_weight_interleaved=False)
     return te.TransformerLayer(
@@ -205,7 +215,7 @@ class TEModulesBlock(nn.Module):
         self.cfg = cfg
         self.rope_fn = _te_rope(te) if cfg.llama else None
         self.qkv = te.LayerNormLinear(d, d + 2 * cfg.kv_dim, eps=LN_EPS, params_dtype=dtype, **common)
-        self.attn = te.DotProductAttention(cfg.n_heads, cfg.head_dim, num_gqa_groups=cfg.kv_dim // cfg.head_dim,
+        self.attn = te.DotProductAttention(cfg.n_heads, cfg.head_dim, num_gqa_groups=cfg.kv_heads,
                                            attention_dropout=0.0, qkv_format="bshd", attn_mask_type="causal",
                                            layer_number=index + 1)
         self.proj = te.Linear(d, d, params_dtype=dtype, bias=common["bias"], device="cuda")
@@ -213,11 +223,7 @@ class TEModulesBlock(nn.Module):
                                    params_dtype=dtype, **common)
 
     def forward(self, x: torch.Tensor, rotary_pos_emb: torch.Tensor | None = None) -> torch.Tensor:
-        cfg = self.cfg
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).split([d, cfg.kv_dim, cfg.kv_dim], dim=-1)  # norm + QKV in one TE module
-        q = q.view(b, t, cfg.n_heads, cfg.head_dim)  # (b, t, h, hd)
-        k, v = (z.view(b, t, -1, cfg.head_dim) for z in (k, v))  # (b, t, kv_heads, hd)
+        q, k, v = split_heads(self.qkv(x), self.cfg)  # norm + QKV in one TE module
         if rotary_pos_emb is not None:
             q, k = (self.rope_fn(z, rotary_pos_emb, tensor_format="bshd", fused=True) for z in (q, k))
         x = x + self.proj(self.attn(q, k, v))  # attention output (b, t, h * hd)
@@ -301,6 +307,8 @@ def build_model(spec: TrialSpec, backend: str, precision: str, device: str, te: 
 _TE_TO_TWIN = {
     "self_attention.layernorm_qkv.layer_norm_weight": "ln1.weight",
     "self_attention.layernorm_qkv.layer_norm_bias": "ln1.bias",
+    "self_attention.layernorm_qkv.weight": "qkv.weight",  # as fused_qkv_state joins them
+    "self_attention.layernorm_qkv.bias": "qkv.bias",
     "self_attention.proj.weight": "proj.weight",
     "self_attention.proj.bias": "proj.bias",
     "layernorm_mlp.layer_norm_weight": "ln2.weight",
@@ -325,27 +333,18 @@ _TE_TO_TWIN = {
 
 
 def twin_state_from_te(te_state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Map a TE MiniGPT state dict onto the twin's names (TE keeps Q, K and V as separate tensors)."""
+    """Map a TE MiniGPT state dict onto the twin's names (Q, K and V joined first: ``fused_qkv_state``)."""
     out: dict[str, torch.Tensor] = {}
-    qkv: dict[str, dict[str, torch.Tensor]] = {}
-    for name, value in te_state.items():
+    for name, value in fused_qkv_state(te_state).items():
         if name.endswith("_extra_state"):
             continue
         if not name.startswith("blocks."):
             out[name] = value
             continue
         _, idx, rest = name.split(".", 2)
-        if rest in _TE_TO_TWIN:
-            out[f"blocks.{idx}.{_TE_TO_TWIN[rest]}"] = value
-            continue
-        prefix = "self_attention.layernorm_qkv."
-        part = rest[len(prefix):] if rest.startswith(prefix) else ""
-        which, _, kind = part.partition("_")  # query_weight -> (query, weight)
-        if which not in ("query", "key", "value") or kind not in ("weight", "bias"):
+        if rest not in _TE_TO_TWIN:
             raise KeyError(f"no twin parameter for TE parameter {name!r}")
-        qkv.setdefault(f"blocks.{idx}.qkv.{kind}", {})[which] = value
-    for name, parts in qkv.items():
-        out[name] = torch.cat([parts["query"], parts["key"], parts["value"]], dim=0)
+        out[f"blocks.{idx}.{_TE_TO_TWIN[rest]}"] = value
     return out
 
 
