@@ -47,7 +47,11 @@ def generation_check(model: MiniGPT, prompt_len: int, gen_len: int, seed: int,
             window[:, pos] = model.head(hidden[:, pos - 1]).argmax(-1)
     finally:
         model.train(was_training)
-    diffs = (window[:, prompt_len:end] - window[:, prompt_len - 1:end - 1]) % data.vocab
-    hits = (diffs == stride.unsqueeze(1)).float()
-    accuracy = float(hits.mean().item()) if hits.numel() else float("nan")
+    accuracy = stride_accuracy(window[:, prompt_len - 1:end], stride, data.vocab)
     return GenerationResult(tokens=window[0, :end].tolist(), stride_accuracy=accuracy)
+
+
+def stride_accuracy(seq: torch.Tensor, stride: torch.Tensor, vocab: int) -> float:
+    """Share of steps in ``seq`` (rows, n) that keep each row's stride: seq[:, i+1] - seq[:, i] = stride (mod vocab)."""
+    hits = ((seq[:, 1:] - seq[:, :-1]) % vocab) == stride.unsqueeze(1)
+    return float(hits.float().mean().item()) if hits.numel() else float("nan")

@@ -30,14 +30,15 @@ from .. import memory, te_compat
 from ..capability import Resolution
 from ..data import ArithmeticSequences
 from ..decode import Generation, Generator
-from ..metrics import percentile
+from ..generation import stride_accuracy
+from ..metrics import step_stats
 from ..model import MiniGPT, ModelConfig, fused_qkv_state
-from ..spec import TrialSpec
+from ..spec import TrialSpec, field_default
 from ..train import build_train_step, train
 
 log = logging.getLogger(__name__)
 
-TRAIN_BATCH = TrialSpec.__dataclass_fields__["batch_size"].default  # the training trial's batch
+TRAIN_BATCH = field_default("batch_size")  # the training trial's batch
 CALIBRATION_BATCHES = 4  # forward passes in TE's calibration mode before FP8 scales are made
 FP8_ROWS = 8  # TE's FP8 GEMMs need the token count to be a multiple of 8
 
@@ -160,21 +161,17 @@ def _calibrate(model: MiniGPT, te: Any, recipe: Any, data: ArithmeticSequences) 
 
 
 def _timing(prefill: list[float], decode: list[float], spec: TrialSpec) -> dict[str, Any]:
-    prefill_sorted, decode_sorted = sorted(prefill), sorted(decode)
-    prefill_mean, decode_mean = sum(prefill) / len(prefill), sum(decode) / len(decode)
+    pre, dec = step_stats(prefill), step_stats(decode)
     return {
         "prefill_times_ms": prefill, "decode_times_ms": decode,
-        "prefill_ms_p50": percentile(prefill_sorted, 50), "prefill_ms_p90": percentile(prefill_sorted, 90),
-        "decode_ms_per_token_p50": percentile(decode_sorted, 50),
-        "decode_ms_per_token_p90": percentile(decode_sorted, 90),
-        "prefill_tokens_per_s": spec.batch_size * spec.prompt_len / (prefill_mean / 1000.0),
-        "decode_tokens_per_s": spec.batch_size / (decode_mean / 1000.0),
+        "prefill_ms_p50": pre["step_ms_p50"], "prefill_ms_p90": pre["step_ms_p90"],
+        "decode_ms_per_token_p50": dec["step_ms_p50"], "decode_ms_per_token_p90": dec["step_ms_p90"],
+        "prefill_tokens_per_s": spec.batch_size * spec.prompt_len / (pre["step_ms_mean"] / 1000.0),
+        "decode_tokens_per_s": spec.batch_size / (dec["step_ms_mean"] / 1000.0),
     }
 
 
 def _stride_accuracy(prompts: torch.Tensor, tokens: torch.Tensor, stride: torch.Tensor, vocab: int,
                      rows: int) -> float:
     """Share of generated tokens that continue their prompt's stride (real rows only)."""
-    seq = torch.cat([prompts[:rows, -1:], tokens[:rows]], dim=1)  # (rows, 1 + gen_len)
-    hits = ((seq[:, 1:] - seq[:, :-1]) % vocab) == stride[:rows].unsqueeze(1)
-    return float(hits.float().mean().item())
+    return stride_accuracy(torch.cat([prompts[:rows, -1:], tokens[:rows]], dim=1), stride[:rows], vocab)
