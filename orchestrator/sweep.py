@@ -265,8 +265,9 @@ def _expand(sweep: Sweep, prefixes: list[tuple], err) -> None:
                 if values.get("device") == "cpu":
                     sweep.skipped.append((asked, "fp8 needs a CUDA device"))
                     continue
+            cell = {**_DEFAULTS, **values}
             for name in only_fields("fp8") + only_fields("te"):  # a setting that means nothing here runs as its default
-                if not applies(name, {**_DEFAULTS, **values}):
+                if not applies(name, cell):
                     values.pop(name, None)
             try:
                 spec = TrialSpec.from_dict(values)

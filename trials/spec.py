@@ -90,7 +90,7 @@ class TrialSpec:
         if self.ffn is None:
             object.__setattr__(self, "ffn", swiglu_hidden(self.d_model) if self.arch == "llama" else 4 * self.d_model)
         if self.tokens_per_step is not None:
-            if self.batch_size != 32 and self.batch_size * self.seq_len != self.tokens_per_step:
+            if self.batch_size != field_default("batch_size") and self.batch_size * self.seq_len != self.tokens_per_step:
                 raise SpecError("tokens_per_step", f"sizes the batch; give it or batch_size, not both "
                                 f"(batch_size={self.batch_size}, seq_len={self.seq_len})")
             if self.tokens_per_step < 1 or self.tokens_per_step % self.seq_len:
@@ -243,9 +243,17 @@ def swiglu_hidden(d_model: int) -> int:
     return -(-8 * d_model // 3 // 256) * 256
 
 
+def field_default(name: str) -> Any:
+    """A spec field's declared default."""
+    return TrialSpec.__dataclass_fields__[name].default
+
+
+_ONLY = {f.name: f.metadata["only"] for f in dataclasses.fields(TrialSpec)}
+
+
 def only_fields(scope: str) -> list[str]:
     """Fields that mean something only for fp8 cells (``"fp8"``) or TE cells (``"te"``)."""
-    return [f.name for f in dataclasses.fields(TrialSpec) if f.metadata["only"] == scope]
+    return [name for name, only in _ONLY.items() if only == scope]
 
 
 def axis_fields(*axes: str) -> list[str]:
@@ -255,7 +263,7 @@ def axis_fields(*axes: str) -> list[str]:
 
 def applies(field_name: str, values: Mapping[str, Any]) -> bool:
     """Whether a field means something for these values (an fp8-only field on an fp8 cell, ...)."""
-    only = {f.name: f.metadata["only"] for f in dataclasses.fields(TrialSpec)}[field_name]
+    only = _ONLY[field_name]
     return (only is None or (only == "fp8" and values.get("precision") == "fp8")
             or (only == "te" and values.get("backend") in ("te", "auto") and values.get("device") != "cpu"))
 
@@ -275,7 +283,6 @@ def variant_name(values: Mapping[str, Any]) -> str:
         if label and value is not None and value != f.default and applies(f.name, values):
             name += "-" + label.format(value)
     return name
-
 
 
 def spec_field_types() -> dict[str, str]:
