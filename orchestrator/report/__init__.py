@@ -19,7 +19,7 @@ from ..store import read_results
 from . import charts
 from .analysis import Pairs, compare_runs, crossover, pair_cells, prepare
 from .inference import inference_pairs, split
-from .render import export_pngs, markdown_tables, write_csv, write_html
+from .render import export_pngs, markdown_tables, summary_sections, write_csv, write_html
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +70,13 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
         ("memory", charts.memory_chart(train)),
         ("loss_curves", charts.loss_chart(train)),
     ]
-    if not infer.empty:
-        ip = inference_pairs(infer)
+    inference = inference_pairs(infer)
+    if inference is not None:
         figures += [
-            ("decode_speedup", charts.speedup_chart(ip.decode, "FP8 decode speedup over TE BF16 vs model scale (95% "
+            ("decode_speedup", charts.speedup_chart(inference.decode, "FP8 decode speedup over TE BF16 vs model scale (95% "
                                                     "bootstrap intervals)", "BF16 ms per token / FP8 ms per token")),
             ("decode_throughput", charts.decode_chart(infer)),
-            ("prefill_speedup", charts.speedup_chart(ip.prefill, "FP8 prefill speedup over TE BF16 vs model scale",
+            ("prefill_speedup", charts.speedup_chart(inference.prefill, "FP8 prefill speedup over TE BF16 vs model scale",
                                                      "BF16 prefill ms / FP8 prefill ms")),
         ]
     figures.append(("status", charts.status_chart(df)))
@@ -86,14 +86,15 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
         comparison = compare_runs(df, other)
         figures.append(("compare", charts.compare_chart(comparison, base_dir.name, Path(compare_dir).name)))
 
-    md = markdown_tables(df, pairs, comparison)
+    sections = summary_sections(df, pairs, comparison, inference)
+    md = markdown_tables(df, sections)
     out_html = out_html or str(base_dir / "report.html")
     out_dir = Path(out_html).resolve().parent
     out_dir.mkdir(parents=True, exist_ok=True)
     md_path, csv_path = out_dir / "results.md", out_dir / "results.csv"
     md_path.write_text(md)
     write_csv(csv_path, pairs, comparison)
-    write_html(out_html, figures, df, pairs, md, sweep_text, comparison, plotlyjs)
+    write_html(out_html, figures, df, sections, sweep_text, plotlyjs)
     pngs = export_pngs(figures, png_dir) if png_dir else []
     log.info("report built in %.2fs", time.perf_counter() - t0)
     return Report(str(out_html), str(md_path), str(csv_path), pngs, pairs)

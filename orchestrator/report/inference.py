@@ -4,6 +4,7 @@ and token agreement, from ``workload: infer`` records (training analyses never s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
@@ -22,7 +23,10 @@ def split(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return df[~infer], df[infer]
 
 
-def inference_pairs(infer: pd.DataFrame) -> InferencePairs:
+def inference_pairs(infer: pd.DataFrame) -> InferencePairs | None:
+    """FP8-vs-BF16 pairs by decode and by prefill time; None without inference records."""
+    if infer.empty:
+        return None
     return InferencePairs(pair_cells(infer, DECODE_STEP), pair_cells(infer, PREFILL))
 
 
@@ -43,27 +47,29 @@ def _cells(infer: pd.DataFrame) -> pd.DataFrame:
     return cells
 
 
-def inference_sections(infer: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
-    if infer.empty:
+def _key(values: Any, variant: str) -> tuple:
+    """A cell's identity across tables: its shape fields (missing values as None) and its variant."""
+    return tuple(None if v is None or v != v else v for v in (values[k] for k in SHAPE_KEYS)) + (variant,)
+
+
+def inference_sections(infer: pd.DataFrame, pairs: InferencePairs | None) -> list[tuple[str, str, pd.DataFrame]]:
+    if infer.empty or pairs is None:
         return []
-    pairs = inference_pairs(infer)
     cells = _cells(infer)
     sections = []
     dec = pairs.decode.rows
     if not dec.empty:
         dec = dec[dec["kind"] == "fp8_speedup"]
         pre = pairs.prefill.rows
-        pre = pre[pre["kind"] == "fp8_speedup"].set_index(SHAPE_KEYS + ["candidate"]) if not pre.empty else pre
-        by_cell = cells.set_index("variant")
+        prefill = ({_key(r, r["candidate"]): r for r in pre[pre["kind"] == "fp8_speedup"].to_dict("records")}
+                   if not pre.empty else {})
+        ok = infer[infer["status"] == "ok"]
+        per_cell = {_key(dict(zip(SHAPE_KEYS, shape)), variant): g
+                    for (shape, variant), g in ok.groupby([ok[SHAPE_KEYS].apply(tuple, axis=1), "variant"])}
         rows = []
         for r in dec.to_dict("records"):
-            key = tuple(r[k] for k in SHAPE_KEYS) + (r["candidate"],)
-            p = pre.loc[key] if not pre.empty and key in pre.index else None
-            same = [c for c in by_cell.loc[[r["candidate"], r["reference"]]].itertuples()
-                    if c.d_model == r["d_model"] and c.n_layers == r["n_layers"] and c.batch_size == r["batch_size"]
-                    and c.cuda_graphs == r["cuda_graphs"]]
-            weights = {c.Index: c.weight_gib for c in same}
-            match = next((c.match for c in same if c.Index == r["candidate"]), None)
+            p = prefill.get(_key(r, r["candidate"]))
+            cand, ref = per_cell[_key(r, r["candidate"])], per_cell[_key(r, r["reference"])]
             rows.append({"d_model": r["d_model"], "n_layers": r["n_layers"], "batch": r["batch_size"],
                          "graphs": r["cuda_graphs"], "FP8 variant": r["candidate"].replace("te-fp8-", ""),
                          "BF16 ms/token": r["reference_ms"], "FP8 ms/token": r["candidate_ms"],
@@ -71,9 +77,8 @@ def inference_sections(infer: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame
                          "prefill speedup": None if p is None else p["ratio"],
                          "prefill CI low": None if p is None else p["ci_low"],
                          "prefill CI high": None if p is None else p["ci_high"],
-                         "weights FP8/BF16": (weights.get(r["candidate"]) or float("nan"))
-                         / (weights.get(r["reference"]) or float("nan")),
-                         "token agreement": match})
+                         "weights FP8/BF16": cand["weight_bytes"].median() / ref["weight_bytes"].median(),
+                         "token agreement": cand["gen_match_rate"].median()})
         table = pd.DataFrame(rows)
         if not table.empty:
             table = table.sort_values(["FP8 variant", "graphs", "batch", "d_model"]).round(3)

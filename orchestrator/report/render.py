@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 
 from ..efficiency import concurrent_trials, run_efficiency
 from .analysis import Pairs, crossover, knob_effects, per_layer_costs, varying_keys
-from .inference import inference_sections, split
+from .inference import InferencePairs, inference_sections, split
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +36,13 @@ def _num(v, digits=2):
     return round(float(v), digits)
 
 
-def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | None) -> list[tuple[str, str, pd.DataFrame]]:
-    """Every table of the report; ``pairs`` are the training records' (inference pairs its own)."""
+Section = tuple[str, str, pd.DataFrame]  # title, note, table
+
+
+def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | None,
+                     inference: InferencePairs | None) -> list[Section]:
+    """Every table of the report, made once for results.md and the HTML page; ``pairs`` are the
+    training records', ``inference`` the inference records' (None without any)."""
     everything, (df, infer) = df, split(df)
     sections = []
     rows = pairs.rows
@@ -87,7 +92,7 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
                                        "torch ms": gain["reference_ms"].round(3),
                                        "te ms": gain["candidate_ms"].round(3), "gain": gain["ratio"].round(3),
                                        "CI low": gain["ci_low"].round(3), "CI high": gain["ci_high"].round(3)})))
-    sections += inference_sections(infer)
+    sections += inference_sections(infer, inference)
     cells = df.assign(peak_gib=df["peak_mem_allocated_bytes"] / 2**30).groupby(
         ["cell_label", "cell_id", "variant", "cuda_graphs", "d_model", "n_layers", *varying], dropna=False,
         sort=True).agg(
@@ -202,9 +207,9 @@ def _md_table(frame: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def markdown_tables(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | None) -> str:
+def markdown_tables(df: pd.DataFrame, sections: list[Section]) -> str:
     parts = ["# JuicyTalk results", ""]
-    for title, note, frame in summary_sections(df, pairs, comparison):
+    for title, note, frame in sections:
         parts += [f"## {title}", "", f"_{note}_", "", _md_table(frame), ""]
     parts += ["## Environment", "", _md_table(environment(df)), "", "## Timing method", "", TIMING_METHOD, ""]
     return "\n".join(parts)
@@ -260,8 +265,8 @@ def shared_plotlyjs(html_path: str, script: str) -> str:
     return script
 
 
-def write_html(path: str, figures: list[tuple[str, go.Figure]], df: pd.DataFrame, pairs: Pairs, md: str,
-               sweep_text: str | None, comparison: pd.DataFrame | None, plotlyjs: str | None = None) -> None:
+def write_html(path: str, figures: list[tuple[str, go.Figure]], df: pd.DataFrame, sections: list[Section],
+               sweep_text: str | None, plotlyjs: str | None = None) -> None:
     """By default a single self-contained file (plotly.js embedded once: it opens offline from disk);
     with ``plotlyjs``, a page that loads that shared script instead."""
     include: bool | str = shared_plotlyjs(path, plotlyjs) if plotlyjs else True
@@ -273,7 +278,7 @@ def write_html(path: str, figures: list[tuple[str, go.Figure]], df: pd.DataFrame
         div = fig.to_html(full_html=False, include_plotlyjs=include if i == 0 else False, div_id=f"chart-{name}",
                           config={"displaylogo": False, "responsive": True})
         body.append(f'<section class="chart" id="sec-{name}">{div}</section>')
-    for title, note, frame in summary_sections(df, pairs, comparison):
+    for title, note, frame in sections:
         table = frame.to_html(index=False, na_rep="-", border=0, escape=True)
         body.append(f"<section><h2>{html.escape(title)}</h2><p class='note'>{html.escape(note)}</p>{table}</section>")
     env = environment(df).to_html(index=False, border=0)
