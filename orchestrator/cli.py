@@ -51,11 +51,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     storage = args.out or sweep.storage or DEFAULT_OUT
     console = Console(stderr=False)
     if args.dry_run:
-        from .plan import expected_ooms, local_gpu_memory_bytes, plan_table
+        from .plan import expected_ooms, local_gpu_memory_bytes, plan_rows, plan_table
 
         gpu_memory = int(args.gpu_memory * 2**30) if args.gpu_memory else local_gpu_memory_bytes()
-        console.print(plan_table(sweep, Store(storage, sweep.name), gpu_memory))
-        for line in expected_ooms(sweep, gpu_memory):
+        rows = plan_rows(sweep, Store(storage, sweep.name))
+        console.print(plan_table(sweep, rows, gpu_memory))
+        for line in expected_ooms(rows, gpu_memory):
             console.print(f"[yellow]expected OOM[/] {line}", soft_wrap=True)
         for asked, why in sweep.skipped:
             console.print(f"[cyan]skipped[/] {asked}: {why}")

@@ -54,15 +54,15 @@ def local_gpu_memory_bytes() -> int | None:
     return int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else None
 
 
-def plan_table(sweep: Sweep, store: Store, gpu_memory_bytes: int | None = None) -> Table:
-    """The dry-run table; with a GPU memory size, cells whose estimate exceeds it say 'expected OOM'."""
+def plan_table(sweep: Sweep, rows: list[dict[str, Any]], gpu_memory_bytes: int | None = None) -> Table:
+    """The dry-run table of ``plan_rows``; with a GPU memory size, cells whose estimate exceeds it say 'OOM?'."""
     gib = 2**30
     where = f" (GPU memory {gpu_memory_bytes / gib:.0f} GiB)" if gpu_memory_bytes else ""
     table = Table(title=f"sweep {sweep.name}: {len(sweep.cells)} cells x {sweep.samples} sample(s){where}")
     table.add_column("cell", overflow="fold")
     for col in ("id", "params", "est. memory", "records"):
         table.add_column(col)
-    for row in plan_rows(sweep, store):
+    for row in rows:
         rec = ", ".join(row["records"]) if row["records"] else "-"
         memory = f"{row['est_mem_bytes'] / gib:.2f} GiB"
         if gpu_memory_bytes and row["est_mem_bytes"] > gpu_memory_bytes:
@@ -72,10 +72,11 @@ def plan_table(sweep: Sweep, store: Store, gpu_memory_bytes: int | None = None) 
     return table
 
 
-def expected_ooms(sweep: Sweep, gpu_memory_bytes: int | None) -> list[str]:
-    """One line per cell whose estimate exceeds the GPU's memory (it still runs, and records oom if it does)."""
+def expected_ooms(rows: list[dict[str, Any]], gpu_memory_bytes: int | None) -> list[str]:
+    """One line per ``plan_rows`` cell whose estimate exceeds the GPU's memory (it still runs, and records
+    oom if it does)."""
     if not gpu_memory_bytes:
         return []
-    return [f"{cell.label}: estimated {estimate_memory_bytes(cell.spec) / 2**30:.1f} GiB > "
-            f"{gpu_memory_bytes / 2**30:.0f} GiB of GPU memory" for cell in sweep.cells
-            if estimate_memory_bytes(cell.spec) > gpu_memory_bytes]
+    return [f"{row['label']}: estimated {row['est_mem_bytes'] / 2**30:.1f} GiB > "
+            f"{gpu_memory_bytes / 2**30:.0f} GiB of GPU memory" for row in rows
+            if row["est_mem_bytes"] > gpu_memory_bytes]
