@@ -117,15 +117,14 @@ def _build(cfg: ModelConfig, dtype: torch.dtype, device: str, te: Any, state: di
     Returns the model and the bytes its weights take on the device (what building it allocated:
     FP8 data and scales included), or their storage size on CPU.
     """
-    te_model = te if device == "cuda" else None
     before = torch.cuda.memory_allocated() if device == "cuda" else 0
     with torch.no_grad():  # no grad: TE keeps no transposed copy of FP8 weights (only backward needs it)
         if fp8_recipe is None:
-            model = MiniGPT(cfg, dtype, device, te_model).eval()
+            model = MiniGPT(cfg, dtype, device, te).eval()
             model.load_state_dict(state)
         else:
             with te_compat.quantized_model_init(te, fp8_recipe):
-                model = MiniGPT(cfg, dtype, device, te_model, fused_qkv=True).eval()
+                model = MiniGPT(cfg, dtype, device, te, fused_qkv=True).eval()
             _load_fp8_weights(model, fused_qkv_state(state))
     if device == "cuda":
         torch.cuda.synchronize()
