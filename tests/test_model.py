@@ -76,3 +76,21 @@ def test_data_is_seeded_arithmetic():
     assert torch.equal((x[:, 2:] - x[:, 1:-1]) % 96, stride.unsqueeze(1).expand(8, 14))
     x2, _ = ArithmeticSequences(vocab=96, seq_len=16, device="cpu", seed=3).batch(8)
     assert torch.equal(x, x2)
+
+
+@pytest.mark.parametrize("cfg", [ModelConfig(vocab=96, d_model=128, n_layers=4, n_heads=2, ffn=512, seq_len=32), LLAMA])
+def test_init_is_gpt2_style_for_every_parameter(cfg):
+    """N(0, 0.02) weights and embeddings, residual projections scaled by 1/sqrt(2 L), zero biases, unit norm
+    gains: the distribution TE's layers start from too. (A check that matched every tensor once skipped
+    this init and left torch's defaults: N(0, 1) embeddings and uniform biases.)"""
+    torch.manual_seed(0)
+    model = MiniGPT(cfg, torch.float32, "cpu")
+    for name, p in model.named_parameters():
+        if p.dim() >= 2:
+            want = 0.02 / (2 * cfg.n_layers) ** 0.5 if name.endswith(("proj.weight", "fc2.weight")) else 0.02
+            assert float(p.std()) == pytest.approx(want, rel=0.15), name
+            assert abs(float(p.mean())) < 0.2 * want, name
+        elif name.endswith("bias"):
+            assert torch.count_nonzero(p) == 0, name
+        else:
+            assert torch.all(p == 1.0), name

@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import te_compat
 from .spec import TrialSpec
 
 LN_EPS = 1e-5
@@ -258,14 +259,17 @@ class MiniGPT(nn.Module):
         self.register_buffer("positions", torch.arange(cfg.seq_len, device=device), persistent=False)
         rope = rope_freqs(cfg.seq_len, cfg.head_dim, device) if cfg.llama else None
         self.register_buffer("rope", rope, persistent=False)
-        self.reset_parameters()
+        self.reset_parameters(te)
 
     @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """GPT-2 style init, applied by shape so both variants start from the same distribution."""
+    def reset_parameters(self, te: Any = None) -> None:
+        """GPT-2 style init, applied by shape so both variants start from the same distribution.
+
+        TE's FP8-only parameters (``quantized_model_init``) keep TE's init: a load replaces them.
+        """
         resid_std = INIT_STD / math.sqrt(2 * self.cfg.n_layers)
         for name, p in self.named_parameters():
-            if hasattr(p, "dequantize"):  # FP8-only (quantized_model_init): TE initialised it; a load replaces it
+            if te_compat.is_quantized(te, p):
                 continue
             if p.dim() >= 2:
                 residual_out = name.endswith(("proj.weight", "fc2.weight", "fc2_weight"))

@@ -125,6 +125,18 @@ def quantized_model_init(te: ModuleType, recipe_obj: Any) -> contextlib.Abstract
     return te.fp8_model_init(enabled=True, recipe=recipe_obj)  # older TE compatibility
 
 
+def is_quantized(te: ModuleType | None, tensor: Any) -> bool:
+    """Whether ``tensor`` is one of TE's quantized tensors (an FP8-only parameter of ``quantized_model_init``).
+
+    Asked of TE's own base class: duck typing cannot tell, since every ``torch.Tensor`` has a
+    ``dequantize`` method (checking for it once skipped the init of every parameter).
+    """
+    if te is None:
+        return False
+    tensor_mod = importlib.import_module("transformer_engine.pytorch.tensor")
+    return isinstance(tensor, tensor_mod.QuantizedTensor)
+
+
 @contextlib.contextmanager
 def own_extra_state() -> Any:
     """Let TE load FP8 metadata this process itself just produced.
