@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 import uuid
 from pathlib import Path
@@ -32,6 +31,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from trials.atomic import temporary_name, write_atomic
 from trials.record import ALL_FIELDS, FINAL_STATUSES, SCHEMA_VERSION, validate
 
 log = logging.getLogger(__name__)
@@ -87,24 +87,12 @@ class Store:
 
     # -- atomic writes --------------------------------------------------------------------------
     def _commit(self, final: str, write) -> None:
-        directory, name = final.rsplit("/", 1)
-        tmp = f"{directory}/.{name}.{uuid.uuid4().hex[:8]}.tmp"
         if self.local:
-            write(tmp)
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, final)
-            dfd = os.open(directory, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        else:
-            write(tmp)
-            self.fs.move(tmp, final)
+            write_atomic(final, write)
+            return
+        tmp = temporary_name(final)
+        write(tmp)
+        self.fs.move(tmp, final)
 
     def _write_table(self, final: str, table: pa.Table) -> None:
         self._commit(final, lambda p: pq.write_table(table, p, filesystem=self.fs))

@@ -18,6 +18,8 @@ from typing import Any
 import ray
 from ray import tune
 
+from trials import nvml
+
 from .launchers import LaunchSettings, TrialDied, make_launcher
 from .store import Store
 from .trackers.base import RESULT_TAGS
@@ -36,28 +38,19 @@ def gpu_context(own_pids: frozenset[int] = frozenset()) -> dict[str, Any]:
                            "foreign_gpu_processes": None}
     if not visible:
         return out
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no NVML here
-        return out
-    try:
-        used, foreign = 0, []
-        for token in visible.split(","):
-            token = token.strip()
-            handle = (pynvml.nvmlDeviceGetHandleByUUID(token) if token.startswith(("GPU-", "MIG-"))
-                      else pynvml.nvmlDeviceGetHandleByIndex(int(token)))
-            used += int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
-            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                if proc.pid in own_pids:
-                    continue
-                foreign.append({"pid": proc.pid, "used_bytes": proc.usedGpuMemory})
-        out.update(gpu_mem_in_use_at_start_bytes=used, foreign_gpu_processes=json.dumps(foreign))
-    except Exception as exc:  # noqa: BLE001
-        log.debug("NVML query failed: %s", exc)
-    finally:
-        pynvml.nvmlShutdown()
+    with nvml.session() as nv:
+        if nv is None:
+            return out
+        try:
+            used, foreign = 0, []
+            for token in visible.split(","):
+                device = nvml.handle(nv, token)
+                used += int(nv.nvmlDeviceGetMemoryInfo(device).used)
+                foreign += [{"pid": pid, "used_bytes": b} for pid, b in nvml.compute_processes(nv, device)
+                            if pid not in own_pids]
+            out.update(gpu_mem_in_use_at_start_bytes=used, foreign_gpu_processes=json.dumps(foreign))
+        except Exception as exc:  # noqa: BLE001
+            log.debug("NVML query failed: %s", exc)
     return out
 
 

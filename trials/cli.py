@@ -11,11 +11,11 @@ import argparse
 import json
 import logging
 import math
-import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from .atomic import write_text_atomic
 from .spec import TrialSpec, SpecError, spec_field_types
 
 EXIT_OK_STATUSES = ("ok", "oom", "unsupported", "diverged")
@@ -63,12 +63,7 @@ def spec_from_args(args: argparse.Namespace) -> TrialSpec:
 def write_json_atomic(path: Path, record: dict[str, Any]) -> None:
     path = path.resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(record, fh, allow_nan=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(record, allow_nan=True))
 
 
 def _fmt(value: Any, unit: str = "", digits: int = 2) -> str:

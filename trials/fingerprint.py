@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from . import te_compat
+from . import nvml, te_compat
 
 
 def juicytalk_version() -> str | None:
@@ -50,25 +50,11 @@ def git_sha() -> str | None:
     return git_revision(Path(__file__).resolve().parent)
 
 
-def driver_version() -> str | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            value = pynvml.nvmlSystemGetDriverVersion()
-        finally:
-            pynvml.nvmlShutdown()
-        return value.decode() if isinstance(value, bytes) else str(value)
-    except Exception:  # noqa: BLE001 - no NVML, no driver
-        return None
-
-
 def fingerprint(device: str) -> dict[str, str | None]:
     cuda = device == "cuda"
     return {
         "hostname": socket.gethostname(),
-        "driver_version": driver_version() if cuda else None,
+        "driver_version": nvml.driver_version() if cuda else None,
         "cuda_version": torch.version.cuda if cuda else None,
         "torch_version": torch.__version__,
         "te_version": te_compat.te_version(),

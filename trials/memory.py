@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import nvml
+
 log = logging.getLogger(__name__)
 
 
@@ -60,31 +62,16 @@ def peak_rss_bytes() -> int | None:
 
 def nvml_process_bytes() -> int | None:
     """Device memory NVML charges to this process on the current GPU, or None where NVML can't tell."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
+    with nvml.session() as nv:
+        if nv is None:
+            return None
         try:
-            handle = _nvml_handle(pynvml)
-            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                if proc.pid == os.getpid() and proc.usedGpuMemory is not None:
-                    return int(proc.usedGpuMemory)
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception as exc:  # noqa: BLE001 - NVML errors vary by driver and container
-        log.debug("NVML process memory unavailable: %s", exc)
+            for pid, used in nvml.compute_processes(nv, nvml.torch_device_handle(nv)):
+                if pid == os.getpid():
+                    return used
+        except Exception as exc:  # noqa: BLE001 - NVML errors vary by driver and container
+            log.debug("NVML process memory unavailable: %s", exc)
     return None
-
-
-def _nvml_handle(pynvml):
-    """NVML handle of torch's current device (CUDA_VISIBLE_DEVICES maps indices; UUIDs don't lie)."""
-    uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
-    try:
-        return pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
-    except Exception:  # noqa: BLE001
-        return pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
 
 
 def snapshot(baseline: Baseline) -> dict[str, int | None]:

@@ -8,9 +8,10 @@ a field cannot be added without a type and a description, nor written without be
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from typing import Any, Mapping
+
+from .typecheck import matches
 
 SCHEMA_VERSION = 1
 
@@ -208,26 +209,13 @@ class RecordError(ValueError):
         self.field = field_name
 
 
-def _is(value: Any, type_: str) -> bool:
-    if type_ == "bool":
-        return isinstance(value, bool)
-    if type_ == "int":
-        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    if type_ == "float":
-        return isinstance(value, numbers.Real) and not isinstance(value, bool)
-    if type_ == "str":
-        return isinstance(value, str)
-    inner = type_[len("list["):-1]
-    return isinstance(value, (list, tuple)) and all(v is None or _is(v, inner) for v in value)
-
-
 def validate(record: Mapping[str, Any]) -> None:
     """Every key declared, every value of its declared type (or None); raises :class:`RecordError`."""
     for name, value in record.items():
         field = _BY_NAME.get(name)
         if field is None:
             raise RecordError(name, "not a declared record field (declare it in trials/record.py)")
-        if value is not None and not _is(value, field.type):
+        if value is not None and not matches(value, field.type):
             raise RecordError(name, f"must be {field.type}, got {type(value).__name__} {str(value)[:60]!r}")
 
 

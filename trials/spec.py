@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from .typecheck import WANTED, matches
+
 BACKENDS = ("auto", "te", "torch")
 PRECISIONS = ("fp32", "bf16", "fp8")
 RECIPES = ("delayed", "current", "block", "mxfp8", "nvfp4")  # mxfp8, nvfp4: Blackwell only (else unsupported)
@@ -220,22 +222,9 @@ def _check_type(name: str, value: Any, annotation: Any) -> None:
         if "None" not in text:
             raise SpecError(name, "must not be empty")
         return
-    if text.startswith("bool"):
-        ok = isinstance(value, bool)
-        want = "true or false"
-    elif text.startswith("int"):
-        ok = isinstance(value, int) and not isinstance(value, bool)
-        want = "an integer"
-    elif text.startswith("float"):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        want = "a number"
-    elif text.startswith("str"):
-        ok = isinstance(value, str)
-        want = "a string"
-    else:
-        return
-    if not ok:
-        raise SpecError(name, f"must be {want}, got {value!r}")
+    type_name = text.split("|")[0].strip()
+    if not matches(value, type_name):
+        raise SpecError(name, f"must be {WANTED[type_name]}, got {value!r}")
 
 
 def swiglu_hidden(d_model: int) -> int:

@@ -15,6 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
+from trials.atomic import write_text_atomic
+
 from ..store import read_results
 from . import charts
 from .analysis import Pairs, compare_runs, crossover, pair_cells, prepare
@@ -92,7 +94,7 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
     out_dir = Path(out_html).resolve().parent
     out_dir.mkdir(parents=True, exist_ok=True)
     md_path, csv_path = out_dir / "results.md", out_dir / "results.csv"
-    md_path.write_text(md)
+    write_text_atomic(md_path, md)
     write_csv(csv_path, pairs, comparison)
     write_html(out_html, figures, df, sections, sweep_text, plotlyjs)
     pngs = export_pngs(figures, png_dir) if png_dir else []

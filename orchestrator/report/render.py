@@ -10,6 +10,8 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
+from trials.atomic import write_text_atomic
+
 from ..efficiency import concurrent_trials, run_efficiency
 from .analysis import Pairs, crossover, knob_effects, per_layer_costs, varying_keys
 from .inference import InferencePairs, inference_sections, split
@@ -221,7 +223,7 @@ def write_csv(path: Path, pairs: Pairs, comparison: pd.DataFrame | None) -> None
     if comparison is not None and not comparison.empty:
         frames.append(comparison.assign(kind="compare", ratio=comparison["ratio_b_over_a"]))
     table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["kind", "ratio"])
-    table.to_csv(path, index=False)
+    write_text_atomic(path, table.to_csv(index=False))
 
 
 def environment(df: pd.DataFrame) -> pd.DataFrame:
@@ -289,9 +291,7 @@ def write_html(path: str, figures: list[tuple[str, go.Figure]], df: pd.DataFrame
     body.append("</main>")
     page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>JuicyTalk report</title>"
             f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>")
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomic(path, page)
 
 
 def export_pngs(figures: list[tuple[str, go.Figure]], out_dir: str) -> list[str]:
