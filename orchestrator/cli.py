@@ -181,6 +181,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     if importlib.util.find_spec("mlflow") is None:
         return _fail("--mlflow: needs the mlflow package: pip install 'juicytalk[mlflow]'")
+    from .trackers import mlflow_uri
+
+    if why := mlflow_uri.problem(args.mlflow):
+        return _fail(f"--mlflow: {why}")
     if not Path(args.results).exists():
         return _fail(f"RESULTS: {args.results} does not exist (a sweep directory or a results.parquet)")
     from .export import export_mlflow
@@ -243,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="records already on disk -> MLflow, one run per record (idempotent)")
     p.add_argument("results", help="sweep directory or results.parquet")
-    p.add_argument("--mlflow", required=True, metavar="URI", help="MLflow tracking URI (file:/path, http://host:5000)")
+    p.add_argument("--mlflow", required=True, metavar="URI", help="MLflow tracking URI (sqlite:///path/mlflow.db, http://host:5000, file:/path)")
     p.add_argument("--experiment", help="experiment name (default: the records' sweep name)")
 
     sub.add_parser("fields", help="the record's fields as a markdown table (the README's)")

@@ -1,6 +1,6 @@
 """Records already on disk -> MLflow: one run per record, idempotent.
 
-    juicytalk export docs/results/h200/results.parquet --mlflow file:/tmp/mlruns [--experiment h200]
+    juicytalk export docs/results/h200/results.parquet --mlflow sqlite:///mlflow.db [--experiment h200]
 
 Each run holds the spec (and sample, cell id) as params, every numeric record field as a metric, the
 training loss curve and the timed step times as metric histories, and the same tags a sweep's MLflow
@@ -19,7 +19,7 @@ from trials.spec import TrialSpec
 
 from .store import read_results
 from .trackers.base import RESULT_TAGS
-from .trackers.mlflow_tracker import allow_file_store
+from .trackers import mlflow_uri
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def export_mlflow(path: str, tracking_uri: str, experiment: str | None = None) -
     from mlflow.tracking import MlflowClient
 
     records = read_results(path).to_pylist()
-    allow_file_store(tracking_uri)
+    mlflow_uri.prepare(tracking_uri)
     client = MlflowClient(tracking_uri=tracking_uri)
     name = experiment or (records[0].get("sweep_name") if records else None) or "juicytalk"
     found = client.get_experiment_by_name(name)

@@ -19,7 +19,7 @@ A sweep file is YAML read with ``yaml.safe_load`` semantics; nothing in it is ev
     warm_max_trials: 32       # warm: a trial process is replaced after this many trials
     compile_cache: null       # Inductor/Triton cache directory on each node (default: ~/.cache/juicytalk/compile)
     trackers:                 # optional: where trials show up besides the store (see orchestrator/trackers)
-      - mlflow: {tracking_uri: file:/tmp/mlruns, experiment: seed}
+      - mlflow: {tracking_uri: "sqlite:///mlflow.db", experiment: seed}
       - wandb: {project: juicytalk, mode: offline}
       - tensorboard: {}
 

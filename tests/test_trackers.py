@@ -15,18 +15,17 @@ from orchestrator.trackers import TRACKERS
 from .conftest import REPO, juicytalk
 from .test_cluster import records, write_sweep
 
-os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"  # these tests read file: stores that they write
-
-
 def _mlflow_runs(uri: str, experiment: str):
+    """Read back as a user would: no environment variables (a sqlite: store needs none)."""
     import mlflow
 
+    assert "MLFLOW_ALLOW_FILE_STORE" not in os.environ
     mlflow.set_tracking_uri(uri)
     return mlflow.search_runs(experiment_names=[experiment], output_format="list")
 
 
 def test_sweep_reaches_mlflow_wandb_and_tensorboard(ray_cluster, tmp_path):
-    uri = f"file:{tmp_path / 'mlruns'}"
+    uri = f"sqlite:///{tmp_path / 'db' / 'mlflow.db'}"  # MLflow 3's recommended store; its folder is made
     write_sweep(tmp_path, "trk", f"""
         grid: {{d_model: [32, 48], precision: [fp32, fp8]}}
         fixed: {{n_layers: 1, seq_len: 32, batch_size: 8, train_steps: 3, bench_steps: 2, warmup_steps: 1,
@@ -65,7 +64,7 @@ def test_sweep_reaches_mlflow_wandb_and_tensorboard(ray_cluster, tmp_path):
 
 
 def test_export_is_idempotent_with_metric_histories(tmp_path):
-    uri = f"file:{tmp_path / 'mlruns'}"
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     study = REPO / "docs" / "results" / "h200" / "results.parquet"
     for expected in ("20 MLflow runs created, 0 already there", "0 MLflow runs created, 20 already there"):
         out = juicytalk("export", str(study), "--mlflow", uri, "--experiment", "h200")
@@ -85,6 +84,7 @@ def test_export_is_idempotent_with_metric_histories(tmp_path):
     ("- comet: {}", "unknown tracker 'comet'"),
     ("- mlflow: {experiment: x}", "needs tracking_uri"),
     ("- wandb: {project: p, mode: sometimes}", "must be offline or online"),
+    ("- mlflow: {tracking_uri: 'ftp://host/mlruns'}", "trackers.0.mlflow.tracking_uri: scheme 'ftp'"),
 ])
 def test_bad_tracker_entries_exit_2_with_one_line(tmp_path, entry, message):
     path = write_sweep(tmp_path, "bad", f"""
@@ -107,3 +107,10 @@ def test_a_tracker_whose_package_is_missing_is_refused_before_any_trial(tmp_path
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pip install 'juicytalk[wandb]'" in err and "trackers.0.wandb" in err
     assert not Path(tmp_path, "nopkg").exists()
+
+
+def test_export_to_an_unsupported_tracking_uri_is_one_line(tmp_path):
+    study = REPO / "docs" / "results" / "h200" / "results.parquet"
+    out = juicytalk("export", str(study), "--mlflow", "postgresql://db/mlflow")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "--mlflow: scheme 'postgresql'" in out.stderr and "sqlite:///" in out.stderr

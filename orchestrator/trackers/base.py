@@ -7,6 +7,8 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from . import mlflow_uri
+
 # Result fields that are strings but belong on every tracker's run (numbers are reported anyway).
 RESULT_TAGS = ("status", "git_sha", "gpu_name", "cell_label", "launcher")
 
@@ -69,6 +71,8 @@ def check_trackers(entries: Any) -> list[tuple[str, dict[str, Any]]]:
         if importlib.util.find_spec(tracker.package) is None:
             raise TrackerError(f"trackers.{i}.{name}", f"needs the {tracker.package} package: "
                                f"pip install 'juicytalk[{tracker.extra}]'")
+        if name == "mlflow" and (why := mlflow_uri.problem(options["tracking_uri"])):
+            raise TrackerError(f"trackers.{i}.{name}.tracking_uri", why)
         out.append((name, options))
     return out
 

@@ -6,11 +6,11 @@ subclass adds the per-trial tags (cell, sample, git revision, GPU, status).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from ray.air.integrations.mlflow import MLflowLoggerCallback
 
+from . import mlflow_uri
 from .base import trial_tags
 
 
@@ -22,14 +22,7 @@ class _Callback(MLflowLoggerCallback):
             client.set_tag(self._trial_runs[trial], key, value)
 
 
-def allow_file_store(tracking_uri: str) -> None:
-    """MLflow 3 refuses ``file:`` tracking URIs (maintenance mode) unless told otherwise; a user who
-    names one in a sweep file or ``juicytalk export`` has told us."""
-    if tracking_uri.startswith("file:") or "://" not in tracking_uri:
-        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-
-
 def build(options: dict[str, Any], run_tags: dict[str, str]) -> MLflowLoggerCallback:
-    allow_file_store(options["tracking_uri"])
+    mlflow_uri.prepare(options["tracking_uri"])
     return _Callback(tracking_uri=options["tracking_uri"], experiment_name=options.get("experiment") or
                      run_tags["sweep"], tags=dict(run_tags), save_artifact=False)
