@@ -31,6 +31,9 @@ def _quiet_ray_logs(verbose: bool) -> None:
     if not verbose:
         for name in ("ray", "ray.tune", "ray.train", "ray.air"):
             logging.getLogger(name).setLevel(logging.ERROR)
+        # Tune's own experiment state (its resume files, which JuicyTalk never resumes from: the store is the
+        # truth) fails loudly on a full disk; the sweep reports that disk itself, in one line
+        logging.getLogger("ray.tune.execution.experiment_state").setLevel(logging.CRITICAL)
         os.environ.setdefault("RAY_DEDUP_LOGS", "1")
 
 
@@ -38,7 +41,7 @@ def _quiet_ray_logs(verbose: bool) -> None:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from .lock import SweepLocked
     from .runner import MAX_FAILURES, SweepInputError, run_sweep, work_items
-    from .store import Store
+    from .store import StorageFull, Store
     from .sweep import SweepError, load_sweep
 
     _quiet_ray_logs(args.verbose)
@@ -51,11 +54,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     storage = args.out or sweep.storage or DEFAULT_OUT
     console = Console(stderr=False)
     if args.dry_run:
-        from .plan import expected_ooms, local_gpu_memory_bytes, plan_rows, plan_table
+        from .plan import expected_ooms, local_gpu_memory_bytes, plan_rows, plan_table, unsupported_here
 
         gpu_memory = int(args.gpu_memory * 2**30) if args.gpu_memory else local_gpu_memory_bytes()
-        rows = plan_rows(sweep, Store(storage, sweep.name))
+        rows = plan_rows(sweep, Store(storage, sweep.name), unsupported_here(sweep))
         console.print(plan_table(sweep, rows, gpu_memory))
+        for row in rows:
+            if row["unsupported"]:
+                console.print(f"[cyan]unsupported here[/] {row['label']}: {row['unsupported']} (it is recorded "
+                              "as unsupported with this reason)", soft_wrap=True)
         for line in expected_ooms(rows, gpu_memory):
             console.print(f"[yellow]expected OOM[/] {line}", soft_wrap=True)
         for asked, why in sweep.skipped:
@@ -75,27 +82,41 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                             progress=None if args.no_progress else SweepProgress(), launcher=args.launcher)
     except (SweepInputError, SweepLocked) as exc:
         return _fail(str(exc))
+    except StorageFull as exc:  # one line; what was written stays, and the same command resumes
+        store = Store(storage, sweep.name)
+        done = len(store.final_keys()) if Path(store.root).exists() else 0
+        print(f"{PROG}: error: storage: {exc}; {done} of {len(sweep.cells) * sweep.samples} trials have intact "
+              "records; free space and rerun the same command to resume", file=sys.stderr)
+        return 1
     from .efficiency import INPUT_COLUMNS, describe, run_efficiency
 
     store = Store(storage, sweep.name)
-    records = store.read_records(["cell_id", "sample", "step_ms_p50", *INPUT_COLUMNS])
+    records = store.read_records(["cell_id", "sample", "step_ms_p50", "error", *INPUT_COLUMNS])
     console.print(summary_table(work_items(sweep, storage, args.launcher), outcome.statuses, records))
     console.print(f"{outcome.total} trials: {outcome.already_done} already done, {outcome.ran} run now, "
-                  f"{len(outcome.failed)} failed, {len(outcome.missing)} missing; wall {outcome.wall_s:.1f}s")
+                  f"{len(outcome.failed)} failed, {len(outcome.missing)} missing; driver wall {outcome.wall_s:.1f}s "
+                  "(Ray's start included)")
     if outcome.ran:
         eff = run_efficiency(records.to_pandas())
         this_run = eff[eff["run_id"] == outcome.run_id]
         if not this_run.empty:
             console.print(describe(this_run.iloc[0]))
-    console.print(f"results: {outcome.results_path}")
-    if not args.no_report and store.record_files():
+    if store.record_files():
         try:
-            from .report import build_report
+            from .report import answer, build_report
 
-            report = build_report(store.root, out_html=store.path("report.html"), sweep_text=sweep.source_text)
-            console.print(f"report:  {report.html_path}")
+            report = None if args.no_report else build_report(store.root, out_html=store.path("report.html"),
+                                                               sweep_text=sweep.source_text)
+            for line in report.headline if report else answer(store.root):
+                console.print(f"[bold]{line}[/]", soft_wrap=True)
+            console.print(f"results: {outcome.results_path}")
+            if report:
+                console.print(f"report:  {report.html_path}")
         except Exception as exc:  # noqa: BLE001 - a failing report must not hide a finished sweep
+            console.print(f"results: {outcome.results_path}")
             logging.getLogger(__name__).error("report failed: %s", exc)
+    else:
+        console.print(f"results: {outcome.results_path}")
     for key in outcome.failed:
         console.print(f"[red]failed[/] {key}: {outcome.statuses[key]} (see {store.path('logs', key + '.log')})")
     for key in outcome.missing:
@@ -133,6 +154,10 @@ def cmd_report(args: argparse.Namespace) -> int:
                               plotlyjs=args.plotlyjs)
     except ReportInputError as exc:
         return _fail(str(exc))
+    for warning in report.warnings:
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
+    for line in report.headline:
+        print(line)
     print(f"report: {report.html_path}")
     for extra in report.other_paths:
         print(f"        {extra}")

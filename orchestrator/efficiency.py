@@ -99,6 +99,6 @@ def describe(row: pd.Series) -> str:
     per_gpu = f" ({row['busy_per_gpu']:.2f} per GPU over {row['gpus']} GPUs)" if row["gpus"] > 1 else ""
     what = "GPU-busy fraction" if row["gpus"] else "busy fraction (no GPU)"
     return (f"{what} {row['busy_fraction']:.2f}{per_gpu}: train+bench {row['busy_s']:.1f}s of "
-            f"{row['wall_s']:.0f}s run wall; launcher {row['launcher']}, {row['trials_per_process']:.1f} trials per "
+            f"{row['wall_s']:.1f}s from the run's start to its last record; launcher {row['launcher']}, {row['trials_per_process']:.1f} trials per "
             f"process; per-trial overhead {row['overhead_s_median']:.2f}s median, first step "
             f"{row['first_step_s_median']:.2f}s median")

@@ -33,8 +33,25 @@ def estimate_memory_bytes(spec: TrialSpec) -> int:
     return 4 * n * width + activations + logits
 
 
-def plan_rows(sweep: Sweep, store: Store) -> list[dict[str, Any]]:
+def unsupported_here(sweep: Sweep) -> dict[str, str]:
+    """cell id -> why the cell would be recorded ``unsupported`` on this machine (what a trial here would
+    resolve: the same probe and rules, ``trials.capability``). A cluster's GPU nodes may differ."""
+    from trials.capability import probe, resolve
+
+    want_te = any(cell.spec.backend != "torch" for cell in sweep.cells)
+    caps: dict[str, Any] = {}
+    out = {}
+    for cell in sweep.cells:
+        cap = caps.get(cell.spec.device) or caps.setdefault(cell.spec.device, probe(cell.spec.device, want_te))
+        reason = resolve(cell.spec, cap).unsupported
+        if reason:
+            out[cell.cell_id] = reason
+    return out
+
+
+def plan_rows(sweep: Sweep, store: Store, unsupported: dict[str, str] | None = None) -> list[dict[str, Any]]:
     statuses = store.statuses()
+    unsupported = unsupported or {}
     rows = []
     for cell in sweep.cells:
         have = [statuses.get(trial_key(cell.cell_id, s)) for s in range(sweep.samples)]
@@ -43,6 +60,7 @@ def plan_rows(sweep: Sweep, store: Store) -> list[dict[str, Any]]:
             "params": param_count(ModelConfig.from_spec(cell.spec)),
             "est_mem_bytes": estimate_memory_bytes(cell.spec),
             "records": [s for s in have if s], "samples": sweep.samples,
+            "unsupported": unsupported.get(cell.cell_id),
         })
     return rows
 
@@ -60,7 +78,7 @@ def plan_table(sweep: Sweep, rows: list[dict[str, Any]], gpu_memory_bytes: int |
     where = f" (GPU memory {gpu_memory_bytes / gib:.0f} GiB)" if gpu_memory_bytes else ""
     table = Table(title=f"sweep {sweep.name}: {len(sweep.cells)} cells x {sweep.samples} sample(s){where}")
     table.add_column("cell", overflow="fold")
-    for col in ("id", "params", "est. memory", "records"):
+    for col in ("id", "params", "est. memory", "records", "here"):
         table.add_column(col)
     for row in rows:
         rec = ", ".join(row["records"]) if row["records"] else "-"
@@ -68,7 +86,8 @@ def plan_table(sweep: Sweep, rows: list[dict[str, Any]], gpu_memory_bytes: int |
         if gpu_memory_bytes and row["est_mem_bytes"] > gpu_memory_bytes:
             memory += " OOM?"
         table.add_row(row["label"], row["cell_id"], f"{row['params'] / 1e6:.1f}M", memory,
-                      f"{len(row['records'])}/{row['samples']} ({rec})")
+                      f"{len(row['records'])}/{row['samples']} ({rec})",
+                      "unsupported" if row["unsupported"] else "runs")
     return table
 
 

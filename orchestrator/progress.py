@@ -19,6 +19,7 @@ from trials.record import FINAL_STATUSES
 
 from .store import Store
 
+WHY_CHARS = 100  # of a record's error, in the summary's "why" column
 _STYLE = {"ok": "green", "oom": "yellow", "unsupported": "cyan", "diverged": "magenta", "error": "red",
           "timeout": "red", "missing": "red"}
 
@@ -83,17 +84,22 @@ class SweepProgress:
 
 
 def summary_table(items: list[dict[str, Any]], statuses: dict[str, str], records: Any = None) -> Table:
-    """One row per trial: label, sample, status, p50 step time (from the consolidated records)."""
-    p50 = {}
+    """One row per trial: label, sample, status, p50 step time and, for a trial that is not ok, why
+    (from the records: an unsupported cell's reason, an OOM, an exception)."""
+    p50, why = {}, {}
     if records is not None and records.num_rows:
-        for cid, s, v in zip(*(records.column(n).to_pylist() for n in ("cell_id", "sample", "step_ms_p50"))):
+        columns = (records.column(n).to_pylist() for n in ("cell_id", "sample", "step_ms_p50", "error"))
+        for cid, s, v, error in zip(*columns):
             p50[f"{cid}-s{s}"] = v
+            why[f"{cid}-s{s}"] = str(error).splitlines()[0][:WHY_CHARS] if error else ""
     table = Table(title="sweep summary")
     for col in ("cell", "sample", "status", "p50 ms", "key"):
         table.add_column(col)
+    table.add_column("why", overflow="fold")
     for it in items:
         status = statuses.get(it["key"], "missing")
         value = p50.get(it["key"])
         table.add_row(it["label"], str(it["sample"]), Text(status, style=_STYLE.get(status, "")),
-                      f"{value:.2f}" if isinstance(value, float) else "-", it["key"])
+                      f"{value:.2f}" if isinstance(value, float) else "-", it["key"],
+                      "" if status == "ok" else why.get(it["key"], ""))
     return table

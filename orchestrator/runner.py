@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -23,7 +25,7 @@ from trials.record import FINAL_STATUSES
 
 from .launchers.base import PACKAGE_ROOT
 from .lock import sweep_lock
-from .store import Store, trial_key, utc_stamp
+from .store import StorageFull, Store, trial_key, utc_stamp
 from .sweep import Sweep
 
 log = logging.getLogger(__name__)
@@ -75,10 +77,15 @@ def work_items(sweep: Sweep, storage: str, launcher: str | None = None) -> list[
 @contextmanager
 def ray_session(address: str | None, dashboard: bool = False, verbose: bool = False) -> Iterator[Any]:
     """Connect to ``address`` (or RAY_ADDRESS), else start a local embedded Ray; shut it down after."""
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if not address:
+        # Ray turns token authentication on for a new local cluster and warns each time unless the mode is
+        # explicit: this embedded instance takes Ray's default, said explicitly (a user's own setting stands).
+        # Set before Ray is imported, which reads its configuration once.
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     import ray
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    address = address or os.environ.get("RAY_ADDRESS") or None
     kwargs: dict[str, Any] = {"log_to_driver": verbose, "logging_level": logging.INFO if verbose else logging.WARNING}
     if address:
         ray.init(address=address, **kwargs)
@@ -87,19 +94,46 @@ def ray_session(address: str | None, dashboard: bool = False, verbose: bool = Fa
         # address="local": always a new embedded instance, never some cluster started earlier on this host.
         ray.init(address="local", include_dashboard=dashboard, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
                  **kwargs)
+    before = _term_like_int()
     try:
         yield ray
     finally:
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
         ray.shutdown()
 
 
+def _term_like_int() -> Any:
+    """SIGTERM (what Slurm, Kubernetes and systemd send) does what SIGINT does: Tune stops its trials, the
+    sweep prints its summary and the same command resumes. Installed after ``ray.init``, whose native
+    handler would otherwise dump a stack and kill the driver. Returns the handler it replaced (None off
+    the main thread, where Python cannot set one)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def on_term(signum: int, frame: Any) -> None:
+        handler = signal.getsignal(signal.SIGINT)  # Tune's own while it runs, Python's otherwise
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, on_term)
+
+
 def check_resources(ray: Any, resources: dict[str, float]) -> dict[str, float]:
-    """Fail fast when no node can ever hold one trial; without GPUs anywhere, fall back to CPU."""
+    """Fail fast when no node can ever hold one trial; without GPUs anywhere, fall back to CPU.
+
+    Trials that run on CPU are timed on the host's cores, so two at once on one host would time each
+    other (as two on one GPU would): a CPU trial takes every CPU of a node (the smallest node that
+    fits it), one trial per host at a time. Trials on nodes larger than that may still share one,
+    which the report flags.
+    """
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     total_gpu = sum(n["Resources"].get("GPU", 0) for n in nodes)
     wanted = dict(resources)
-    if wanted.get("gpu", 0) > 0 and total_gpu == 0:
-        log.warning("no GPUs in this Ray cluster: trials run on CPU (torch backend); te/fp8 cells are unsupported")
+    fallback = wanted.get("gpu", 0) > 0 and total_gpu == 0
+    if fallback:
         wanted["gpu"] = 0
     fits = [n for n in nodes if n["Resources"].get("CPU", 0) >= wanted["cpu"]
             and n["Resources"].get("GPU", 0) >= wanted.get("gpu", 0)]
@@ -108,6 +142,11 @@ def check_resources(ray: Any, resources: dict[str, float]) -> dict[str, float]:
                          f"gpu={n['Resources'].get('GPU', 0):g}" for n in nodes)
         raise SweepInputError(f"resources: no node can run a trial needing cpu={wanted['cpu']:g} "
                               f"gpu={wanted.get('gpu', 0):g} (nodes: {best}); lower resources in the sweep file")
+    if wanted.get("gpu", 0) == 0:
+        wanted["cpu"] = min(n["Resources"]["CPU"] for n in fits)
+    if fallback:
+        log.warning("no GPUs in this Ray cluster: trials run on CPU (torch backend), one per host at a time "
+                    "(cpu=%g each); te/fp8 cells are unsupported", wanted["cpu"])
     return wanted
 
 
@@ -154,12 +193,33 @@ def param_space(items: list[dict[str, Any]]) -> dict[str, Any]:
     return space
 
 
+def _stop_when_storage_is_full() -> Any:
+    """A Tune stopper: once a trial could not write to the store because it is full, stop every trial."""
+    from ray import tune
+
+    from .trainable import STORAGE_FULL
+
+    class StopOnFullStorage(tune.Stopper):
+        def __init__(self) -> None:
+            self.full = False
+
+        def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+            self.full = self.full or bool(result.get(STORAGE_FULL))
+            return self.full
+
+        def stop_all(self) -> bool:
+            return self.full
+
+    return StopOnFullStorage()
+
+
 def fit(ray: Any, sweep: Sweep, store: Store, items: list[dict[str, Any]], resources: dict[str, float],
         max_concurrent: int | None, verbose: bool, run_id: str) -> None:
+    """Run ``items`` as Tune trials; raises :class:`StorageFull` when the store ran out of room."""
     from ray import tune
 
     from .trackers import build_callbacks
-    from .trainable import TrialTrainable
+    from .trainable import STORAGE_FULL, TrialTrainable
 
     by_key = {it["key"]: it for it in items}
     trainable = tune.with_resources(tune.with_parameters(TrialTrainable, items=by_key),
@@ -178,6 +238,7 @@ def fit(ray: Any, sweep: Sweep, store: Store, items: list[dict[str, Any]], resou
             name=f"{sweep.name}-{time.strftime('%Y%m%dT%H%M%S')}",
             storage_path=store.path("ray") if store.local else f"{store.storage.rstrip('/')}/{sweep.name}/ray",
             failure_config=tune.FailureConfig(max_failures=MAX_FAILURES),
+            stop=_stop_when_storage_is_full(),
             # the store holds every result; a one-step trial has nothing to resume from
             checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False, checkpoint_frequency=0),
             callbacks=build_callbacks(sweep.trackers, {"sweep": sweep.name, "run_id": run_id}),
@@ -185,7 +246,10 @@ def fit(ray: Any, sweep: Sweep, store: Store, items: list[dict[str, Any]], resou
             log_to_file=True,
         ),
     )
-    tuner.fit()
+    results = tuner.fit()
+    full = next((r.metrics[STORAGE_FULL] for r in results if (r.metrics or {}).get(STORAGE_FULL)), None)
+    if full:
+        raise StorageFull(store.root, f"no space left on device (first failed write: {full})")
 
 
 def prepare_store(sweep: Sweep, storage: str, restart: bool) -> Store:

@@ -19,6 +19,7 @@ and write here passes the one explicit :data:`RECORD_SCHEMA` instead.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import time
@@ -55,6 +56,22 @@ SERIES_SCHEMA = pa.schema([
 ])
 
 
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+class StorageFull(Exception):
+    """The store's filesystem has no room left: a retry cannot help, so the sweep stops (and resumes later)."""
+
+    def __init__(self, path: str, detail: str):
+        super().__init__(f"{path}: {detail}")
+        self.path = path
+
+
+def is_full(exc: BaseException) -> bool:
+    """An OSError of a full disk or quota, from the OS or from pyarrow (which keeps the errno)."""
+    return isinstance(exc, OSError) and (exc.errno in FULL_ERRNOS or "No space left on device" in str(exc))
+
+
 def utc_stamp(t: float | None = None) -> str:
     """UTC time as the store writes it (``recorded_at``, ``run_started_at``): ISO-8601, seconds, Z."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
@@ -87,12 +104,17 @@ class Store:
 
     # -- atomic writes --------------------------------------------------------------------------
     def _commit(self, final: str, write) -> None:
-        if self.local:
-            write_atomic(final, write)
-            return
-        tmp = temporary_name(final)
-        write(tmp)
-        self.fs.move(tmp, final)
+        try:
+            if self.local:
+                write_atomic(final, write)
+                return
+            tmp = temporary_name(final)
+            write(tmp)
+            self.fs.move(tmp, final)
+        except OSError as exc:
+            if is_full(exc):
+                raise StorageFull(final, "no space left on device") from None
+            raise
 
     def _write_table(self, final: str, table: pa.Table) -> None:
         self._commit(final, lambda p: pq.write_table(table, p, filesystem=self.fs))
@@ -111,8 +133,8 @@ class Store:
         row["recorded_at"] = utc_stamp()
         table = pa.Table.from_pylist([row], schema=RECORD_SCHEMA)
         final = self.path("trials", trial_key(row["cell_id"], row["sample"]) + ".parquet")
+        self._write_series(record)  # first: a record on disk always has its series
         self._write_table(final, table)
-        self._write_series(record)
         return final
 
     def _write_series(self, record: dict[str, Any]) -> None:

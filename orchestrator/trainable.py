@@ -21,10 +21,12 @@ from ray import tune
 from trials import nvml
 
 from .launchers import LaunchSettings, TrialDied, make_launcher
-from .store import Store
+from .store import StorageFull, Store
 from .trackers.base import RESULT_TAGS
 
 log = logging.getLogger(__name__)
+
+STORAGE_FULL = "juicytalk_storage_full"  # a trial's Tune result when its record could not be written
 
 
 def gpu_context(own_pids: frozenset[int] = frozenset()) -> dict[str, Any]:
@@ -84,6 +86,13 @@ class TrialTrainable(tune.Trainable):
         return True
 
     def step(self) -> dict[str, Any]:
+        try:
+            return self._run_one()
+        except StorageFull as exc:  # retrying into a full disk cannot help: the driver stops the sweep
+            log.error("storage full: %s", exc)
+            return {"done": True, STORAGE_FULL: str(exc)}
+
+    def _run_one(self) -> dict[str, Any]:
         item = self.item
         store = Store(item["storage"], item["sweep_name"])
         info = {"worker_pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(), "label": item["label"],

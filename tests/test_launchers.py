@@ -131,7 +131,10 @@ def test_timeout_kills_the_trial_process(ray_cluster, tmp_path, launcher):
     wait_for(lambda: not _servers(), 30)  # the timed-out process, and any kept ready, are gone
 
 
-def test_sigint_stops_everything_and_the_rerun_resumes(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_sigint_stops_everything_and_the_rerun_resumes(tmp_path, sig):
+    """SIGTERM (Slurm, Kubernetes, systemd) ends the driver as SIGINT does: no native stack dump, the summary,
+    every process gone, and the same command resumes."""
     write_sweep(tmp_path, "int", f"""
         grid: {{d_model: [32, 48, 64, 80]}}
         fixed: {{{CPU_CELL % 600}}}
@@ -145,9 +148,11 @@ def test_sigint_stops_everything_and_the_rerun_resumes(tmp_path):
     wait_for(lambda: trials_dir.exists() and any(p.suffix == ".parquet" for p in trials_dir.iterdir()), 240)
     tree = psutil.Process(driver.pid).children(recursive=True)  # embedded Ray, workers, trial processes
     assert any("trials.server" in " ".join(p.cmdline()) for p in tree if p.is_running())
-    driver.send_signal(signal.SIGINT)
-    driver.communicate(timeout=120)
-    assert driver.returncode != 0  # interrupted: cells are missing
+    driver.send_signal(sig)
+    out, err = driver.communicate(timeout=120)
+    assert driver.returncode == 1, (driver.returncode, err[-2000:])  # interrupted: cells are missing
+    assert "SIGTERM received" not in err and "Traceback" not in err, err[-2000:]
+    assert "rerun the same command to resume" in " ".join(out.split()), out[-2000:]
     deadline = time.time() + 60
     while time.time() < deadline:
         left = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
@@ -186,3 +191,54 @@ def test_corrupt_record_files_are_quarantined_and_rerun(ray_cluster, tmp_path):
     report = juicytalk("report", str(tmp_path / "bad"), "--out", str(tmp_path / "r.html"))
     assert report.returncode == 0, report.stderr[-2000:]
     assert files[0].name in report.stderr and len(list((tmp_path / "bad" / "quarantine").iterdir())) == 3
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs: a filesystem this test can fill (mounting needs root, which CI has)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True).returncode:
+        if os.environ.get("CI"):
+            pytest.fail("CI runs as root and must be able to mount a tmpfs")
+        pytest.skip("needs root to mount a tmpfs")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def _fill(path: Path) -> None:
+    """Write zeros to ``path`` until the filesystem refuses (ENOSPC)."""
+    with open(path, "wb", buffering=0) as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+        except OSError:
+            pass
+
+
+def test_a_full_disk_stops_the_sweep_in_one_line_and_the_rerun_resumes(tmp_path, small_disk):
+    write_sweep(tmp_path, "full", f"""
+        grid: {{d_model: [32, 48, 64, 80]}}
+        fixed: {{{CPU_CELL % 3}}}
+        resources: {{cpu: 1, gpu: 0}}
+    """)
+    args = [sys.executable, "-m", "orchestrator.cli", "sweep", str(tmp_path / "full.yaml"), "--out", str(small_disk),
+            "--no-progress", "--no-report"]
+    driver = subprocess.Popen(args, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    trials_dir = small_disk / "full" / "trials"
+    wait_for(lambda: trials_dir.exists() and any(p.suffix == ".parquet" for p in trials_dir.iterdir()), 240)
+    _fill(small_disk / "filler")  # the disk fills up mid-sweep
+    out, err = driver.communicate(timeout=300)
+    lines = [line for line in (out + err).splitlines() if line.strip()]
+    assert driver.returncode == 1 and len(lines) <= 5, lines
+    assert str(small_disk) in err and "no space left on device" in err and "rerun the same command" in err, err
+    assert "Traceback" not in out + err
+    intact = records(small_disk, "full")  # every record on disk reads back whole
+    assert 1 <= len(intact) < 4 and all(r["status"] == "ok" for r in intact)
+    assert not [p for p in small_disk.rglob(".*.tmp")]  # no half-written temporaries left behind
+
+    (small_disk / "filler").unlink()
+    rerun = subprocess.run(args, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
+    assert f"{len(intact)} already done" in " ".join(rerun.stdout.split())
+    assert sorted(r["d_model"] for r in records(small_disk, "full")) == [32, 48, 64, 80]

@@ -97,6 +97,9 @@ def test_cli_dry_run_lists_cells_sizes_and_skips(tmp_path):
     text = " ".join(out.stdout.split())
     assert "d768-L4-te-fp8-delayed" in text and "28.7M" in text and "skipped" in text and "collapsed" in text
     assert "4 trials" in text
+    # on this CPU machine every te cell would be recorded unsupported: the plan says so, with the reason
+    unsupported = [line for line in out.stdout.splitlines() if line.startswith("unsupported here")]
+    assert len(unsupported) == 3 and all("backend te: no CUDA device" in line for line in unsupported), unsupported
     assert not (tmp_path / "seed").exists()
 
 

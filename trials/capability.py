@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from . import te_compat
-from .spec import RECIPES, TrialSpec
+from .spec import RECIPE_MIN_CC, RECIPES, TrialSpec
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,8 @@ def probe(device: str = "auto", want_te: bool = True) -> Capability:
         cap = Capability(device_type="cpu")
         reason = "no CUDA device" if device != "cpu" else "device is cpu"
         cap.te_error = reason
-        cap.fp8 = {r: (False, f"FP8 needs a CUDA GPU of compute capability 8.9+ ({reason})") for r in RECIPES}
+        cap.fp8 = {r: (False, f"{r} needs a CUDA GPU of compute capability {cc}+ ({reason})")
+                   for r, cc in RECIPE_MIN_CC.items()}
         return cap
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     cap = Capability(

@@ -14,7 +14,10 @@ from .typecheck import WANTED, matches
 
 BACKENDS = ("auto", "te", "torch")
 PRECISIONS = ("fp32", "bf16", "fp8")
-RECIPES = ("delayed", "current", "block", "mxfp8", "nvfp4")  # mxfp8, nvfp4: Blackwell only (else unsupported)
+# TE's FP8 recipes and the compute capability each needs (Ada/Hopper: delayed and current scaling; block
+# scaling: Hopper; MXFP8 and NVFP4: Blackwell). On a GPU TE itself says yes or no; this says it without one.
+RECIPE_MIN_CC = {"delayed": "8.9", "current": "8.9", "block": "9.0", "mxfp8": "10.0", "nvfp4": "10.0"}
+RECIPES = tuple(RECIPE_MIN_CC)
 FP8_FORMATS = ("hybrid", "e4m3")
 AMAX_ALGOS = ("max", "most_recent")
 DEVICES = ("auto", "cuda", "cpu")

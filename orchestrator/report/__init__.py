@@ -20,6 +20,7 @@ from trials.atomic import write_text_atomic
 from ..store import read_results
 from . import charts
 from .analysis import Pairs, compare_runs, crossover, pair_cells, prepare
+from .headline import headline
 from .inference import inference_pairs, split
 from .render import export_pngs, markdown_tables, summary_sections, write_csv, write_html
 
@@ -37,6 +38,8 @@ class Report:
     csv_path: str
     png_paths: list[str] = field(default_factory=list)
     pairs: Pairs | None = None
+    headline: list[str] = field(default_factory=list)  # the answer for this run, in sentences
+    warnings: list[str] = field(default_factory=list)  # one line each, for the CLI
 
     @property
     def other_paths(self) -> list[str]:
@@ -44,6 +47,8 @@ class Report:
 
 
 def _load(path: str) -> pd.DataFrame:
+    if not Path(path).exists():
+        raise ReportInputError(f"DIR: {path} does not exist (a sweep directory or a results.parquet)")
     try:
         table = read_results(path)
     except (FileNotFoundError, OSError, pa.ArrowException) as exc:
@@ -82,24 +87,34 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
                                                      "BF16 prefill ms / FP8 prefill ms")),
         ]
     figures.append(("status", charts.status_chart(df)))
-    comparison = None
+    comparison, warnings = None, []
     if compare_dir:
         other = _load(compare_dir)
         comparison = compare_runs(df, other)
+        if comparison.empty:
+            warnings.append(f"--compare: {src} and {compare_dir} share no cells (no cell id in both); "
+                            "the report has no comparison")
         figures.append(("compare", charts.compare_chart(comparison, base_dir.name, Path(compare_dir).name)))
 
+    lines = headline(train, pairs) if not train.empty or infer.empty else []
     sections = summary_sections(df, pairs, comparison, inference)
-    md = markdown_tables(df, sections)
+    md = markdown_tables(df, sections, lines)
     out_html = out_html or str(base_dir / "report.html")
     out_dir = Path(out_html).resolve().parent
     out_dir.mkdir(parents=True, exist_ok=True)
     md_path, csv_path = out_dir / "results.md", out_dir / "results.csv"
     write_text_atomic(md_path, md)
     write_csv(csv_path, pairs, comparison)
-    write_html(out_html, figures, df, sections, sweep_text, plotlyjs)
+    write_html(out_html, figures, df, sections, sweep_text, plotlyjs, lines)
     pngs = export_pngs(figures, png_dir) if png_dir else []
     log.info("report built in %.2fs", time.perf_counter() - t0)
-    return Report(str(out_html), str(md_path), str(csv_path), pngs, pairs)
+    return Report(str(out_html), str(md_path), str(csv_path), pngs, pairs, lines, warnings)
 
 
-__all__ = ["Report", "ReportInputError", "build_report", "crossover", "pair_cells"]
+def answer(path: str) -> list[str]:
+    """The headline of a result set without writing a report (``juicytalk sweep --no-report``)."""
+    train, infer = split(_load(path))
+    return headline(train, pair_cells(train)) if not train.empty or infer.empty else []
+
+
+__all__ = ["Report", "ReportInputError", "answer", "build_report", "crossover", "pair_cells"]

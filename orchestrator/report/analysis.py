@@ -183,8 +183,8 @@ def pair_cells(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> Pairs:
             else:
                 why = f"{ref_name} is {ref.status}: {_get(ref.record, 'error') or ''}".strip(": ")
             entry = dict(zip(SHAPE_KEYS, shape))
-            entry.update(series=series_label(entry, series), kind=kind, cell=cand.variant, partner=ref_name,
-                         reason=why)
+            entry.update(series=series_label(entry, series), kind=kind, cell=cand.variant,
+                         partner=ref_name if ref is not None else f"{ref_name} (not in this run)", reason=why)
             unpaired.append(entry)
             return
         rows.append(_pair_row(kind, shape, ref, cand, resamples, rng, series))
@@ -214,6 +214,8 @@ def compare_runs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     rows = []
     a_ok, b_ok = a[a["status"] == "ok"], b[b["status"] == "ok"]
+    columns = ["cell_id", "cell_label", "variant", "n_params", "a_ms", "b_ms", "ratio_b_over_a", "ci_low", "ci_high",
+               "changed"]
     for cid, ga in a_ok.groupby("cell_id"):
         gb = b_ok[b_ok["cell_id"] == cid]
         if gb.empty:
@@ -228,7 +230,7 @@ def compare_runs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
         rows.append({"cell_id": cid, "cell_label": first["cell_label"], "variant": first["variant"],
                      "n_params": first["n_params"], "a_ms": _median(sa), "b_ms": _median(sb), "ratio_b_over_a": ratio,
                      "ci_low": lo, "ci_high": hi, "changed": bool(lo > 1.0 or hi < 1.0)})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=columns)
 
 
 

@@ -48,7 +48,11 @@ def _hover(df: pd.DataFrame) -> list[str]:
 def note_if_empty(fig: go.Figure, text: str) -> go.Figure:
     """Say why a chart is empty instead of showing bare axes."""
     has_data = any(getattr(t, "y", None) is not None and any(v is not None and v == v for v in t.y) for t in fig.data)
-    if not has_data:
+    if not has_data:  # no axes, bands or reference lines drawn around nothing
+        fig.layout.shapes, fig.layout.annotations = (), ()
+        fig.update_xaxes(visible=False)
+        fig.update_yaxes(visible=False)
+        fig.update_layout(height=220, showlegend=False)
         fig.add_annotation(text=text, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
                            font=dict(size=15, color="#666"))
     return fig
@@ -226,4 +230,4 @@ def compare_chart(cmp: pd.DataFrame, label_a: str, label_b: str) -> go.Figure:
     fig.update_layout(title=f"Step time {label_b} / {label_a} per cell (large outlined markers: beyond noise)", **LAYOUT)
     fig.update_xaxes(title_text="Cell", type="category")
     fig.update_yaxes(title_text="Step-time ratio (B / A; < 1 means B is faster)")
-    return fig
+    return note_if_empty(fig, f"{label_a} and {label_b} share no cells: nothing to compare")

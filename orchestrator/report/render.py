@@ -19,7 +19,9 @@ from .inference import InferencePairs, inference_sections, split
 log = logging.getLogger(__name__)
 
 TIMING_METHOD = (
-    "Each trial runs in its own process: build, train (train_steps), warm up (warmup_steps), then "
+    "Each trial runs in a trial process apart from Ray's worker (launcher warm: one process per GPU runs "
+    "trial after trial, freeing memory and TE state between them; process: a fresh process per trial): "
+    "build, train (train_steps), warm up (warmup_steps), then "
     "`repeats` blocks of `bench_steps` timed steps. A step is forward + backward + fused AdamW. On GPUs "
     "every step is bracketed by two CUDA events and the host never syncs inside a block; on CPUs the host "
     "clock times each (synchronous) step. The step time of a cell is the median over its samples of each "
@@ -133,7 +135,10 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
                          pd.DataFrame({"kind": u["kind"], "d_model": u["d_model"], "n_layers": u["n_layers"],
                                        "graphs": u["cuda_graphs"], "cell": u["cell"], "partner": u["partner"],
                                        "reason": u["reason"]})))
-    if comparison is not None:
+    if comparison is not None and comparison.empty:
+        sections.append(("Comparison", "the two result sets share no cells (no cell id in both): nothing to compare",
+                         pd.DataFrame({"cells here": [df["cell_id"].nunique()], "in both": [0]})))
+    elif comparison is not None:
         c = comparison.copy()
         for col in ("a_ms", "b_ms", "ratio_b_over_a", "ci_low", "ci_high"):
             c[col] = c[col].round(3)
@@ -167,7 +172,11 @@ def sanity_flags(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
                            "compare with cuda_graphs"})
     neighbours = concurrent_trials(df)[ok.index]  # failed trials shared the host too
     for r, n in zip(ok.itertuples(), neighbours):
-        if n and r.launch_bound == True and not r.cuda_graphs:  # noqa: E712 - nullable column
+        if n and r.timer == "perf_counter":  # timed on the host's cores, which the other trials used too
+            out.append({"cell": r.cell_label, "check": "shared host", "value": int(n),
+                        "why": f"timed on CPU while {n} other trial(s) ran on the same host: they shared its "
+                               "cores; rerun with max_concurrent: 1"})
+        elif n and r.launch_bound == True and not r.cuda_graphs:  # noqa: E712 - nullable column
             out.append({"cell": r.cell_label, "check": "shared host", "value": int(n),
                         "why": f"launch-bound and timed while {n} other trial(s) ran on the same host: host "
                                "contention slows such steps (1.2-1.36x on a two-H200 host); rerun with "
@@ -209,8 +218,8 @@ def _md_table(frame: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def markdown_tables(df: pd.DataFrame, sections: list[Section]) -> str:
-    parts = ["# JuicyTalk results", ""]
+def markdown_tables(df: pd.DataFrame, sections: list[Section], headline: list[str] = ()) -> str:
+    parts = ["# JuicyTalk results", "", *[f"**{line}**" for line in headline], *([""] if headline else [])]
     for title, note, frame in sections:
         parts += [f"## {title}", "", f"_{note}_", "", _md_table(frame), ""]
     parts += ["## Environment", "", _md_table(environment(df)), "", "## Timing method", "", TIMING_METHOD, ""]
@@ -218,11 +227,18 @@ def markdown_tables(df: pd.DataFrame, sections: list[Section]) -> str:
 
 
 def write_csv(path: Path, pairs: Pairs, comparison: pd.DataFrame | None) -> None:
-    """One row per ratio (fp8_speedup, te_gain, and compare rows), full precision."""
+    """One row per ratio (fp8_speedup, te_gain, and compare rows), full precision, and one per cell that has
+    no ratio (``ratio`` empty, ``reason`` says why: an unsupported FP8 cell, a partner that did not run)."""
     frames = [pairs.rows] if not pairs.rows.empty else []
     if comparison is not None and not comparison.empty:
         frames.append(comparison.assign(kind="compare", ratio=comparison["ratio_b_over_a"]))
-    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["kind", "ratio"])
+    if not pairs.unpaired.empty:
+        frames.append(pairs.unpaired.rename(columns={"cell": "candidate", "partner": "reference"}).assign(
+            pair_kind=pairs.unpaired["kind"], kind="unpaired"))
+    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    for col in ("kind", "ratio", "reason"):
+        if col not in table:
+            table[col] = None
     write_text_atomic(path, table.to_csv(index=False))
 
 
@@ -245,7 +261,8 @@ _CSS = """
 body{font-family:-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif;margin:0;color:#222;background:#fafafa}
 header{background:#1b2733;color:#fff;padding:22px 32px}header h1{margin:0;font-size:24px}
 header p{margin:6px 0 0;color:#c9d6e2}main{max-width:1200px;margin:0 auto;padding:16px 32px}
-section{background:#fff;border:1px solid #e3e3e3;border-radius:8px;margin:18px 0;padding:12px 18px}
+section{background:#fff;border:1px solid #e3e3e3;border-radius:8px;margin:18px 0;padding:12px 18px;overflow-x:auto}
+#answer{border-left:4px solid #1b2733}#answer li{margin:4px 0;font-size:15px}
 h2{font-size:18px;margin:8px 0}p.note{color:#666;margin:4px 0 10px;font-size:13px}
 table{border-collapse:collapse;font-size:12.5px;width:100%}th,td{border-bottom:1px solid #eee;padding:4px 6px;text-align:right}
 th{background:#f3f5f7}td:first-child,th:first-child{text-align:left}pre{background:#f6f8fa;padding:10px;overflow:auto;font-size:12px}
@@ -268,7 +285,7 @@ def shared_plotlyjs(html_path: str, script: str) -> str:
 
 
 def write_html(path: str, figures: list[tuple[str, go.Figure]], df: pd.DataFrame, sections: list[Section],
-               sweep_text: str | None, plotlyjs: str | None = None) -> None:
+               sweep_text: str | None, plotlyjs: str | None = None, headline: list[str] = ()) -> None:
     """By default a single self-contained file (plotly.js embedded once: it opens offline from disk);
     with ``plotlyjs``, a page that loads that shared script instead."""
     include: bool | str = shared_plotlyjs(path, plotlyjs) if plotlyjs else True
@@ -276,6 +293,9 @@ def write_html(path: str, figures: list[tuple[str, go.Figure]], df: pd.DataFrame
     sweeps = ", ".join(sorted({str(s) for s in df["sweep_name"].dropna().unique()})) or "-"
     body = [f"<header><h1>JuicyTalk scaling report: {html.escape(sweeps)}</h1>"
             f"<p>{len(df)} trial records on {html.escape(gpus)}</p></header><main>"]
+    if headline:
+        items = "".join(f"<li>{html.escape(line)}</li>" for line in headline)
+        body.append(f"<section id='answer'><h2>What this run says</h2><ul>{items}</ul></section>")
     for i, (name, fig) in enumerate(figures):
         div = fig.to_html(full_html=False, include_plotlyjs=include if i == 0 else False, div_id=f"chart-{name}",
                           config={"displaylogo": False, "responsive": True})
