@@ -40,7 +40,8 @@ def test_two_runs_of_one_sweep_are_reported_separately():
     assert b["trials_per_process"] == 1.5 and b["launcher"] == "warm"
     assert b["overhead_s_median"] == 0.5  # overheads 0.5, 0.5 and 1.0 s
     assert "0.80 (0.40 per GPU over 2 GPUs)" in describe(b)
-    assert describe(a).startswith("GPU-busy fraction 0.30: train+bench 30.0s of 100s run wall; launcher process, "
+    assert describe(a).startswith("GPU-busy fraction 0.30: train+bench 30.0s of 100.0s from the run's start to its "
+                                  "last record; launcher process, "
                                   "1.0 trials per process; per-trial overhead 7.00s median, first step 1.50s")
 
 
