@@ -165,11 +165,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    from trials.backends import recipe_owner
     from trials.capability import probe
     from trials.fingerprint import fingerprint
     from trials.metrics import peak_tflops
 
-    cap = probe("auto", want_te=True)
+    cap = probe("auto", want_te=True, want_torchao=True)
     info = {"capability": cap.as_dict(), "fingerprint": fingerprint(cap.device_type)}
     info["peaks_tflops"] = {p: peak_tflops(cap.gpu_name, p) for p in ("bf16", "fp8", "fp32")}
     try:
@@ -192,8 +193,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
           f"SMs={c['sm_count']}  CUDA={c['cuda_version']}")
     print(f"torch         {info['fingerprint']['torch_version']}   driver {info['fingerprint']['driver_version']}")
     print(f"TE            {c['te_version'] if c['te_available'] else 'unavailable: ' + str(c['te_error'])}")
+    print(f"torchao       {c['torchao_version'] or 'unavailable: ' + str(c['torchao_error'])}")
     for recipe, v in c["fp8"].items():
-        print(f"fp8 {recipe:9} {'yes' if v['supported'] else 'no '}  {v['reason']}")
+        print(f"fp8 {recipe_owner(recipe):7} {recipe:18} {'yes' if v['supported'] else 'no '}  {v['reason']}")
     print(f"peaks         {info['peaks_tflops']} TFLOP/s (dense datasheet; JUICYTALK_PEAK_TFLOPS overrides)")
     print(f"ray           {info['ray_version']}")
     if "cluster_resources" in info:

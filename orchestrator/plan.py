@@ -38,11 +38,13 @@ def unsupported_here(sweep: Sweep) -> dict[str, str]:
     resolve: the same probe and rules, ``trials.capability``). A cluster's GPU nodes may differ."""
     from trials.capability import probe, resolve
 
-    want_te = any(cell.spec.backend != "torch" for cell in sweep.cells)
+    want_te = any(cell.spec.backend in ("te", "auto") for cell in sweep.cells)
+    want_torchao = any(cell.spec.backend == "torchao" for cell in sweep.cells)
     caps: dict[str, Any] = {}
     out = {}
     for cell in sweep.cells:
-        cap = caps.get(cell.spec.device) or caps.setdefault(cell.spec.device, probe(cell.spec.device, want_te))
+        cap = caps.get(cell.spec.device) or caps.setdefault(cell.spec.device,
+                                                            probe(cell.spec.device, want_te, want_torchao))
         reason = resolve(cell.spec, cap).unsupported
         if reason:
             out[cell.cell_id] = reason

@@ -40,6 +40,7 @@ from typing import Any
 
 import yaml
 
+from trials.backends import STACKS, fp8_stacks, recipe_owner
 from trials.spec import SpecError, TrialSpec, applies, only_fields, variant_name
 
 from .launchers import DEFAULT_LAUNCHER, DEFAULT_WARM_MAX_TRIALS, LAUNCHERS
@@ -112,11 +113,14 @@ def cell_id(spec: TrialSpec) -> str:
 
 
 def cell_label(spec: TrialSpec) -> str:
-    """[llama-]d768-L4-te-fp8-delayed[-e4m3...][-graphs]: arch, size, variant (as reports name it), execution."""
+    """[llama-]d768-L4-te-fp8-delayed[-e4m3...][-graphs|-compiled]: arch, size, variant (as reports name it),
+    execution."""
     parts = [] if spec.arch == "gpt" else [spec.arch]
     parts += [f"d{spec.d_model}", f"L{spec.n_layers}", variant_name(spec.to_dict())]
     if spec.cuda_graphs:
         parts.append("graphs")
+    if spec.compile:
+        parts.append("compiled")
     return "-".join(parts)
 
 
@@ -250,6 +254,29 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
     return sweep
 
 
+def _skip_reason(cell: dict[str, Any], asked: dict[str, Any]) -> str | None:
+    """Why a grid combination names no cell (a stack without that FP8 recipe, ...), or None.
+
+    Only combinations the grid made are skipped; the same mismatch written in ``fixed`` alone is the
+    spec's one-line error.
+    """
+    stack = STACKS.get(cell["backend"])
+    if cell["precision"] == "fp8":
+        fp8 = stack or STACKS["te"]
+        if not fp8.recipes:
+            return f"fp8 needs backend {' or '.join(fp8_stacks())}; {cell['backend']} has no FP8 path"
+        if cell["recipe"] not in fp8.recipes and ({"recipe", "backend"} & set(asked)):
+            return f"recipe {cell['recipe']} is a {recipe_owner(cell['recipe'])} recipe, not {fp8.name}'s"
+        if cell["device"] == "cpu" and fp8.needs_cuda:
+            return f"fp8 on {fp8.name} needs a CUDA device"
+    if ({"cuda_graphs", "backend", "compile"} & set(asked)) and cell["cuda_graphs"]:
+        if stack is not None and not stack.graphs and cell["precision"] == "fp8":
+            return f"backend {stack.name} runs with compile: true, not cuda_graphs"
+        if cell["compile"] and stack is not None and stack.compiles:
+            return "cuda_graphs and compile: true are two ways to graph the step; use one"
+    return None
+
+
 def _expand(sweep: Sweep, prefixes: list[tuple], err) -> None:
     seen: set[str] = set()
     for prefix, grid in zip(prefixes, sweep.grids):
@@ -257,16 +284,14 @@ def _expand(sweep: Sweep, prefixes: list[tuple], err) -> None:
         for combo in itertools.product(*(grid[k] for k in keys)):
             asked = dict(zip(keys, combo))
             values = {**sweep.fixed, **asked}
-            precision = values.get("precision", _DEFAULTS["precision"])
-            if precision == "fp8":
-                if values.get("backend") == "torch":
-                    sweep.skipped.append((asked, "fp8 needs backend te; the torch twin has no FP8 path"))
-                    continue
-                if values.get("device") == "cpu":
-                    sweep.skipped.append((asked, "fp8 needs a CUDA device"))
-                    continue
+            why = _skip_reason({**_DEFAULTS, **values}, asked)
+            if why:
+                sweep.skipped.append((asked, why))
+                continue
+            if values.get("backend") == "torchao" and values.get("precision", _DEFAULTS["precision"]) != "fp8":
+                values["backend"] = "torch"  # torchao converts Linears to FP8; without FP8 it is the twin
             cell = {**_DEFAULTS, **values}
-            for name in only_fields("fp8") + only_fields("te"):  # a setting that means nothing here runs as its default
+            for name in only_fields("fp8", "te", "te-fp8", "compiles"):  # meaningless here: runs as its default
                 if not applies(name, cell):
                     values.pop(name, None)
             try:
@@ -277,7 +302,7 @@ def _expand(sweep: Sweep, prefixes: list[tuple], err) -> None:
                 raise err(place, f"{exc} (in cell {shown})") from None
             cid = cell_id(spec)
             if cid in seen:
-                dropped = {k: v for k, v in asked.items() if k not in values}
+                dropped = {k: v for k, v in asked.items() if values.get(k, _DEFAULTS.get(k)) != v}
                 sweep.collapsed.append((asked, f"{cell_label(spec)} appears more than once"
                                         + (f" ({dropped} means nothing for this cell)" if dropped else "")
                                         + "; it runs once"))

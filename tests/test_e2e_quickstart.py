@@ -174,5 +174,10 @@ def test_collect_rebuilds_results(quickstart, tmp_path):
 def test_doctor_on_cpu():
     run = juicytalk("doctor")
     assert run.returncode == 0, run.stderr
-    assert "device        cpu" in run.stdout and "fp8 delayed   no" in run.stdout and "ray           2." in run.stdout
-    assert all(f"fp8 {recipe:9} no" in run.stdout for recipe in ("current", "block", "mxfp8", "nvfp4"))
+    assert "device        cpu" in run.stdout and "ray           2." in run.stdout
+    lines = {line.split()[2]: line for line in run.stdout.splitlines() if line.startswith("fp8 ")}
+    assert all(f"fp8 te      {recipe:18} no" in lines[recipe] for recipe in ("delayed", "current", "block", "mxfp8", "nvfp4"))
+    assert "compute capability 10.0+" in lines["mxfp8"] and "compute capability 8.9+" in lines["delayed"]
+    # torchao's FP8 runs on this torch's CPU float8 matmul: each recipe says yes, from the installed torchao
+    assert all(f"fp8 torchao {recipe:18} yes" in lines[recipe] for recipe in ("tensorwise", "rowwise"))
+    assert "torchao       0." in run.stdout

@@ -248,3 +248,26 @@ def test_te_infer_trial(te, extra):
     if extra.get("weights") == "fp8":  # blocks hold ~95% of these weights: FP8 halves them
         bf16_bytes = 2 * rec["n_params"]
         assert rec["weight_bytes"] < 0.6 * bf16_bytes
+
+
+@needs_cuda
+@pytest.mark.parametrize("extra", [dict(backend="torch", precision="bf16", compile=True),
+                                   dict(backend="torchao", precision="fp8", recipe="tensorwise", compile=True),
+                                   dict(backend="torchao", precision="fp8", recipe="rowwise", compile=True),
+                                   dict(backend="torchao", precision="fp8", recipe="tensorwise")],
+                         ids=["torch-compiled", "torchao-tensorwise-compiled", "torchao-rowwise-compiled",
+                              "torchao-tensorwise-eager"])
+def test_compiled_and_torchao_trials(extra):
+    """torch.compile'd twin and torchao float8 on the GPU: they train, the compile sits in the first step, and
+    torchao converts every block Linear (the head stays BF16)."""
+    pytest.importorskip("torchao")
+    rec = run_trial(TrialSpec(d_model=1024, n_layers=2, train_steps=20, lr=1e-3, warmup_steps=3, bench_steps=5,
+                              gen_len=8, device="cuda", **extra))
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["effective_backend"] == extra["backend"] and rec["loss_final"] < rec["loss_first"]
+    if extra.get("compile"):
+        assert rec["compile"] and rec["first_step_s"] > 10 * rec["step_ms_p50"] / 1000  # compiling is not timed
+    if extra["backend"] == "torchao":
+        assert rec["fp8_converted_modules"] == 8 and json.loads(rec["fp8_skipped_modules"]) == ["head"]
+    print(f"\n{extra}: p50 {rec['step_ms_p50']:.2f} ms, first step {rec['first_step_s']:.1f} s, "
+          f"loss {rec['loss_first']:.3f} -> {rec['loss_final']:.3f}")

@@ -132,7 +132,7 @@ def test_timeout_kills_the_trial_process(ray_cluster, tmp_path, launcher):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_sigint_stops_everything_and_the_rerun_resumes(tmp_path, sig):
+def test_sigint_stops_everything_and_the_rerun_resumes(tmp_path, sig, ray_cluster):
     """SIGTERM (Slurm, Kubernetes, systemd) ends the driver as SIGINT does: no native stack dump, the summary,
     every process gone, and the same command resumes."""
     write_sweep(tmp_path, "int", f"""
@@ -162,7 +162,7 @@ def test_sigint_stops_everything_and_the_rerun_resumes(tmp_path, sig):
     assert not left, [" ".join(p.cmdline())[:120] for p in left]
     done_before = len(records(tmp_path, "int"))
     assert 1 <= done_before < 4
-    run = _sweep(tmp_path, "int")
+    run = _sweep(tmp_path, "int", address=ray_cluster)  # the resume reads the store, whichever Ray runs it
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert f"{done_before} already done" in " ".join(run.stdout.split())
     assert sorted(r["d_model"] for r in records(tmp_path, "int")) == [32, 48, 64, 80]
@@ -216,14 +216,14 @@ def _fill(path: Path) -> None:
             pass
 
 
-def test_a_full_disk_stops_the_sweep_in_one_line_and_the_rerun_resumes(tmp_path, small_disk):
+def test_a_full_disk_stops_the_sweep_in_one_line_and_the_rerun_resumes(tmp_path, small_disk, ray_cluster):
     write_sweep(tmp_path, "full", f"""
         grid: {{d_model: [32, 48, 64, 80]}}
         fixed: {{{CPU_CELL % 3}}}
         resources: {{cpu: 1, gpu: 0}}
     """)
     args = [sys.executable, "-m", "orchestrator.cli", "sweep", str(tmp_path / "full.yaml"), "--out", str(small_disk),
-            "--no-progress", "--no-report"]
+            "--no-progress", "--no-report", "--address", ray_cluster]
     driver = subprocess.Popen(args, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     trials_dir = small_disk / "full" / "trials"
     wait_for(lambda: trials_dir.exists() and any(p.suffix == ".parquet" for p in trials_dir.iterdir()), 240)

@@ -73,12 +73,12 @@ def test_report_numbers_equal_the_known_ones(tmp_path):
     assert "te-bf16 is oom: CUDA out of memory" in md and "no te-bf16 cell" in md
     # crossover of the delayed line lies between the 256 and 512 cells (0.8 -> 1.1)
     n256, n512 = (param_count(ModelConfig.from_spec(TrialSpec(d_model=d, n_layers=2))) for d in (256, 512))
-    line = next(l for l in md.splitlines() if l.startswith("| delayed | 2 | False |"))
+    line = next(l for l in md.splitlines() if l.startswith("| te-fp8-delayed | 2 | False |"))
     crossing = float(line.split("|")[4]) * 1e6
     assert n256 < crossing < n512
     assert "Sanity checks" not in md  # all synthetic speedups are plausible
     html = open(report.html_path).read()
-    assert html.count('class="plotly-graph-div"') == 7 and html.count("plotly.js v") <= 2
+    assert html.count('class="plotly-graph-div"') == 8 and html.count("plotly.js v") <= 2
 
 
 def test_compare_flags_only_changes_beyond_noise(tmp_path):
@@ -279,3 +279,45 @@ def test_inference_section_pairs_fp8_weights_with_bf16_and_shows_where_fp8_is_sl
     assert report.pairs.rows.empty  # the one training cell has no partner; inference never pairs with training
     html = open(report.html_path).read()
     assert "FP8 decode speedup over TE BF16" in html and "KV-cached decode throughput" in html
+
+
+def _stack_rec(d_model, backend, precision, recipe, ms, compile_=False, sample=0):
+    rec = _rec(d_model, backend, precision, recipe, ms, sample=sample)
+    rec.update(compile=compile_, cell_id=f"{rec['cell_id']}-{compile_}", cell_label=f"{rec['cell_label']}-{compile_}")
+    return rec
+
+
+def test_two_stacks_pair_within_their_stack_and_mode_and_against_the_fastest_bf16(tmp_path):
+    """torchao FP8 (compiled) pairs with the compiled twin, TE FP8 with TE BF16, never by name; every cell is
+    also set against the fastest BF16 of its shape, and each stack's fastest FP8 against the other's."""
+    store = Store(str(tmp_path), "stacks")
+    store.ensure()
+    ms = {("te", "bf16", None, False): 10.0, ("te", "fp8", "delayed", False): 8.0,
+          ("torch", "bf16", None, False): 12.0, ("torch", "bf16", None, True): 9.0,
+          ("torchao", "fp8", "tensorwise", True): 7.5, ("torchao", "fp8", "rowwise", True): 8.2,
+          ("torchao", "fp8", "tensorwise", False): 15.0}
+    for (backend, precision, recipe, compiled), t in ms.items():
+        for sample, j in enumerate((1.0, 1.01)):
+            store.write_record(_stack_rec(1024, backend, precision, recipe, t * j, compiled, sample))
+    report = build_report(store.root)
+    csv = pd.read_csv(report.csv_path)
+    sp = csv[csv["kind"] == "fp8_speedup"].set_index(["candidate", "compile"])
+    assert sp.loc[("te-fp8-delayed", False), "reference"] == "te-bf16"
+    assert sp.loc[("te-fp8-delayed", False), "ratio"] == pytest.approx(10.0 / 8.0)
+    assert sp.loc[("torchao-fp8-tensorwise", True), "reference"] == "torch-bf16"
+    assert sp.loc[("torchao-fp8-tensorwise", True), "ratio"] == pytest.approx(9.0 / 7.5)  # compiled vs compiled
+    assert sp.loc[("torchao-fp8-tensorwise", False), "ratio"] == pytest.approx(12.0 / 15.0)  # eager vs eager
+    md = (tmp_path / "stacks" / "results.md").read_text()
+    assert "## Against the fastest BF16" in md and "## FP8 stacks head to head" in md
+
+    from orchestrator.report.analysis import against_fastest_bf16
+
+    rows, heads = against_fastest_bf16(prepare(store.read_records().to_pandas()))
+    assert set(rows["fastest BF16"]) == {"torch-bf16 compiled"}  # 9.0 ms beats TE's 10.0
+    by_cell = rows.set_index("cell")
+    assert by_cell.loc["torchao-fp8-tensorwise compiled", "ratio"] == pytest.approx(9.0 / 7.5)
+    assert by_cell.loc["te-fp8-delayed eager", "ratio"] == pytest.approx(9.0 / 8.0)
+    assert by_cell.loc["te-bf16 eager", "ratio"] == pytest.approx(9.0 / 10.0)
+    [head] = heads.to_dict("records")
+    assert (head["a"], head["b"]) == ("te-fp8-delayed eager", "torchao-fp8-tensorwise compiled")
+    assert head["a/b time"] == pytest.approx(8.0 / 7.5) and head["CI low"] <= head["a/b time"] <= head["CI high"]

@@ -35,6 +35,13 @@ def test_defaults_follow_d_model():
     ({"precision": "fp8", "ffn": 1000}, "ffn"),
     ({"precision": "fp8", "batch_size": 3, "seq_len": 15}, "batch_size*seq_len"),
     ({"backend": "te", "device": "cpu"}, "backend"),
+    ({"backend": "torchao", "precision": "fp8", "recipe": "delayed"}, "recipe"),  # a te recipe on torchao
+    ({"backend": "te", "precision": "fp8", "recipe": "tensorwise"}, "recipe"),  # a torchao recipe on te
+    ({"backend": "te", "compile": True}, "compile"),
+    ({"backend": "auto", "compile": True}, "compile"),
+    ({"backend": "torch", "compile": True, "cuda_graphs": True}, "cuda_graphs"),
+    ({"backend": "torchao", "precision": "fp8", "recipe": "rowwise", "cuda_graphs": True}, "cuda_graphs"),
+    ({"backend": "torchao", "precision": "fp8", "recipe": "tensorwise", "workload": "infer"}, "workload"),
     ({"cuda_graphs": True, "device": "cpu"}, "cuda_graphs"),
     ({"prompt_len": 300}, "prompt_len"),
     ({"arch": "mamba"}, "arch"),
@@ -79,3 +86,11 @@ def test_llama_defaults_and_tokens_per_step_sizing():
     assert TrialSpec(arch="llama", d_model=2048).ffn == 5632 and TrialSpec(d_model=2048).ffn == 8192
     assert TrialSpec(d_model=1024).kv_heads == 16 and TrialSpec(d_model=1024).n_kv_heads is None
     assert TrialSpec.from_dict(spec.to_dict()) == spec
+
+
+def test_a_recipe_of_the_other_stack_names_both_fields():
+    with pytest.raises(SpecError) as err:
+        TrialSpec(backend="torchao", precision="fp8", recipe="delayed")
+    assert str(err.value) == "recipe: delayed is a te recipe; backend torchao takes tensorwise, rowwise, rowwise_with_gw_hp"
+    spec = TrialSpec(backend="torchao", precision="fp8", recipe="rowwise", compile=True, device="cpu")
+    assert spec.compile and spec.device == "cpu"  # torchao's FP8 is not TE's: no CUDA device needed to ask

@@ -167,3 +167,26 @@ def test_te_layer_applies_to_te_cells_only_and_arch_labels_cells():
     assert labels == ["d512-L4-te-bf16", "d512-L4-te-bf16-modules", "d512-L4-torch-bf16",
                       "llama-d512-L4-te-bf16", "llama-d512-L4-te-bf16-modules", "llama-d512-L4-torch-bf16"]
     assert len(s.collapsed) == 2 and all("te_layer" in why for _, why in s.collapsed)
+
+
+def test_two_fp8_stacks_expand_to_their_own_recipes_and_compile_where_it_applies():
+    """te and torchao recipes never cross; torchao without FP8 is the twin; compile collapses on te."""
+    s = sweep("""
+        name: stacks
+        grid:
+          backend: [te, torch, torchao]
+          precision: [bf16, fp8]
+          recipe: [delayed, tensorwise]
+          compile: [false, true]
+        fixed: {d_model: 256}
+    """)
+    labels = sorted(c.label for c in s.cells)
+    assert labels == ["d256-L4-te-bf16", "d256-L4-te-fp8-delayed", "d256-L4-torch-bf16", "d256-L4-torch-bf16-compiled",
+                      "d256-L4-torchao-fp8-tensorwise", "d256-L4-torchao-fp8-tensorwise-compiled"]
+    reasons = [why for _, why in s.skipped]
+    assert "recipe tensorwise is a torchao recipe, not te's" in reasons
+    assert "recipe delayed is a te recipe, not torchao's" in reasons
+    assert any("torch has no FP8 path" in why for why in reasons)
+    te = [c for c in s.cells if c.spec.backend == "te"]
+    assert all(not c.spec.compile for c in te)  # compile means nothing on te: collapsed, never run twice
+    assert all(c.spec.backend != "torchao" or c.spec.precision == "fp8" for c in s.cells)

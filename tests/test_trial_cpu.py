@@ -196,3 +196,24 @@ def test_git_revision_marks_an_edited_tree_dirty(tmp_path):
     assert git_revision(tmp_path) == clean
     (tmp_path / "model.py").write_text("a = 2\n")
     assert git_revision(tmp_path) == clean + "-dirty"
+
+
+def test_torchao_float8_trial_converts_the_block_linears_and_keeps_the_head():
+    """torchao's FP8 runs on this CPU (torch's float8 matmul); every block Linear becomes a Float8Linear, the
+    LM head stays BF16 as torchtitan keeps it, and the record says so."""
+    pytest.importorskip("torchao")
+    spec = TrialSpec(backend="torchao", precision="fp8", recipe="tensorwise", d_model=32, n_layers=1, seq_len=16,
+                     batch_size=2, train_steps=3, warmup_steps=1, bench_steps=2, gen_len=2, device="cpu")
+    rec = run_trial(spec)
+    assert rec["status"] == "ok", rec["error"]
+    assert (rec["effective_backend"], rec["effective_precision"], rec["effective_recipe"]) == ("torchao", "fp8",
+                                                                                             "tensorwise")
+    assert rec["fp8_converted_modules"] == 4 and json.loads(rec["fp8_skipped_modules"]) == ["head"]  # qkv proj fc1 fc2
+    assert rec["torchao_version"] and all(math.isfinite(v) for v in rec["loss_curve"])
+
+
+def test_a_te_recipe_on_torchao_is_one_line_and_exit_2():
+    out = subprocess.run([sys.executable, "-m", "trials", "--backend", "torchao", "--precision", "fp8", "--recipe",
+                          "delayed", "--device", "cpu"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert "recipe: delayed is a te recipe; backend torchao takes tensorwise" in out.stderr

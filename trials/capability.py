@@ -12,8 +12,9 @@ from typing import Any
 
 import torch
 
-from . import te_compat
-from .spec import RECIPE_MIN_CC, RECIPES, TrialSpec
+from . import backends, te_compat
+from .backends import STACKS
+from .spec import TrialSpec
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,9 @@ class Capability:
     te_available: bool = False
     te_version: str | None = None
     te_error: str | None = None
-    fp8: dict[str, tuple[bool, str]] = field(default_factory=dict)
+    torchao_version: str | None = None
+    torchao_error: str | None = None
+    fp8: dict[str, tuple[bool, str]] = field(default_factory=dict)  # every stack's recipe -> (supported, why not)
 
     @property
     def cc_tuple(self) -> tuple[int, int] | None:
@@ -51,19 +54,32 @@ class Capability:
             "te_available": self.te_available,
             "te_version": self.te_version,
             "te_error": self.te_error,
+            "torchao_version": self.torchao_version,
+            "torchao_error": self.torchao_error,
             "fp8": {k: {"supported": v[0], "reason": v[1]} for k, v in self.fp8.items()},
         }
 
 
-def probe(device: str = "auto", want_te: bool = True) -> Capability:
-    """Look at the device (and TE, when ``want_te``) without allocating anything large."""
+def probe(device: str = "auto", want_te: bool = True, want_torchao: bool = False) -> Capability:
+    """Look at the device (and TE and torchao, when wanted) without allocating anything large."""
+    cap = _probe_te(device, want_te)
+    if want_torchao:
+        ao = STACKS["torchao"].recipes
+        cap.torchao_version, cap.torchao_error, support = backends.implementation("torchao").recipe_support(
+            cap.device_type, ao)
+        cap.fp8.update(support)
+    return cap
+
+
+def _probe_te(device: str, want_te: bool) -> Capability:
     use_cuda = torch.cuda.is_available() and device != "cpu"
+    te_recipes = STACKS["te"].recipes
     if not use_cuda:
         cap = Capability(device_type="cpu")
         reason = "no CUDA device" if device != "cpu" else "device is cpu"
         cap.te_error = reason
         cap.fp8 = {r: (False, f"{r} needs a CUDA GPU of compute capability {cc}+ ({reason})")
-                   for r, cc in RECIPE_MIN_CC.items()}
+                   for r, cc in te_recipes.items()}
         return cap
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     cap = Capability(
@@ -87,13 +103,13 @@ def probe(device: str = "auto", want_te: bool = True) -> Capability:
         except Exception as exc:  # noqa: BLE001 - import failures of a compiled extension vary
             cap.te_error = f"{type(exc).__name__}: {exc}"
     if cap.te_available:
-        for r in RECIPES:
+        for r in te_recipes:
             try:
                 cap.fp8[r] = te_compat.fp8_support(te, r)
             except Exception as exc:  # noqa: BLE001
                 cap.fp8[r] = (False, f"{type(exc).__name__}: {exc}")
     else:
-        cap.fp8 = {r: (False, f"Transformer Engine unavailable: {cap.te_error}") for r in RECIPES}
+        cap.fp8 = {r: (False, f"Transformer Engine unavailable: {cap.te_error}") for r in te_recipes}
     return cap
 
 
@@ -126,8 +142,10 @@ def resolve(spec: TrialSpec, cap: Capability) -> Resolution:
         backend = "te" if te_ok else "torch"
     else:
         backend = spec.backend
+    if backend == "torchao" and cap.torchao_error:
+        return no(f"backend torchao: {cap.torchao_error}")
     if spec.precision == "fp8":
-        if backend != "te":
+        if not STACKS[backend].recipes:  # auto resolved to the twin
             return no(f"fp8 needs Transformer Engine: {cap.te_error or 'backend resolved to torch'}")
         ok, reason = cap.fp8.get(spec.recipe, (False, "not probed"))
         if not ok:

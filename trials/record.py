@@ -50,9 +50,10 @@ FIELDS: list[Field] = [
     _f("batch_size", "int", "Sequences per step."),
     _f("arch", "str", "Architecture: gpt (the tutorial's MiniGPT) or llama (RMSNorm, SwiGLU, GQA, RoPE, no biases)."),
     _f("n_kv_heads", "int", "Key/value heads (grouped-query attention, llama); null: n_heads."),
-    _f("backend", "str", "Requested backend: auto, te or torch."),
+    _f("backend", "str", "Requested backend: auto, te, torch or torchao (trials/backends)."),
     _f("precision", "str", "Requested precision: fp32, bf16 or fp8."),
-    _f("recipe", "str", "Requested FP8 recipe (delayed, current, block, mxfp8, nvfp4); meaningful for fp8 only."),
+    _f("recipe", "str", "Requested FP8 recipe: te delayed, current, block, mxfp8, nvfp4; torchao tensorwise, rowwise, "
+       "rowwise_with_gw_hp; meaningful for fp8 only."),
     _f("fp8_format", "str", "FP8 format: hybrid (E4M3 fwd / E5M2 bwd) or e4m3."),
     _f("amax_history_len", "int", "Delayed scaling: amax history length."),
     _f("amax_compute_algo", "str", "Delayed scaling: max or most_recent."),
@@ -60,6 +61,7 @@ FIELDS: list[Field] = [
        "(te.LayerNormLinear, te.DotProductAttention, te.Linear, te.LayerNormMLP)."),
     _f("weights", "str", "Inference weights: bf16 (high precision) or fp8 (TE quantized_model_init; fp8 cells only)."),
     _f("cuda_graphs", "bool", "Forward+backward captured as CUDA graphs (infer: the decode step)."),
+    _f("compile", "bool", "The model ran torch.compile'd (torch and torchao backends); compiling is in first_step_s."),
     _f("workload", "str", "train (training steps) or infer (prefill + KV-cached decode)."),
     _f("train_steps", "int", "Training steps before the benchmark."),
     _f("lr", "float", "AdamW learning rate."),
@@ -77,6 +79,10 @@ FIELDS: list[Field] = [
     _f("effective_recipe", "str", "FP8 recipe that ran; empty for non-fp8 cells."),
     _f("fp8_recipe_repr", "str", "TE's repr of the recipe object used."),
     _f("te_torch_compile", "bool", "TE's torch.compile'd element-wise fusers on (NVTE_TORCH_COMPILE, TE's default: on)."),
+    _f("torchao_version", "str", "torchao version (torchao backend)."),
+    _f("fp8_converted_modules", "int", "torchao fp8: Linears converted to Float8Linear."),
+    _f("fp8_skipped_modules", "str", "torchao fp8: JSON list of the Linears kept in BF16 (the LM head; dims not "
+       "multiples of 16)."),
     # -- model size and work
     _f("n_params", "int", "All parameters (embeddings included)."),
     _f("n_matmul_params", "int", "Weights in matrix products (blocks + LM head), N in the FLOP formula."),
@@ -163,7 +169,8 @@ FIELDS: list[Field] = [
     _f("duration_s", "float", "Whole trial, s."),
     _f("setup_s", "float", "Capability probe, model and optimizer build, graph capture, s."),
     _f("startup_s", "float", "Trial start to the first training step issued, s."),
-    _f("first_step_s", "float", "The first training step alone, synced: TE's fuser compiles and cuDNN plans, s."),
+    _f("first_step_s", "float", "The first training step alone, synced: TE's fuser compiles, cuDNN plans and "
+       "torch.compile (compile: true), s."),
     _f("train_s", "float", "Training steps, s."),
     _f("bench_s", "float", "Warmup, host probe and timed blocks, s (infer: inference models, generations)."),
     _f("gen_s", "float", "Generation check, s."),

@@ -10,14 +10,10 @@ import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from .backends import BACKENDS, RECIPES, STACKS, recipe_owner
 from .typecheck import WANTED, matches
 
-BACKENDS = ("auto", "te", "torch")
 PRECISIONS = ("fp32", "bf16", "fp8")
-# TE's FP8 recipes and the compute capability each needs (Ada/Hopper: delayed and current scaling; block
-# scaling: Hopper; MXFP8 and NVFP4: Blackwell). On a GPU TE itself says yes or no; this says it without one.
-RECIPE_MIN_CC = {"delayed": "8.9", "current": "8.9", "block": "9.0", "mxfp8": "10.0", "nvfp4": "10.0"}
-RECIPES = tuple(RECIPE_MIN_CC)
 FP8_FORMATS = ("hybrid", "e4m3")
 AMAX_ALGOS = ("max", "most_recent")
 DEVICES = ("auto", "cuda", "cpu")
@@ -43,8 +39,9 @@ class SpecError(ValueError):
 #   execution  how the step is issued (CUDA graphs): part of the pairing key, drawn dashed
 #   variant    what a speedup compares; ``label`` formats a non-default value in names ("hist{}")
 #   run        seeds and devices: never a reason to keep two cells apart in a report
-# ``only`` marks a field that means something only for fp8 cells ("fp8") or TE cells ("te"); elsewhere
-# the sweep collapses it to its default and variant names leave it out.
+# ``only`` marks a field that means something only for fp8 cells ("fp8"), TE cells ("te"), TE's FP8 cells
+# ("te-fp8") or stacks that compile ("compiles"); elsewhere the sweep collapses it to its default and
+# variant names leave it out.
 AXES = ("shape", "schedule", "execution", "variant", "run")
 
 
@@ -69,12 +66,13 @@ class TrialSpec:
     backend: str = _on("variant", "auto")
     precision: str = _on("variant", "bf16")
     recipe: str = _on("variant", "delayed", only="fp8")
-    fp8_format: str = _on("variant", "hybrid", "{}", only="fp8")
-    amax_history_len: int = _on("variant", 16, "hist{}", only="fp8")
-    amax_compute_algo: str = _on("variant", "max", "amax-{}", only="fp8")
+    fp8_format: str = _on("variant", "hybrid", "{}", only="te-fp8")
+    amax_history_len: int = _on("variant", 16, "hist{}", only="te-fp8")
+    amax_compute_algo: str = _on("variant", "max", "amax-{}", only="te-fp8")
     te_layer: str = _on("variant", "transformer_layer", "{}", only="te")
-    weights: str = _on("variant", "bf16", "{}-weights", only="fp8")
+    weights: str = _on("variant", "bf16", "{}-weights", only="te-fp8")
     cuda_graphs: bool = _on("execution", False)  # infer: the decode step is graphed
+    compile: bool = _on("execution", False, only="compiles")  # torch.compile of the model (torch, torchao)
     workload: str = _on("schedule", "train")
     train_steps: int = _on("schedule", 60)
     lr: float = _on("schedule", 3e-4)
@@ -182,20 +180,37 @@ class TrialSpec:
             raise SpecError("prompt_len", f"must be < seq_len={self.seq_len}, got {self.prompt_len}")
         if self.prompt_len < 2:
             raise SpecError("prompt_len", "must be >= 2 so the prompt shows its stride")
+        stack = STACKS.get(self.backend)  # None for auto: te where TE runs, else torch
         if self.precision == "fp8":
-            if self.backend == "torch":
-                raise SpecError("backend", "fp8 needs backend 'te' (or 'auto'); the torch twin has no FP8 path")
-            if self.device == "cpu":
-                raise SpecError("device", "fp8 needs a CUDA device; use precision fp32 or bf16 on cpu")
+            fp8 = stack or STACKS["te"]
+            if not fp8.recipes:
+                raise SpecError("backend", f"{self.backend} has no FP8 path; fp8 needs backend "
+                                f"{' or '.join(s.name for s in STACKS.values() if s.recipes)} (or auto)")
+            if self.recipe not in fp8.recipes:
+                raise SpecError("recipe", f"{self.recipe} is a {recipe_owner(self.recipe)} recipe; backend "
+                                f"{self.backend} takes {', '.join(fp8.recipes)}")
+            if self.device == "cpu" and fp8.needs_cuda:
+                raise SpecError("device", f"fp8 on {fp8.name} needs a CUDA device; use precision fp32 or bf16 on "
+                                "cpu (or backend torchao)")
             for name, value in (("d_model", self.d_model), ("ffn", self.ffn),
                                 ("n_kv_heads*head_dim", self.kv_heads * self.head_dim),
                                 ("batch_size*seq_len", self.tokens)):
                 if value % 16:  # type: ignore[operator]
                     raise SpecError(name, f"fp8 GEMMs need a multiple of 16, got {value}")
-        if self.backend == "te" and self.device == "cpu":
-            raise SpecError("backend", "te needs a CUDA device; use backend torch or auto on cpu")
+        if stack is not None and stack.needs_cuda and self.device == "cpu":
+            raise SpecError("backend", f"{self.backend} needs a CUDA device; use backend torch or auto on cpu")
         if self.cuda_graphs and self.device == "cpu":
             raise SpecError("cuda_graphs", "needs a CUDA device")
+        if self.compile and (stack is None or not stack.compiles):
+            raise SpecError("compile", f"torch.compile applies to backend "
+                            f"{' or '.join(s.name for s in STACKS.values() if s.compiles)}, not {self.backend} "
+                            "(TE compiles its own fusers)")
+        if self.cuda_graphs and stack is not None and not stack.graphs:
+            raise SpecError("cuda_graphs", f"backend {self.backend} runs with compile: true instead (its FP8 casts "
+                            "need Inductor to be fast)")
+        if self.cuda_graphs and self.compile:
+            raise SpecError("cuda_graphs", "not with compile: true (torch.compile's own CUDA graphs are its "
+                            "mode='reduce-overhead'); use one of them")
         if self.weights == "fp8":
             if self.workload != "infer":
                 raise SpecError("weights", "fp8 weights are an inference setting; use workload: infer (training keeps "
@@ -203,6 +218,11 @@ class TrialSpec:
             if self.precision != "fp8":
                 raise SpecError("weights", "fp8 weights run under FP8 autocast; use precision: fp8")
         if self.workload == "infer":
+            if stack is not None and not stack.infer:
+                raise SpecError("workload", f"infer is built for backend "
+                                f"{', '.join(s.name for s in STACKS.values() if s.infer)}, not {self.backend}")
+            if self.compile:
+                raise SpecError("compile", "infer runs eager or CUDA-graphed decode; use compile: false")
             if self.prompt_len + self.gen_len > self.seq_len:
                 raise SpecError("gen_len", f"prompt_len + gen_len must be <= seq_len={self.seq_len} (the KV cache and "
                                 f"positions end there), got {self.prompt_len} + {self.gen_len}")
@@ -243,9 +263,9 @@ def field_default(name: str) -> Any:
 _ONLY = {f.name: f.metadata["only"] for f in dataclasses.fields(TrialSpec)}
 
 
-def only_fields(scope: str) -> list[str]:
-    """Fields that mean something only for fp8 cells (``"fp8"``) or TE cells (``"te"``)."""
-    return [name for name, only in _ONLY.items() if only == scope]
+def only_fields(*scopes: str) -> list[str]:
+    """Fields that mean something only in these scopes (``"fp8"``, ``"te"``, ``"te-fp8"``, ``"compiles"``)."""
+    return [name for name, only in _ONLY.items() if only in scopes]
 
 
 def axis_fields(*axes: str) -> list[str]:
@@ -256,8 +276,11 @@ def axis_fields(*axes: str) -> list[str]:
 def applies(field_name: str, values: Mapping[str, Any]) -> bool:
     """Whether a field means something for these values (an fp8-only field on an fp8 cell, ...)."""
     only = _ONLY[field_name]
-    return (only is None or (only == "fp8" and values.get("precision") == "fp8")
-            or (only == "te" and values.get("backend") in ("te", "auto") and values.get("device") != "cpu"))
+    te = values.get("backend") in ("te", "auto") and values.get("device") != "cpu"
+    fp8 = values.get("precision") == "fp8"
+    stack = STACKS.get(str(values.get("backend")))
+    return (only is None or (only == "fp8" and fp8) or (only == "te" and te) or (only == "te-fp8" and te and fp8)
+            or (only == "compiles" and stack is not None and stack.compiles))
 
 
 def variant_name(values: Mapping[str, Any]) -> str:

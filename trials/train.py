@@ -11,15 +11,16 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import te_compat
+from . import backends, te_compat
+from .backends import Built
 from .data import ArithmeticSequences
-from .model import MiniGPT, build_model
+from .model import MiniGPT
 from .spec import TrialSpec
 
 log = logging.getLogger(__name__)
@@ -48,15 +49,16 @@ class _GraphRoot(nn.Module):
 
 
 class TrainStep:
-    """Callable ``step(x, y) -> loss`` (a 0-d device tensor)."""
+    """Callable ``step(x, y) -> loss`` (a 0-d device tensor) for a stack's built model."""
 
-    def __init__(self, model: MiniGPT, lr: float, device: str, te: Any = None, recipe: Any = None):
-        self.model = model
-        self.te = te if model.backend == "te" else None
-        self.recipe = recipe
-        self.vocab = model.cfg.vocab
-        self.optimizer = make_optimizer(model, lr, device)
-        self.forward: Callable[[torch.Tensor], torch.Tensor] = model
+    def __init__(self, built: Built, lr: float, device: str):
+        self.built = built
+        self.model: MiniGPT = built.model
+        self.te = built.te
+        self.recipe = built.recipe
+        self.vocab = self.model.cfg.vocab
+        self.optimizer = make_optimizer(self.model, lr, device)
+        self.forward: Callable[[torch.Tensor], torch.Tensor] = self.model if built.forward is None else built.forward
         self.graphed = False
 
     def capture(self, sample: torch.Tensor) -> None:
@@ -80,14 +82,9 @@ class TrainStep:
 
 
 def build_train_step(spec: TrialSpec, backend: str, precision: str, device: str) -> TrainStep:
-    """Seeded model, optimizer and step for one cell; TE is imported and the FP8 recipe built only when used."""
-    te = te_compat.import_te() if backend == "te" else None
-    recipe = None
-    if precision == "fp8":
-        recipe = te_compat.make_recipe(spec.recipe, spec.fp8_format, spec.amax_history_len, spec.amax_compute_algo)
+    """Seeded model, optimizer and step for one cell, built by its stack (``trials/backends``)."""
     torch.manual_seed(spec.seed)
-    model = build_model(spec, backend, precision, device, te)
-    return TrainStep(model, spec.lr, device, te, recipe)
+    return TrainStep(backends.build(spec, backend, precision, device), spec.lr, device)
 
 
 @dataclass

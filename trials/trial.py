@@ -49,7 +49,7 @@ def run_trial(spec: TrialSpec, capability: Capability | None = None, process_tri
     device = "cpu"
     baseline = None
     try:
-        cap = capability or probe(spec.device, want_te=spec.backend != "torch")
+        cap = capability or probe(spec.device, want_te=spec.backend in ("te", "auto"), want_torchao=spec.backend == "torchao")
         record.update(gpu_name=cap.gpu_name, compute_capability=cap.compute_capability,
                       sm_count=cap.sm_count, gpu_total_memory_bytes=cap.total_memory_bytes)
         res = resolve(spec, cap)

@@ -19,7 +19,7 @@ from trials.atomic import write_text_atomic
 
 from ..store import read_results
 from . import charts
-from .analysis import Pairs, compare_runs, crossover, pair_cells, prepare
+from .analysis import Pairs, against_fastest_bf16, compare_runs, crossover, pair_cells, prepare, ways_that_ran
 from .headline import headline
 from .inference import inference_pairs, split
 from .render import export_pngs, markdown_tables, summary_sections, write_csv, write_html
@@ -66,11 +66,13 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
     df = _load(str(src))
     train, infer = split(df)
     pairs = pair_cells(train)
+    fastest = against_fastest_bf16(train) if ways_that_ran(train) > 1 else (pd.DataFrame(), pd.DataFrame())
     if sweep_text is None and (base_dir / "sweep.yaml").is_file():
         sweep_text = (base_dir / "sweep.yaml").read_text()
 
     figures = [] if train.empty else [
         ("fp8_speedup", charts.speedup_chart(pairs)),
+        *([("vs_fastest_bf16", charts.fastest_chart(fastest[0]))] if not fastest[0].empty else []),
         ("step_time", charts.step_time_chart(train)),
         ("throughput", charts.throughput_chart(train)),
         ("mfu", charts.mfu_chart(train)),
@@ -97,7 +99,7 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
         figures.append(("compare", charts.compare_chart(comparison, base_dir.name, Path(compare_dir).name)))
 
     lines = headline(train, pairs) if not train.empty or infer.empty else []
-    sections = summary_sections(df, pairs, comparison, inference)
+    sections = summary_sections(df, pairs, comparison, inference, fastest)
     md = markdown_tables(df, sections, lines)
     out_html = out_html or str(base_dir / "report.html")
     out_dir = Path(out_html).resolve().parent

@@ -1,7 +1,10 @@
 """Numbers behind the report: pairing cells, ratios of medians, bootstrap intervals.
 
-FP8 speedup = BF16 step time / FP8 step time, for TE cells equal in every other axis. TE kernel
-gain = torch-bf16 step time / te-bf16 step time, likewise. Per cell, the step time is the median
+FP8 speedup = BF16 step time / FP8 step time, for cells equal in every other axis, the BF16 cell of
+the FP8 cell's own stack (``trials.backends``: te FP8 with te BF16, torchao FP8 with the twin's
+BF16) and execution mode (CUDA graphs, compile). TE kernel gain = torch-bf16 step time / te-bf16
+step time, likewise. Across stacks, every cell is also compared with the fastest BF16 cell of its
+shape, whatever its stack or execution mode. Per cell, the step time is the median
 over samples of each sample's p50. The 95% interval is a percentile bootstrap of the ratio of
 medians: over samples when a cell has several, else over the trial's own per-step times.
 Cells whose partner is missing or did not finish ok are listed, not dropped.
@@ -15,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from trials.backends import STACKS
 from trials.spec import TrialSpec, axis_fields, variant_name
 
 # "The same cell apart from its variant": pairs must agree on every shape, schedule and execution field
@@ -33,10 +37,17 @@ def _get(row: Any, key: str) -> Any:
     return None if value is None or (isinstance(value, float) and value != value) else value
 
 
+def backend_of(row: Any) -> str | None:
+    """The stack a record ran on; for one that did not run, the one it asked for (auto fp8: te)."""
+    asked = _get(row, "backend")
+    fp8 = (_get(row, "effective_precision") or _get(row, "precision")) == "fp8"
+    return _get(row, "effective_backend") or ("te" if fp8 and asked in ("auto", None) else asked)
+
+
 def variant_of(row: Any) -> str:
     """The variant as it actually ran (requested, for cells that did not run): see ``variant_name``."""
     precision = _get(row, "effective_precision") or _get(row, "precision")
-    backend = _get(row, "effective_backend") or ("te" if precision == "fp8" else _get(row, "backend"))
+    backend = backend_of(row)
     values = {name: _get(row, name) for name in axis_fields("variant")}
     values.update(backend=backend, precision=precision, recipe=_get(row, "effective_recipe") or _get(row, "recipe"))
     return variant_name(values)
@@ -153,9 +164,22 @@ def _pair_row(kind: str, shape: tuple, base: CellStats, other: CellStats, resamp
     return row
 
 
+def stack_of(cell: CellStats) -> str | None:
+    return backend_of(cell.record)
+
+
+def precision_of(cell: CellStats) -> str | None:
+    return _get(cell.record, "effective_precision") or _get(cell.record, "precision")
+
+
 def bf16_partner(cell: CellStats) -> str:
-    """The TE BF16 variant an FP8 cell is compared with: built the same way (te_layer, any TE-wide setting)."""
-    return variant_name({**{k: _get(cell.record, k) for k in KNOBS}, "backend": "te", "precision": "bf16"})
+    """The BF16 variant an FP8 cell is compared with: its stack's partner (te for te, the twin for torchao),
+    built the same way (te_layer, any stack-wide setting)."""
+    partner = STACKS[stack_of(cell)].bf16_partner
+    return variant_name({**{k: _get(cell.record, k) for k in KNOBS}, "backend": partner, "precision": "bf16"})
+
+
+TE_GAIN_REFERENCE = variant_name({"backend": "torch", "precision": "bf16"})
 
 
 @dataclass
@@ -191,12 +215,81 @@ def pair_cells(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> Pairs:
 
     for shape, variants in cells.items():
         for name, cell in variants.items():
-            if name.startswith("te-fp8"):
+            if precision_of(cell) == "fp8":
                 ref_name = bf16_partner(cell)
                 pair("fp8_speedup", shape, ref_name, cell, variants.get(ref_name))
-        if "te-bf16" in variants:
-            pair("te_gain", shape, "torch-bf16", variants["te-bf16"], variants.get("torch-bf16"))
+            elif stack_of(cell) == "te" and precision_of(cell) == "bf16" and name == bf16_partner(cell):
+                pair("te_gain", shape, TE_GAIN_REFERENCE, cell, variants.get(TE_GAIN_REFERENCE))
     return Pairs(pd.DataFrame(rows), pd.DataFrame(unpaired), resamples)
+
+
+EXECUTION_KEYS = axis_fields("execution")
+_BASE = [i for i, k in enumerate(SHAPE_KEYS) if k not in EXECUTION_KEYS]
+
+
+def execution_label(values: Any) -> str:
+    """'graphs', 'compiled' or 'eager': how a cell's step was issued."""
+    on = [name for name, key in (("graphs", "cuda_graphs"), ("compiled", "compile")) if _get(values, key)]
+    return "+".join(on) or "eager"
+
+
+def ways_that_ran(df: pd.DataFrame) -> int:
+    """How many (stack, execution mode) combinations have a cell that ran ok: with one, every cell's fastest
+    BF16 is its own stack's and the cross-stack comparison adds nothing."""
+    ok = df[df["status"] == "ok"]
+    return len({(backend_of(r), execution_label(r)) for r in ok.to_dict("records")})
+
+
+def against_fastest_bf16(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every cell against the fastest BF16 cell of its shape (any stack, any execution mode), and per shape
+    the fastest FP8 cell of each stack against each other stack's: (rows, head_to_head).
+
+    A shape is everything but the variant and the execution mode. ratio = reference ms / cell ms (> 1:
+    the cell is faster), with the usual 95% bootstrap interval.
+    """
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    by_base: dict[tuple, list[tuple[tuple, CellStats]]] = {}
+    for shape, variants in cell_table(df, timing).items():
+        for cell in variants.values():
+            if cell.status == "ok" and cell.median_ms:
+                base = tuple(None if shape[i] != shape[i] else shape[i] for i in _BASE)  # NaN never equals NaN
+                by_base.setdefault(base, []).append((shape, cell))
+    rows, heads = [], []
+    resamples = 1000
+
+    def ratio(ref: CellStats, cand: CellStats) -> dict[str, Any]:
+        both = len(ref.samples) >= 2 and len(cand.samples) >= 2
+        lo, hi = bootstrap_ratio(*((ref.samples, cand.samples) if both else (ref.steps, cand.steps)), resamples, rng)
+        return {"ratio": ref.median_ms / cand.median_ms, "ci_low": lo, "ci_high": hi,
+                "ci_method": "samples" if both else "steps"}
+
+    def label(shape: tuple, cell: CellStats) -> str:
+        return f"{cell.variant} {execution_label(dict(zip(SHAPE_KEYS, shape)))}"
+
+    for base, cells in by_base.items():
+        where = dict(zip([SHAPE_KEYS[i] for i in _BASE], base))
+        bf16 = [(s, c) for s, c in cells if precision_of(c) == "bf16"]
+        if bf16:
+            fs, fastest = min(bf16, key=lambda sc: sc[1].median_ms)
+            for shape, cell in cells:
+                rows.append({**where, "n_params": cell.n_params, "cell": label(shape, cell), "stack": stack_of(cell),
+                             "precision": precision_of(cell), "ms": cell.median_ms,
+                             "fastest BF16": label(fs, fastest), "BF16 ms": fastest.median_ms,
+                             **ratio(fastest, cell), "n": len(cell.samples)})
+        best: dict[str, tuple[tuple, CellStats]] = {}
+        for shape, cell in cells:
+            if precision_of(cell) == "fp8" and (stack_of(cell) not in best
+                                                or cell.median_ms < best[stack_of(cell)][1].median_ms):
+                best[stack_of(cell)] = (shape, cell)
+        names = [s for s in STACKS if s in best]
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                (sa, ca), (sb, cb) = best[a], best[b]
+                r = ratio(ca, cb)  # a's time over b's: < 1 means a's fastest FP8 is faster
+                heads.append({**where, "n_params": ca.n_params, "a": label(sa, ca), "a ms": ca.median_ms,
+                              "b": label(sb, cb), "b ms": cb.median_ms, "a/b time": r["ratio"],
+                              "CI low": r["ci_low"], "CI high": r["ci_high"], "CI over": r["ci_method"]})
+    return pd.DataFrame(rows), pd.DataFrame(heads)
 
 
 def crossover(xs: list[float], ys: list[float]) -> float | None:
@@ -333,7 +426,7 @@ def per_layer_costs(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         context = (f"{where.get('arch')} d_model {where['d_model']}, ffn {where['ffn']}, {heads} heads, "
                    f"vocab {where['vocab']}, seq {where['seq_len']}" + (" (CUDA graphs)" if where["cuda_graphs"] else ""))
         for name, row in split.items():
-            ref = split.get(bf16_partner(depths[l1][name])) if name.startswith("te-fp8") else None
+            ref = split.get(bf16_partner(depths[l1][name])) if precision_of(depths[l1][name]) == "fp8" else None
             if ref is None:
                 continue
             layer, rest, b_layer, b_rest = row["per layer ms"], row["rest ms"], ref["per layer ms"], ref["rest ms"]

@@ -19,6 +19,9 @@ COLORS = {
     "te-fp8-delayed": "#d62728",
     "te-fp8-current": "#ff7f0e",
     "te-fp8-block": "#9467bd",
+    "torchao-fp8-tensorwise": "#e377c2",
+    "torchao-fp8-rowwise": "#8c564b",
+    "torchao-fp8-rowwise_with_gw_hp": "#bcbd22",
 }
 _SPARE = ["#17becf", "#bcbd22", "#e377c2", "#393b79", "#637939"]
 STATUS_COLORS = {"ok": "#2ca02c", "oom": "#ff7f0e", "unsupported": "#9edae5", "diverged": "#e377c2",
@@ -87,7 +90,8 @@ def _lines(df: pd.DataFrame, y: str, y_title: str, title: str, y_log: bool = Fal
     return fig
 
 
-def speedup_chart(pairs: Pairs, title: str = "FP8 speedup over TE BF16 vs model scale (95% bootstrap intervals)",
+def speedup_chart(pairs: Pairs, title: str = "FP8 speedup over BF16 of the same stack vs model scale (95% bootstrap "
+                                             "intervals)",
                   y_title: str = "Speedup (BF16 step time / FP8 step time)") -> go.Figure:
     fig = go.Figure()
     rows = pairs.rows[pairs.rows["kind"] == "fp8_speedup"] if not pairs.rows.empty else pairs.rows
@@ -99,7 +103,7 @@ def speedup_chart(pairs: Pairs, title: str = "FP8 speedup over TE BF16 vs model 
             xs_all += list(g["n_params"])
             err_hi = (g["ci_high"] - g["ratio"]).clip(lower=0).fillna(0)
             err_lo = (g["ratio"] - g["ci_low"]).clip(lower=0).fillna(0)
-            name = series_name(cand.replace("te-fp8-", "fp8 "), layers, graphs, series)
+            name = series_name(cand, layers, graphs, series)
             fig.add_trace(go.Scatter(
                 x=g["n_params"], y=g["ratio"], mode="lines+markers", name=name,
                 line=dict(color=color(cand), dash="dash" if graphs else "solid"),
@@ -127,6 +131,29 @@ def speedup_chart(pairs: Pairs, title: str = "FP8 speedup over TE BF16 vs model 
     return note_if_empty(fig, "no TE BF16 / FP8 pairs that both ran ok (see 'Unpaired cells')")
 
 
+def fastest_chart(rows: pd.DataFrame) -> go.Figure:
+    """Every cell against the fastest BF16 cell of its shape (any stack): one line per cell kind."""
+    fig = go.Figure()
+    for name, g in rows.groupby("cell", sort=True):
+        g = g.sort_values("n_params")
+        variant = name.split(" ", 1)[0]
+        fig.add_trace(go.Scatter(
+            x=g["n_params"], y=g["ratio"], mode="lines+markers", name=name,
+            line=dict(color=color(variant), dash="solid" if name.endswith("eager") else "dash"),
+            error_y=dict(type="data", symmetric=False, array=(g["ci_high"] - g["ratio"]).clip(lower=0).fillna(0),
+                         arrayminus=(g["ratio"] - g["ci_low"]).clip(lower=0).fillna(0), visible=True),
+            hovertext=[f"{r['cell']}: {r['ms']:.2f} ms<br>fastest BF16 {r['fastest BF16']}: {r['BF16 ms']:.2f} ms<br>"
+                       f"{r['ratio']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]" for r in g.to_dict("records")],
+            hoverinfo="text+y"))
+    fig.add_hline(y=1.0, line=dict(color="black", width=1, dash="dot"), annotation_text="1.0 = the fastest BF16",
+                  annotation_position="bottom right")
+    fig.update_layout(title="Every cell against the fastest BF16 cell of its shape (any stack; dashed: graphs or "
+                            "compiled)", **LAYOUT)
+    _x_axis(fig)
+    fig.update_yaxes(title_text="Speedup (fastest BF16 ms / cell ms)")
+    return note_if_empty(fig, "no shape has a BF16 cell that ran ok")
+
+
 def step_time_chart(df: pd.DataFrame) -> go.Figure:
     return _lines(df, "step_ms_p50", "Step time, p50 (ms, log)", "Step time vs scale (fwd + bwd + AdamW)", y_log=True)
 
@@ -142,7 +169,7 @@ def decode_chart(df: pd.DataFrame) -> go.Figure:
 
 def mfu_chart(df: pd.DataFrame) -> go.Figure:
     fig = _lines(df, "mfu_bf16_peak", "MFU (model FLOP/s / dense peak)", "MFU vs scale: solid/dashed vs BF16 peak, dotted vs FP8 peak")
-    fp8 = df[(df["status"] == "ok") & (df["variant"].str.startswith("te-fp8"))]
+    fp8 = df[(df["status"] == "ok") & (df["effective_precision"] == "fp8")]
     for (variant, series, graphs, layers), g in fp8.groupby(SERIES, sort=True):
         g = g.sort_values("n_params")
         fig.add_trace(go.Scatter(x=g["n_params"], y=g["mfu_precision_peak"], mode="lines+markers",

@@ -44,9 +44,12 @@ Section = tuple[str, str, pd.DataFrame]  # title, note, table
 
 
 def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | None,
-                     inference: InferencePairs | None) -> list[Section]:
+                     inference: InferencePairs | None,
+                     fastest_bf16: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> list[Section]:
     """Every table of the report, made once for results.md and the HTML page; ``pairs`` are the
-    training records', ``inference`` the inference records' (None without any)."""
+    training records', ``inference`` the inference records' (None without any); ``fastest_bf16``:
+    :func:`~.analysis.against_fastest_bf16` of the training records."""
+    fastest_bf16 = fastest_bf16 if fastest_bf16 is not None else (pd.DataFrame(), pd.DataFrame())
     everything, (df, infer) = df, split(df)
     sections = []
     rows = pairs.rows
@@ -56,16 +59,18 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
         t = pd.DataFrame({
             "d_model": sp["d_model"], "n_layers": sp["n_layers"], **{k: sp[k] for k in varying},
             "params (M)": (sp["n_params"] / 1e6).round(1),
-            "graphs": sp["cuda_graphs"], "recipe": sp["candidate"].str.replace("te-fp8-", "", regex=False),
+            "graphs": sp["cuda_graphs"], "FP8 variant": sp["candidate"], "BF16 partner": sp["reference"],
             "BF16 ms": sp["reference_ms"].round(3), "FP8 ms": sp["candidate_ms"].round(3),
             "speedup": sp["ratio"].round(3), "CI low": sp["ci_low"].round(3), "CI high": sp["ci_high"].round(3),
             "CI over": sp["ci_method"], "n": sp["n_candidate"],
-        }).sort_values(["recipe", "graphs", "n_layers", *varying, "params (M)"])
-        sections.append(("FP8 speedup over TE BF16", "speedup = BF16 step time / FP8 step time (> 1: FP8 faster)", t))
+        }).sort_values(["FP8 variant", "graphs", "n_layers", *varying, "params (M)"])
+        sections.append(("FP8 speedup over BF16 of the same stack", "speedup = BF16 step time / FP8 step time (> 1: FP8 "
+                         "faster); te FP8 against te BF16, torchao FP8 against the twin's BF16, in the same execution "
+                         "mode", t))
         cross = []
         for (cand, series, layers, graphs), g in sp.groupby(["candidate", "series", "n_layers", "cuda_graphs"]):
             x = crossover(list(g["n_params"]), list(g["ratio"]))
-            cross.append({"recipe": cand.replace("te-fp8-", ""), **({"series": series} if series else {}),
+            cross.append({"FP8 variant": cand, **({"series": series} if series else {}),
                           "n_layers": layers, "graphs": graphs,
                           "crossover params (M)": round(x / 1e6, 1) if x else None,
                           "note": "FP8 faster from here on" if x else
@@ -88,6 +93,23 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
         if estimates:
             sections.append(("Per-layer cost: full-depth estimates", "labelled estimates, from the split above",
                              pd.DataFrame({"estimate": estimates})))
+    fastest, heads = fastest_bf16
+    if not fastest.empty:
+        base = [k for k in varying if k in fastest]  # execution fields are part of each cell's label here
+        f = fastest.assign(**{"params (M)": (fastest["n_params"] / 1e6).round(1)})
+        keep = ["d_model", "n_layers", *base, "params (M)", "cell", "ms", "fastest BF16", "BF16 ms", "ratio",
+                "ci_low", "ci_high", "n"]
+        f = f[[c for c in keep if c in f]].rename(columns={"ratio": "speedup", "ci_low": "CI low", "ci_high": "CI high"})
+        sections.append(("Against the fastest BF16", "every cell of a shape against the fastest BF16 cell of that shape, "
+                         "any stack and execution mode: speedup = fastest BF16 ms / cell ms, 95% interval",
+                         f.round({"ms": 3, "BF16 ms": 3, "speedup": 3, "CI low": 3, "CI high": 3})
+                         .sort_values(["d_model", "n_layers", *base, "ms"])))
+    if not heads.empty:
+        keep = ["d_model", "n_layers", *[k for k in varying if k in heads], "a", "a ms", "b", "b ms", "a/b time", "CI low", "CI high", "CI over"]
+        sections.append(("FP8 stacks head to head", "per shape, each stack's fastest FP8 cell: a/b time = a's step "
+                         "time / b's (< 1: a faster), 95% interval",
+                         heads[[c for c in keep if c in heads]].round({"a ms": 3, "b ms": 3, "a/b time": 3,
+                                                                       "CI low": 3, "CI high": 3})))
     gain = rows[rows["kind"] == "te_gain"] if not rows.empty else rows
     if not gain.empty:
         sections.append(("TE kernel gain (te-bf16 vs torch-bf16)", "gain = torch-bf16 step time / te-bf16 step time",
@@ -126,7 +148,8 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
         sections.append(("Sanity checks", "numbers that are more likely a measurement problem than a result", flags))
     numerics = _loss_deltas(df, pairs)
     if not numerics.empty:
-        sections.append(("FP8 numerics", "final training loss of each FP8 cell against its TE BF16 partner: medians over "
+        sections.append(("FP8 numerics", "final training loss of each FP8 cell against the BF16 cell of its own stack: "
+                         "medians over "
                          "samples, 95% interval of the ratio when both have samples >= 2 (run long enough for the "
                          "loss to flatten, e.g. train_steps 300, samples 3)", numerics))
     if not pairs.unpaired.empty:
@@ -168,8 +191,9 @@ def sanity_flags(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
                     "why": "above 80% of the dense datasheet peak: check the FLOP count and the timer"})
     for r in ok[(ok["launch_bound"] == True) & ~ok["cuda_graphs"]].itertuples():  # noqa: E712 - nullable column
         out.append({"cell": r.cell_label, "check": "launch-bound", "value": round(r.host_ms_per_step, 2),
-                    "why": "the GPU waits on the host: this eager time measures launch overhead; "
-                           "compare with cuda_graphs"})
+                    "why": "the GPU waits on the host: this time measures launch overhead; compare with "
+                           "cuda_graphs" + ("" if not getattr(r, "compile", False) else
+                                            " (compiled cells: torch.compile mode reduce-overhead)")})
     neighbours = concurrent_trials(df)[ok.index]  # failed trials shared the host too
     for r, n in zip(ok.itertuples(), neighbours):
         if n and r.timer == "perf_counter":  # timed on the host's cores, which the other trials used too

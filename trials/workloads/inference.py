@@ -49,12 +49,11 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, An
     high = "fp32" if res.precision == "fp32" else "bf16"
     step = build_train_step(spec, res.backend, high, res.device)  # the spec's fp8 settings wait for step 3
     te = step.te
+    record.update(step.built.info)
     recipe = None
-    if res.precision == "fp8":
+    if res.precision == "fp8":  # TE's (inference is built for te and torch only: spec.py refuses torchao)
         recipe = te_compat.make_recipe(spec.recipe, spec.fp8_format, spec.amax_history_len, spec.amax_compute_algo)
         record["fp8_recipe_repr"] = repr(recipe)
-    if te is not None:
-        record["te_torch_compile"] = te_compat.te_torch_compile()
     data = ArithmeticSequences(spec.vocab, spec.seq_len, res.device, spec.seed)
     record["setup_s"] = time.perf_counter() - t_setup
 

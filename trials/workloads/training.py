@@ -6,7 +6,6 @@ import math
 import time
 from typing import Any
 
-from .. import te_compat
 from ..bench import benchmark
 from ..capability import Resolution
 from ..data import ArithmeticSequences
@@ -24,10 +23,7 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, An
     t_setup = time.perf_counter()
     step = build_train_step(spec, res.backend, res.precision, res.device)
     model, te, recipe = step.model, step.te, step.recipe
-    if te is not None:
-        record["te_torch_compile"] = te_compat.te_torch_compile()
-    if recipe is not None:
-        record["fp8_recipe_repr"] = repr(recipe)
+    record.update(step.built.info)
     data = ArithmeticSequences(spec.vocab, spec.seq_len, res.device, spec.seed)
     if spec.cuda_graphs:
         step.capture(data.batch(spec.batch_size)[0])

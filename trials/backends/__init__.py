@@ -1,0 +1,81 @@
+"""Numerics stacks: what each backend is, declared once; how it builds and runs, one module each.
+
+    te       NVIDIA Transformer Engine: te.TransformerLayer (or TE's modules) under te.autocast
+    torch    the pure-PyTorch twin: nn.Linear, SDPA; BF16 or FP32, no FP8
+    torchao  the twin with its Linears converted to torchao.float8's Float8Linear (as torchtitan does)
+
+The table below is what the rest of JuicyTalk reads: the spec's validation (which recipes belong
+to which stack, where ``compile`` and inference apply), the sweep's collapse rules, capability
+resolution, ``juicytalk doctor`` and the report's pairing (each FP8 cell against the BF16 cell of
+its ``bf16_partner`` stack). Importing this package imports nothing heavy; :func:`implementation`
+loads a stack's module (``trials/backends/<name>.py``) when a trial needs it. A fourth stack is one
+entry here and one module with ``build(spec, precision, device) -> Built``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str
+    recipes: dict[str, str]  # FP8 recipe -> compute capability it needs (empty: no FP8 on this stack)
+    bf16_partner: str  # the stack whose BF16 cell an FP8 cell of this one is paired with
+    compiles: bool  # ``compile: true`` applies (torch.compile of the model)
+    needs_cuda: bool  # the backend itself needs a GPU (else only its FP8 may)
+    infer: bool  # builds the inference workload
+    graphs: bool  # ``cuda_graphs: true`` applies
+    about: str
+
+
+STACKS: dict[str, Stack] = {s.name: s for s in (
+    # TE: delayed and current scaling on Ada/Hopper, block scaling on Hopper, MXFP8 and NVFP4 on Blackwell.
+    Stack("te", {"delayed": "8.9", "current": "8.9", "block": "9.0", "mxfp8": "10.0", "nvfp4": "10.0"}, "te",
+          compiles=False, needs_cuda=True, infer=True, graphs=True, about="Transformer Engine"),
+    Stack("torch", {}, "torch", compiles=True, needs_cuda=False, infer=True, graphs=True,
+          about="the pure-PyTorch twin"),
+    # torchao's recipe names (Float8LinearConfig.from_recipe_name); float8 matmuls need sm_89+ on GPUs.
+    Stack("torchao", {"tensorwise": "8.9", "rowwise": "8.9", "rowwise_with_gw_hp": "8.9"}, "torch",
+          compiles=True, needs_cuda=False, infer=False, graphs=False, about="torchao.float8 on the twin"),
+)}
+BACKENDS = ("auto", *STACKS)  # auto: te where Transformer Engine runs, else torch
+RECIPES = tuple(r for s in STACKS.values() for r in s.recipes)
+
+
+def recipe_owner(recipe: str) -> str | None:
+    """The stack a recipe name belongs to (names are unique across stacks)."""
+    return next((s.name for s in STACKS.values() if recipe in s.recipes), None)
+
+
+def fp8_stacks() -> list[str]:
+    return [s.name for s in STACKS.values() if s.recipes]
+
+
+def implementation(name: str) -> ModuleType:
+    """The module that builds and runs stack ``name`` (imported on first use)."""
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+@dataclass
+class Built:
+    """A stack's model for one cell, and what running it needs.
+
+    ``te``/``recipe``: Transformer Engine's module and FP8 recipe object (te only: the step runs under
+    ``te.autocast``); ``forward``: what the step calls when it is not the model itself (a
+    ``torch.compile``'d model); ``info``: record fields the stack sets (versions, converted modules).
+    """
+
+    model: Any
+    te: Any = None
+    recipe: Any = None
+    forward: Any = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def build(spec: Any, backend: str, precision: str, device: str) -> Built:
+    """Seeded model of ``spec`` on stack ``backend`` (resolved: never ``auto``)."""
+    return implementation(backend).build(spec, precision, device)

@@ -1,0 +1,85 @@
+"""torchao.float8 on the twin, as torchtitan runs it: every block Linear becomes a Float8Linear.
+
+``convert_to_float8_training`` swaps the Linears for ``Float8Linear`` with the recipe's scaling
+(tensorwise, rowwise, rowwise_with_gw_hp: ``Float8LinearConfig.from_recipe_name``); weights stay
+BF16 and are cast on the fly. Like torchtitan's converter, the LM head stays in BF16 (TE's models
+keep it in high precision too), and so does any Linear whose dims are not multiples of 16 (FP8
+GEMMs need them). torchao's FP8 is slow without ``torch.compile`` (pytorch/ao#685), so its cells
+are meant to run with ``compile: true``; the record says which modules were converted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from ..model import build_model
+from . import Built
+from .torch import compiled
+
+log = logging.getLogger(__name__)
+
+FP8_DIM_MULTIPLE = 16
+KEEP_HIGH_PRECISION = ("head",)  # module names never converted (torchtitan: the output projection)
+
+
+def version() -> str:
+    import torchao
+
+    return str(torchao.__version__)
+
+
+def recipe_support(device: str, recipes: dict[str, str]) -> tuple[str | None, str | None, dict[str, tuple[bool, str]]]:
+    """(torchao version, why it is unavailable, recipe -> (supported, reason)) on this device."""
+    try:
+        found = version()
+    except Exception as exc:  # noqa: BLE001 - an import failure of any kind means no torchao
+        why = f"torchao not importable ({type(exc).__name__}: {exc}); pip install 'juicytalk[torchao]'"
+        return None, why, {r: (False, why) for r in recipes}
+    if device == "cuda":
+        major, minor = torch.cuda.get_device_capability()
+        out = {}
+        for recipe, cc in recipes.items():
+            need = tuple(int(v) for v in cc.split("."))
+            ok = (major, minor) >= need
+            out[recipe] = (ok, "" if ok else f"{recipe} needs compute capability {cc}+, this GPU is {major}.{minor}")
+        return found, None, out
+    why = _cpu_float8_matmul()
+    return found, None, {r: (why is None, why or "") for r in recipes}
+
+
+def _cpu_float8_matmul() -> str | None:
+    """None when this torch multiplies float8 tensors on CPU (torch._scaled_mm), else why not."""
+    try:
+        a = torch.ones(16, 16).to(torch.float8_e4m3fn)
+        one = torch.tensor(1.0)
+        torch._scaled_mm(a, a.t().contiguous().t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        return None
+    except Exception as exc:  # noqa: BLE001
+        return f"this torch ({torch.__version__}) has no float8 matmul on CPU: {type(exc).__name__}: {exc}"
+
+
+def build(spec: Any, precision: str, device: str) -> Built:
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    model = build_model(spec, "torch", "bf16" if precision == "fp8" else precision, device)
+    if precision != "fp8":
+        return Built(model, forward=compiled(model, spec), info={"torchao_version": version()})
+    converted: list[str] = []
+    skipped: list[str] = []
+
+    def convert(module: nn.Module, fqn: str) -> bool:
+        ok = (isinstance(module, nn.Linear) and fqn not in KEEP_HIGH_PRECISION
+              and module.in_features % FP8_DIM_MULTIPLE == 0 and module.out_features % FP8_DIM_MULTIPLE == 0)
+        (converted if ok else skipped).append(fqn)
+        return ok
+
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(spec.recipe), module_filter_fn=convert)
+    log.info("torchao %s: %d Linears in float8, kept %s", spec.recipe, len(converted), skipped)
+    info = {"torchao_version": version(), "fp8_converted_modules": len(converted),
+            "fp8_skipped_modules": json.dumps(skipped)}
+    return Built(model, forward=compiled(model, spec), info=info)
