@@ -7,9 +7,14 @@ All in one process, on one config (default: the tutorial's 768x4, batch 32, seq 
   trial     - ``run_trial``'s reported step_ms_mean (fresh model, fused AdamW, no per-step sync)
   tutorial  - the tutorial's loop on the same model: default AdamW, ``loss.item()`` every step,
               host clock around the loop
+  plain     - (torch and torchao backends) the same computation written here without trials.train or
+              trials.backends: the twin, torchao's convert_to_float8_training called directly (block
+              Linears, the head kept in BF16), torch.compile, fused AdamW, one event pair around the
+              steps: what a user's own loop would time
 Each figure is the median over interleaved rounds: eager timings of small models move 10-20%
-between identical runs. Goals: harness/bare <= 1.01; trial/tutorial <= 0.95.
-Usage: python benchmarks/harness_overhead.py [--backend te] [--precision bf16] [--cuda-graphs] [--rounds 5]
+between identical runs. Goals: harness/bare <= 1.01; trial/tutorial <= 0.95; trial/plain within 2%.
+Usage: python benchmarks/harness_overhead.py [--backend te|torch|torchao] [--precision bf16] [--recipe R]
+       [--compile] [--cuda-graphs] [--d-model 768] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -36,9 +41,11 @@ def _fresh_step(spec: TrialSpec, tutorial: bool = False):
         opt = torch.optim.AdamW(model.parameters(), lr=spec.lr)
         x, y = ArithmeticSequences(spec.vocab, spec.seq_len, "cuda", spec.seed).batch(spec.batch_size)
 
+        forward = step.forward  # the compiled model for compile: true cells
+
         def tutorial_step():
             with te_compat.autocast(te, recipe):
-                logits = model(x)
+                logits = forward(x)
             loss = F.cross_entropy(logits.float().reshape(-1, spec.vocab), y.reshape(-1))
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -79,6 +86,33 @@ def _median(values):
     return statistics.median(values)
 
 
+def plain_ms(spec: TrialSpec, steps: int) -> float:
+    """The twin's step as a user writes it, converted and compiled here, timed with one event pair."""
+    from trials.model import MiniGPT, ModelConfig
+
+    torch.manual_seed(spec.seed)
+    model = MiniGPT(ModelConfig.from_spec(spec), torch.bfloat16, "cuda")
+    if spec.backend == "torchao":
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(spec.recipe),
+                                   module_filter_fn=lambda m, fqn: fqn != "head")
+    forward = torch.compile(model) if spec.compile else model
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, fused=True)
+    data = ArithmeticSequences(spec.vocab, spec.seq_len, "cuda", spec.seed)
+    batches = [data.batch(spec.batch_size) for _ in range(4)]
+
+    def step(x, y):
+        loss = F.cross_entropy(forward(x).float().view(-1, spec.vocab), y.view(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for i in range(spec.warmup_steps):
+        step(*batches[i % 4])
+    return bare_loop_ms(step, batches, steps)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", default="te")
@@ -87,13 +121,15 @@ def main() -> None:
     parser.add_argument("--d-model", type=int, default=768)
     parser.add_argument("--n-layers", type=int, default=4)
     parser.add_argument("--cuda-graphs", action="store_true")
+    parser.add_argument("--compile", action="store_true")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args()
     spec = TrialSpec(backend=args.backend, precision=args.precision, recipe=args.recipe, d_model=args.d_model,
-                     n_layers=args.n_layers, cuda_graphs=args.cuda_graphs, bench_steps=args.steps,
+                     n_layers=args.n_layers, cuda_graphs=args.cuda_graphs, compile=args.compile, bench_steps=args.steps,
                      warmup_steps=10, device="cuda", gen_len=1)
     print(f"config: {args.backend}-{args.precision} d_model={args.d_model} n_layers={args.n_layers} "
+          f"recipe={args.recipe if args.precision == 'fp8' else '-'} compile={args.compile} "
           f"cuda_graphs={args.cuda_graphs} batch={spec.batch_size} seq={spec.seq_len} steps={args.steps} "
           f"rounds={args.rounds} gpu={torch.cuda.get_device_name()}")
 
@@ -114,12 +150,14 @@ def main() -> None:
     torch.cuda.empty_cache()
 
     # 2. a whole trial vs the tutorial's loop, interleaved
-    trial, tut = [], []
+    trial, tut, plain = [], [], []
     for _ in range(args.rounds):
         rec = run_trial(spec)
         assert rec["status"] == "ok", rec["error"]
         trial.append(rec["step_ms_mean"])
         tut.append(tutorial_ms(spec, args.steps))
+        if spec.backend in ("torch", "torchao"):
+            plain.append(plain_ms(spec, args.steps))
         torch.cuda.empty_cache()
     h, b, t, u = (_median(v) for v in (harness, bare, trial, tut))
     fmt = lambda v: [round(x, 3) for x in v]  # noqa: E731
@@ -129,6 +167,10 @@ def main() -> None:
     print(f"tutorial (host clock + .item())   median {u:8.3f} ms/step  rounds {fmt(tut)}")
     print(f"ratio harness/bare   = {h / b:.4f}   (goal <= 1.01)")
     print(f"ratio trial/tutorial = {t / u:.4f}   (goal <= 0.95)")
+    if plain:
+        pl = _median(plain)
+        print(f"plain    (own loop, one pair)     median {pl:8.3f} ms/step  rounds {fmt(plain)}")
+        print(f"ratio trial/plain    = {t / pl:.4f}   (goal within 0.98-1.02)")
 
 
 if __name__ == "__main__":

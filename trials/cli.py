@@ -79,7 +79,7 @@ def summary(record: dict[str, Any]) -> str:
     lines = [
         f"status        {r['status']}" + (f"  ({r['error']})" if r.get("error") else ""),
         f"cell          {r.get('workload') or 'train'} {r.get('arch') or 'gpt'} d_model={r['d_model']} n_layers={r['n_layers']} heads={r['n_heads']} ffn={r['ffn']} "
-        f"batch={r['batch_size']} seq={r['seq_len']} cuda_graphs={r['cuda_graphs']}",
+        f"batch={r['batch_size']} seq={r['seq_len']} cuda_graphs={r['cuda_graphs']} compile={r.get('compile')}",
         f"requested     backend={r['backend']} precision={r['precision']}"
         + (f" recipe={r['recipe']}" if r["precision"] == "fp8" else "") + f" device={r['device']}",
         f"ran as        device={r['effective_device']} backend={r['effective_backend']} "

@@ -218,7 +218,7 @@ def pair_cells(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> Pairs:
             if precision_of(cell) == "fp8":
                 ref_name = bf16_partner(cell)
                 pair("fp8_speedup", shape, ref_name, cell, variants.get(ref_name))
-            elif stack_of(cell) == "te" and precision_of(cell) == "bf16" and name == bf16_partner(cell):
+            elif stack_of(cell) == "te" and precision_of(cell) == "bf16":
                 pair("te_gain", shape, TE_GAIN_REFERENCE, cell, variants.get(TE_GAIN_REFERENCE))
     return Pairs(pd.DataFrame(rows), pd.DataFrame(unpaired), resamples)
 
@@ -248,6 +248,7 @@ def against_fastest_bf16(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> tuple
     the cell is faster), with the usual 95% bootstrap interval.
     """
     rng = np.random.default_rng(BOOTSTRAP_SEED)
+    series = [k for k in varying_keys(df) if k not in EXECUTION_KEYS]  # e.g. arch, vocab: one line per family
     by_base: dict[tuple, list[tuple[tuple, CellStats]]] = {}
     for shape, variants in cell_table(df, timing).items():
         for cell in variants.values():
@@ -272,7 +273,8 @@ def against_fastest_bf16(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> tuple
         if bf16:
             fs, fastest = min(bf16, key=lambda sc: sc[1].median_ms)
             for shape, cell in cells:
-                rows.append({**where, "n_params": cell.n_params, "cell": label(shape, cell), "stack": stack_of(cell),
+                rows.append({**where, "series": series_label(where, series), "n_params": cell.n_params,
+                             "cell": label(shape, cell), "stack": stack_of(cell),
                              "precision": precision_of(cell), "ms": cell.median_ms,
                              "fastest BF16": label(fs, fastest), "BF16 ms": fastest.median_ms,
                              **ratio(fastest, cell), "n": len(cell.samples)})

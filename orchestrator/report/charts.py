@@ -134,11 +134,11 @@ def speedup_chart(pairs: Pairs, title: str = "FP8 speedup over BF16 of the same 
 def fastest_chart(rows: pd.DataFrame) -> go.Figure:
     """Every cell against the fastest BF16 cell of its shape (any stack): one line per cell kind."""
     fig = go.Figure()
-    for name, g in rows.groupby("cell", sort=True):
+    for (name, series, layers), g in rows.groupby(["cell", "series", "n_layers"], sort=True):
         g = g.sort_values("n_params")
         variant = name.split(" ", 1)[0]
         fig.add_trace(go.Scatter(
-            x=g["n_params"], y=g["ratio"], mode="lines+markers", name=name,
+            x=g["n_params"], y=g["ratio"], mode="lines+markers", name=series_name(name, layers, False, series),
             line=dict(color=color(variant), dash="solid" if name.endswith("eager") else "dash"),
             error_y=dict(type="data", symmetric=False, array=(g["ci_high"] - g["ratio"]).clip(lower=0).fillna(0),
                          arrayminus=(g["ratio"] - g["ci_low"]).clip(lower=0).fillna(0), visible=True),
