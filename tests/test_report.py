@@ -242,7 +242,7 @@ def _infer_rec(spec: TrialSpec, decode_ms: float, prefill_ms: float, weight_byte
     rec.update(spec.to_dict())
     decode = [decode_ms * j for j in JITTER]
     prefill = [prefill_ms * j for j in JITTER]
-    rec.update(status="ok", effective_backend="te", effective_precision=spec.precision,
+    rec.update(status="ok", effective_backend=spec.backend, effective_precision=spec.precision,
                effective_recipe=spec.recipe if spec.precision == "fp8" else None, cell_id=cell_id(spec),
                cell_label=cell_label(spec), sample=0, n_params=param_count(ModelConfig.from_spec(spec)),
                decode_times_ms=decode, decode_ms_per_token_p50=float(pd.Series(decode).median()),
@@ -253,7 +253,8 @@ def _infer_rec(spec: TrialSpec, decode_ms: float, prefill_ms: float, weight_byte
 
 
 def test_inference_section_pairs_fp8_weights_with_bf16_and_shows_where_fp8_is_slower(tmp_path):
-    """Decode and prefill speedups come out as built; FP8 slower at batch 1 is a finding, not dropped; the
+    """Decode and prefill speedups come out as built, against TE BF16 and against the fastest BF16 decode of
+    the shape (here the twin's at 4096 x batch 32); FP8 slower at batch 1 is a finding, not dropped; the
     training sections and charts never see inference records."""
     store = Store(str(tmp_path), "inf")
     store.ensure()
@@ -264,18 +265,29 @@ def test_inference_section_pairs_fp8_weights_with_bf16_and_shows_where_fp8_is_sl
         store.write_record(_infer_rec(TrialSpec(precision="bf16", **base), 1.0 * d / 768, 5.0, 2000, None))
         store.write_record(_infer_rec(TrialSpec(precision="fp8", weights="fp8", **base), 1.0 * d / 768 / speedup,
                                       5.0 / 1.25, 1000 + 50, 0.97))
+    twin = dict(workload="infer", d_model=4096, n_layers=4, batch_size=32, cuda_graphs=True, prompt_len=32, gen_len=32)
+    store.write_record(_infer_rec(TrialSpec(backend="torch", precision="bf16", **twin), 4096 / 768 / 1.25, 5.0, 2000,
+                                  None))  # the twin decodes 1.25x faster than TE BF16 here
     store.write_record(_knob_rec(TrialSpec(d_model=768, n_layers=4, backend="te", precision="bf16"), 20.0))  # training
     report = build_report(str(tmp_path / "inf"), out_html=str(tmp_path / "r.html"))
     md = (tmp_path / "results.md").read_text()
-    table = md.split("## Inference: FP8 vs TE BF16")[1].split("\n## ")[0]
-    rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| ") and "d_model" not in line]
-    got = {(int(r[0]), int(r[2])): float(r[7]) for r in rows}
+    table = md.split("## Inference: FP8 vs BF16")[1].split("\n## ")[0]
+    lines = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| ")]
+    head = [h.strip() for h in lines[0]]
+    rows = [dict(zip(head, (v.strip() for v in r))) for r in lines[1:]]
+    got = {(int(r["d_model"]), int(r["batch"])): float(r["decode speedup"]) for r in rows}
     assert got == pytest.approx(want, rel=1e-3)
-    assert all(float(r[10]) == pytest.approx(1.25, rel=1e-3) and float(r[13]) == pytest.approx(0.525) and
-               float(r[14]) == pytest.approx(0.97) for r in rows)
+    assert all(float(r["prefill speedup"]) == pytest.approx(1.25, rel=1e-3) and
+               float(r["weights FP8/BF16"]) == pytest.approx(0.525) and float(r["token agreement"]) == pytest.approx(0.97)
+               for r in rows)
+    vs = {(int(r["d_model"]), int(r["batch"])): (r["fastest BF16"], float(r["vs fastest BF16"])) for r in rows}
+    assert vs[(4096, 32)] == ("torch-bf16 graphs", pytest.approx(1.4 / 1.25, rel=1e-3))
+    assert vs[(4096, 1)] == ("te-bf16 graphs", pytest.approx(1.3, rel=1e-3))
     findings = md.split("## Inference: where FP8 pays off")[1].split("\n## ")[0]
     slow = next(line for line in findings.splitlines() if "d_model 768 x 4, batch 1," in line)
-    assert "FP8 decode slower (0.8x" in slow and "prefill faster" in slow
+    assert "FP8 decode slower than the fastest BF16 (te-bf16 graphs: 0.8x" in slow and "prefill faster" in slow
+    fastest = md.split("## Inference: the fastest BF16 decode per shape")[1].split("\n## ")[0]
+    assert "| 4096 | 4 | 32 | True | torch |" in fastest and "| 4096 | 4 | 1 | True | te |" in fastest
     assert report.pairs.rows.empty  # the one training cell has no partner; inference never pairs with training
     html = open(report.html_path).read()
     assert "FP8 decode speedup over TE BF16" in html and "KV-cached decode throughput" in html

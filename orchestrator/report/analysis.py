@@ -224,7 +224,6 @@ def pair_cells(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> Pairs:
 
 
 EXECUTION_KEYS = axis_fields("execution")
-_BASE = [i for i, k in enumerate(SHAPE_KEYS) if k not in EXECUTION_KEYS]
 
 
 def execution_label(values: Any) -> str:
@@ -240,20 +239,23 @@ def ways_that_ran(df: pd.DataFrame) -> int:
     return len({(backend_of(r), execution_label(r)) for r in ok.to_dict("records")})
 
 
-def against_fastest_bf16(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> tuple[pd.DataFrame, pd.DataFrame]:
+def against_fastest_bf16(df: pd.DataFrame, timing: Timing = TRAIN_STEP,
+                         same_execution: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every cell against the fastest BF16 cell of its shape (any stack, any execution mode), and per shape
     the fastest FP8 cell of each stack against each other stack's: (rows, head_to_head).
 
-    A shape is everything but the variant and the execution mode. ratio = reference ms / cell ms (> 1:
-    the cell is faster), with the usual 95% bootstrap interval.
+    A shape is everything but the variant and the execution mode (``same_execution``: and the execution
+    mode, as serving compares graphed decode with graphed decode). ratio = reference ms / cell ms
+    (> 1: the cell is faster), with the usual 95% bootstrap interval.
     """
     rng = np.random.default_rng(BOOTSTRAP_SEED)
+    base_at = [i for i, k in enumerate(SHAPE_KEYS) if same_execution or k not in EXECUTION_KEYS]
     series = [k for k in varying_keys(df) if k not in EXECUTION_KEYS]  # e.g. arch, vocab: one line per family
     by_base: dict[tuple, list[tuple[tuple, CellStats]]] = {}
     for shape, variants in cell_table(df, timing).items():
         for cell in variants.values():
             if cell.status == "ok" and cell.median_ms:
-                base = tuple(None if shape[i] != shape[i] else shape[i] for i in _BASE)  # NaN never equals NaN
+                base = tuple(None if shape[i] != shape[i] else shape[i] for i in base_at)  # NaN never equals NaN
                 by_base.setdefault(base, []).append((shape, cell))
     rows, heads = [], []
     resamples = 1000
@@ -268,15 +270,16 @@ def against_fastest_bf16(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> tuple
         return f"{cell.variant} {execution_label(dict(zip(SHAPE_KEYS, shape)))}"
 
     for base, cells in by_base.items():
-        where = dict(zip([SHAPE_KEYS[i] for i in _BASE], base))
+        where = dict(zip([SHAPE_KEYS[i] for i in base_at], base))
         bf16 = [(s, c) for s, c in cells if precision_of(c) == "bf16"]
         if bf16:
             fs, fastest = min(bf16, key=lambda sc: sc[1].median_ms)
             for shape, cell in cells:
                 rows.append({**where, "series": series_label(where, series), "n_params": cell.n_params,
-                             "cell": label(shape, cell), "stack": stack_of(cell),
+                             "cell": label(shape, cell), "variant": cell.variant, "stack": stack_of(cell),
                              "precision": precision_of(cell), "ms": cell.median_ms,
-                             "fastest BF16": label(fs, fastest), "BF16 ms": fastest.median_ms,
+                             "fastest BF16": label(fs, fastest), "fastest BF16 stack": stack_of(fastest),
+                             "BF16 ms": fastest.median_ms,
                              **ratio(fastest, cell), "n": len(cell.samples)})
         best: dict[str, tuple[tuple, CellStats]] = {}
         for shape, cell in cells:
