@@ -136,7 +136,7 @@ def test_sigint_stops_everything_and_the_rerun_resumes(tmp_path, sig, ray_cluste
     """SIGTERM (Slurm, Kubernetes, systemd) ends the driver as SIGINT does: no native stack dump, the summary,
     every process gone, and the same command resumes."""
     write_sweep(tmp_path, "int", f"""
-        grid: {{d_model: [32, 48, 64, 80]}}
+        grid: {{d_model: [32, 48, 64]}}
         fixed: {{{CPU_CELL % 600}}}
         resources: {{cpu: 1, gpu: 0}}
         launcher: warm
@@ -161,11 +161,11 @@ def test_sigint_stops_everything_and_the_rerun_resumes(tmp_path, sig, ray_cluste
         time.sleep(0.5)
     assert not left, [" ".join(p.cmdline())[:120] for p in left]
     done_before = len(records(tmp_path, "int"))
-    assert 1 <= done_before < 4
+    assert 1 <= done_before < 3
     run = _sweep(tmp_path, "int", address=ray_cluster)  # the resume reads the store, whichever Ray runs it
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert f"{done_before} already done" in " ".join(run.stdout.split())
-    assert sorted(r["d_model"] for r in records(tmp_path, "int")) == [32, 48, 64, 80]
+    assert sorted(r["d_model"] for r in records(tmp_path, "int")) == [32, 48, 64]
 
 
 def test_corrupt_record_files_are_quarantined_and_rerun(ray_cluster, tmp_path):
