@@ -101,6 +101,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         this_run = eff[eff["run_id"] == outcome.run_id]
         if not this_run.empty:
             console.print(describe(this_run.iloc[0]))
+    console.print(f"results: {outcome.results_path}")
     if store.record_files():
         try:
             from .report import answer, build_report
@@ -109,14 +110,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                                                                sweep_text=sweep.source_text)
             for line in report.headline if report else answer(store.root):
                 console.print(f"[bold]{line}[/]", soft_wrap=True)
-            console.print(f"results: {outcome.results_path}")
             if report:
                 console.print(f"report:  {report.html_path}")
         except Exception as exc:  # noqa: BLE001 - a failing report must not hide a finished sweep
-            console.print(f"results: {outcome.results_path}")
             logging.getLogger(__name__).error("report failed: %s", exc)
-    else:
-        console.print(f"results: {outcome.results_path}")
     for key in outcome.failed:
         console.print(f"[red]failed[/] {key}: {outcome.statuses[key]} (see {store.path('logs', key + '.log')})")
     for key in outcome.missing:
@@ -169,9 +166,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from trials.capability import probe
     from trials.fingerprint import fingerprint
     from trials.metrics import peak_tflops
+    from trials.nvml import power_and_clocks
 
     cap = probe("auto", want_te=True, want_torchao=True)
-    info = {"capability": cap.as_dict(), "fingerprint": fingerprint(cap.device_type)}
+    info = {"capability": cap.as_dict(), "fingerprint": fingerprint(cap.device_type), "power": power_and_clocks()}
     info["peaks_tflops"] = {p: peak_tflops(cap.gpu_name, p) for p in ("bf16", "fp8", "fp32")}
     try:
         import ray
@@ -196,6 +194,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print(f"torchao       {c['torchao_version'] or 'unavailable: ' + str(c['torchao_error'])}")
     for recipe, v in c["fp8"].items():
         print(f"fp8 {recipe_owner(recipe):7} {recipe:18} {'yes' if v['supported'] else 'no '}  {v['reason']}")
+    pw = info["power"]
+    print("power         " + (f"limit {pw['power_limit_w']:g} W, SM clock {pw['sm_clock_mhz']} of {pw['sm_clock_max_mhz']} "
+                              "MHz now" if pw["why"] is None else f"unknown: {pw['why']}"))
     print(f"peaks         {info['peaks_tflops']} TFLOP/s (dense datasheet; JUICYTALK_PEAK_TFLOPS overrides)")
     print(f"ray           {info['ray_version']}")
     if "cluster_resources" in info:

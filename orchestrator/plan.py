@@ -43,9 +43,9 @@ def unsupported_here(sweep: Sweep) -> dict[str, str]:
     caps: dict[str, Any] = {}
     out = {}
     for cell in sweep.cells:
-        cap = caps.get(cell.spec.device) or caps.setdefault(cell.spec.device,
-                                                            probe(cell.spec.device, want_te, want_torchao))
-        reason = resolve(cell.spec, cap).unsupported
+        if cell.spec.device not in caps:  # one probe per requested device
+            caps[cell.spec.device] = probe(cell.spec.device, want_te, want_torchao)
+        reason = resolve(cell.spec, caps[cell.spec.device]).unsupported
         if reason:
             out[cell.cell_id] = reason
     return out

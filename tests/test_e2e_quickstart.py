@@ -181,3 +181,4 @@ def test_doctor_on_cpu():
     # torchao's FP8 runs on this torch's CPU float8 matmul: each recipe says yes, from the installed torchao
     assert all(f"fp8 torchao {recipe:18} yes" in lines[recipe] for recipe in ("tensorwise", "rowwise"))
     assert "torchao       0." in run.stdout
+    assert "power         unknown: NVML unavailable (no NVIDIA driver here)" in run.stdout

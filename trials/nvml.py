@@ -72,3 +72,23 @@ def compute_processes(nv: Any, device: Any) -> list[tuple[int, int | None]]:
     """(pid, bytes used) of every compute process on ``device``."""
     return [(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory))
             for p in nv.nvmlDeviceGetComputeRunningProcesses(device)]
+
+
+def power_and_clocks(index: int = 0) -> dict[str, Any]:
+    """The power limit in force and the SM clock (now and its maximum) of GPU ``index``; ``why`` says why
+    they are missing where NVML cannot tell (no GPU, no driver). A number without its cap and clock
+    cannot be compared with anyone else's: a power-capped H200 runs a long BF16 GEMM loop well below
+    its maximum clock."""
+    out: dict[str, Any] = {"power_limit_w": None, "sm_clock_mhz": None, "sm_clock_max_mhz": None, "why": None}
+    with session() as nv:
+        if nv is None:
+            out["why"] = "NVML unavailable (no NVIDIA driver here)"
+            return out
+        try:
+            device = nv.nvmlDeviceGetHandleByIndex(index)
+            out.update(power_limit_w=nv.nvmlDeviceGetEnforcedPowerLimit(device) / 1000.0,
+                       sm_clock_mhz=int(nv.nvmlDeviceGetClockInfo(device, nv.NVML_CLOCK_SM)),
+                       sm_clock_max_mhz=int(nv.nvmlDeviceGetMaxClockInfo(device, nv.NVML_CLOCK_SM)))
+        except Exception as exc:  # noqa: BLE001 - NVML errors vary by driver, container and MIG mode
+            out["why"] = f"NVML: {type(exc).__name__}: {exc}"
+    return out
