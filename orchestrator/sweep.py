@@ -217,6 +217,9 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
         if key == "gpu" and value != int(value):
             raise err(("resources", "gpu"), "must be a whole number: fractional GPUs share a device and "
                       "make every timing wrong")
+        if key == "gpu" and value > 1:  # a trial spans one GPU: more would sit idle beside a one-GPU number
+            raise err(("resources", "gpu"), f"must be 0 or 1: a trial runs on one GPU, so gpu: {value:g} would "
+                      "hold the others idle while its record looks like a multi-GPU result")
         resources[key] = int(value) if key == "gpu" else value
     if resources["cpu"] <= 0:
         raise err(("resources", "cpu"), "must be > 0")

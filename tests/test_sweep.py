@@ -56,6 +56,7 @@ def test_cell_id_is_stable_and_complete():
     ("name: x\ngrid:\n  precision: [bf16, fp4]\n", "grid.precision", 3),
     ("name: x\ngrid: {d_model: [64]}\nfixed:\n  n_layers: [2, 4]\n", "fixed.n_layers", 4),
     ("name: x\ngrid: {d_model: [64]}\nresources: {gpu: 0.5}\n", "resources.gpu", 3),
+    ("name: x\ngrid: {d_model: [64]}\nresources: {gpu: 2}\n", "resources.gpu", 3),  # one GPU per trial
     ("name: x\ngrid: {d_model: [64]}\nsamples: 0\n", "samples", 3),
     ("name: ../../etc\ngrid: {d_model: [64]}\n", "name", 1),
     ("name: x\ngrid: {d_model: [64]}\nname: y\n", "name", 3),
