@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from .backends import BACKENDS, RECIPES, STACKS, recipe_owner
+from .backends import BACKENDS, RECIPES, STACKS, fp8_stacks, recipe_owner
 from .typecheck import WANTED, matches
 
 PRECISIONS = ("fp32", "bf16", "fp8")
@@ -185,7 +185,7 @@ class TrialSpec:
             fp8 = stack or STACKS["te"]
             if not fp8.recipes:
                 raise SpecError("backend", f"{self.backend} has no FP8 path; fp8 needs backend "
-                                f"{' or '.join(s.name for s in STACKS.values() if s.recipes)} (or auto)")
+                                f"{' or '.join(fp8_stacks())} (or auto)")
             if self.recipe not in fp8.recipes:
                 raise SpecError("recipe", f"{self.recipe} is a {recipe_owner(self.recipe)} recipe; backend "
                                 f"{self.backend} takes {', '.join(fp8.recipes)}")

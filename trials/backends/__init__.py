@@ -29,18 +29,16 @@ class Stack:
     needs_cuda: bool  # the backend itself needs a GPU (else only its FP8 may)
     infer: bool  # builds the inference workload
     graphs: bool  # ``cuda_graphs: true`` applies
-    about: str
 
 
 STACKS: dict[str, Stack] = {s.name: s for s in (
     # TE: delayed and current scaling on Ada/Hopper, block scaling on Hopper, MXFP8 and NVFP4 on Blackwell.
     Stack("te", {"delayed": "8.9", "current": "8.9", "block": "9.0", "mxfp8": "10.0", "nvfp4": "10.0"}, "te",
-          compiles=False, needs_cuda=True, infer=True, graphs=True, about="Transformer Engine"),
-    Stack("torch", {}, "torch", compiles=True, needs_cuda=False, infer=True, graphs=True,
-          about="the pure-PyTorch twin"),
+          compiles=False, needs_cuda=True, infer=True, graphs=True),
+    Stack("torch", {}, "torch", compiles=True, needs_cuda=False, infer=True, graphs=True),
     # torchao's recipe names (Float8LinearConfig.from_recipe_name); float8 matmuls need sm_89+ on GPUs.
     Stack("torchao", {"tensorwise": "8.9", "rowwise": "8.9", "rowwise_with_gw_hp": "8.9"}, "torch",
-          compiles=True, needs_cuda=False, infer=False, graphs=False, about="torchao.float8 on the twin"),
+          compiles=True, needs_cuda=False, infer=False, graphs=False),
 )}
 BACKENDS = ("auto", *STACKS)  # auto: te where Transformer Engine runs, else torch
 RECIPES = tuple(r for s in STACKS.values() for r in s.recipes)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from .. import memory, te_compat
+from ..backends import te as te_backend
 from ..capability import Resolution
 from ..data import ArithmeticSequences
 from ..decode import Generation, Generator
@@ -52,7 +53,7 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, An
     record.update(step.built.info)
     recipe = None
     if res.precision == "fp8":  # TE's (inference is built for te and torch only: spec.py refuses torchao)
-        recipe = te_compat.make_recipe(spec.recipe, spec.fp8_format, spec.amax_history_len, spec.amax_compute_algo)
+        recipe = te_backend.fp8_recipe(spec)
         record["fp8_recipe_repr"] = repr(recipe)
     data = ArithmeticSequences(spec.vocab, spec.seq_len, res.device, spec.seed)
     record["setup_s"] = time.perf_counter() - t_setup
