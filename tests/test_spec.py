@@ -41,7 +41,7 @@ def test_defaults_follow_d_model():
     ({"backend": "auto", "compile": True}, "compile"),
     ({"backend": "torch", "compile": True, "cuda_graphs": True}, "cuda_graphs"),
     ({"backend": "torchao", "precision": "fp8", "recipe": "rowwise", "cuda_graphs": True}, "cuda_graphs"),
-    ({"backend": "torchao", "precision": "fp8", "recipe": "tensorwise", "workload": "infer"}, "workload"),
+    ({"backend": "torchao", "precision": "fp8", "recipe": "tensorwise", "workload": "infer"}, "weights"),  # torchao serves FP8 weights only
     ({"cuda_graphs": True, "device": "cpu"}, "cuda_graphs"),
     ({"prompt_len": 300}, "prompt_len"),
     ({"arch": "mamba"}, "arch"),

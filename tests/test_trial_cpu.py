@@ -48,6 +48,20 @@ def test_tiny_trial_record(precision):
     assert rec["gen_tokens"] and len(rec["gen_tokens"]) == 8 + 4
     assert rec["torch_version"] and rec["started_at"] < rec["finished_at"]
     assert rec["duration_s"] >= rec["train_s"] + rec["bench_s"]
+    # why this number, on CPU: operators' self time by class, no energy (NVML measures GPU boards)
+    classes = {f: v for f, v in rec.items() if f.startswith("kernel_ms_") and f != "kernel_ms_total"}
+    assert classes["kernel_ms_gemm_bf16"] > 0 and classes["kernel_ms_attention"] > 0 and classes["kernel_ms_optimizer"] > 0
+    assert sum(classes.values()) == pytest.approx(rec["kernel_ms_total"])
+    assert rec["kernel_gap_ms"] == pytest.approx(rec["step_ms_p50"] - rec["kernel_ms_total"])
+    assert rec["kernel_ms_total"] < 3 * rec["step_ms_p50"] and rec["profile_steps"] == 3 and rec["breakdown_why"] is None
+    assert {k["class"] for k in json.loads(rec["kernel_table"])} <= {f.removeprefix("kernel_ms_") for f in classes}
+    assert rec["energy_j_per_step"] is None and "CPU" in rec["energy_why"]
+
+
+def test_profile_false_leaves_the_breakdown_out_and_says_so():
+    rec = run_trial(TrialSpec(precision="fp32", profile=False, **TINY))
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["kernel_ms_total"] is None and rec["kernel_table"] is None and rec["breakdown_why"] == "profile: false"
 
 
 def test_llama_trial_at_a_large_vocabulary_learns_and_counts_its_flops():
@@ -210,6 +224,21 @@ def test_torchao_float8_trial_converts_the_block_linears_and_keeps_the_head():
                                                                                              "tensorwise")
     assert rec["fp8_converted_modules"] == 4 and json.loads(rec["fp8_skipped_modules"]) == ["head"]  # qkv proj fc1 fc2
     assert rec["torchao_version"] and all(math.isfinite(v) for v in rec["loss_curve"])
+
+
+def test_torchao_serving_is_refused_in_one_line_where_it_cannot_run_and_unsupported_on_cpu():
+    from trials import SpecError
+
+    infer = dict(workload="infer", backend="torchao", precision="fp8", d_model=64, seq_len=32, batch_size=2,
+                 gen_len=4, prompt_len=8)
+    with pytest.raises(SpecError, match="weights: fp8") as exc:
+        TrialSpec(recipe="rowwise", **infer)
+    assert exc.value.field == "weights"
+    with pytest.raises(SpecError, match="infer serves torchao recipes tensorwise, rowwise") as exc:
+        TrialSpec(recipe="rowwise_with_gw_hp", weights="fp8", **infer)
+    assert exc.value.field == "recipe"
+    rec = run_trial(TrialSpec(recipe="tensorwise", weights="fp8", device="auto", **infer))
+    assert rec["status"] == "unsupported" and "CUDA GPUs only" in rec["error"]
 
 
 def test_a_te_recipe_on_torchao_is_one_line_and_exit_2():

@@ -150,6 +150,9 @@ def resolve(spec: TrialSpec, cap: Capability) -> Resolution:
         ok, reason = cap.fp8.get(spec.recipe, (False, "not probed"))
         if not ok:
             return no(f"fp8 recipe {spec.recipe}: {reason or 'not supported on this GPU'}")
+        if spec.workload == "infer" and STACKS[backend].serve_needs_cuda and device != "cuda":
+            return no(f"{backend} serves FP8 on CUDA GPUs only (compute capability "
+                      f"{STACKS[backend].recipes[spec.recipe]}+)")
     if spec.precision == "bf16" and device == "cuda" and not torch.cuda.is_bf16_supported():
         return no("bf16 is not supported on this GPU")
     return Resolution(device, backend, spec.precision, recipe)

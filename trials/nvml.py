@@ -1,7 +1,7 @@
 """NVML in one place: a session that is None (never a crash) where NVML or its driver is missing.
 
 JuicyTalk asks NVML about the GPUs a trial ran on: memory charged to a process, other processes on
-the device, the driver version. ``nvidia-ml-py`` (imported as ``pynvml``) is the package the GPU
+the device, the driver version, the energy counter, power draw, clocks and why they are held down. ``nvidia-ml-py`` (imported as ``pynvml``) is the package the GPU
 hosts carry; on CPU machines it imports but ``nvmlInit`` fails, and every answer here is None.
 """
 
@@ -86,9 +86,46 @@ def power_and_clocks(index: int = 0) -> dict[str, Any]:
             return out
         try:
             device = nv.nvmlDeviceGetHandleByIndex(index)
-            out.update(power_limit_w=nv.nvmlDeviceGetEnforcedPowerLimit(device) / 1000.0,
-                       sm_clock_mhz=int(nv.nvmlDeviceGetClockInfo(device, nv.NVML_CLOCK_SM)),
-                       sm_clock_max_mhz=int(nv.nvmlDeviceGetMaxClockInfo(device, nv.NVML_CLOCK_SM)))
+            limit, top = limits(nv, device)
+            out.update(power_limit_w=limit, sm_clock_mhz=clock_sample(nv, device)[0], sm_clock_max_mhz=top)
         except Exception as exc:  # noqa: BLE001 - NVML errors vary by driver, container and MIG mode
             out["why"] = f"NVML: {type(exc).__name__}: {exc}"
     return out
+
+
+# Clock-event reasons (NVML's bitmask) -> (name, group). The groups are what the record reports:
+# "power" (a power cap or brake), "thermal", and "other" (sync boost, application clocks, ...).
+# GPU idle is left out: every window's edges see it.
+CLOCK_EVENTS: tuple[tuple[int, str, str], ...] = (
+    (0x2, "applications_clocks", "other"),
+    (0x4, "sw_power_cap", "power"),
+    (0x8, "hw_slowdown", "other"),
+    (0x10, "sync_boost", "other"),
+    (0x20, "sw_thermal", "thermal"),
+    (0x40, "hw_thermal", "thermal"),
+    (0x80, "hw_power_brake", "power"),
+    (0x100, "display_clocks", "other"),
+)
+
+
+def clock_event_names(mask: int) -> list[str]:
+    """The clock-event reasons set in ``mask``, as ``group:name`` (e.g. ``power:sw_power_cap``)."""
+    return [f"{group}:{name}" for bit, name, group in CLOCK_EVENTS if mask & bit]
+
+
+def energy_mj(nv: Any, device: Any) -> int:
+    """The board's energy counter since the driver loaded, mJ (updates every 20-100 ms)."""
+    return int(nv.nvmlDeviceGetTotalEnergyConsumption(device))
+
+
+def clock_sample(nv: Any, device: Any) -> tuple[int, int, int]:
+    """(SM clock MHz, power draw mW, clock-event reason mask) now."""
+    reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+    return (int(nv.nvmlDeviceGetClockInfo(device, nv.NVML_CLOCK_SM)), int(nv.nvmlDeviceGetPowerUsage(device)),
+            int(reasons(device)))
+
+
+def limits(nv: Any, device: Any) -> tuple[float, int]:
+    """(power limit in force W, maximum SM clock MHz)."""
+    return (nv.nvmlDeviceGetEnforcedPowerLimit(device) / 1000.0,
+            int(nv.nvmlDeviceGetMaxClockInfo(device, nv.NVML_CLOCK_SM)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from .kernels import CLASSES
 from .typecheck import matches
 
 SCHEMA_VERSION = 1
@@ -59,7 +60,8 @@ FIELDS: list[Field] = [
     _f("amax_compute_algo", "str", "Delayed scaling: max or most_recent."),
     _f("te_layer", "str", "TE block granularity: transformer_layer (one fused te.TransformerLayer) or modules "
        "(te.LayerNormLinear, te.DotProductAttention, te.Linear, te.LayerNormMLP)."),
-    _f("weights", "str", "Inference weights: bf16 (high precision) or fp8 (TE quantized_model_init; fp8 cells only)."),
+    _f("weights", "str", "Inference weights: bf16 (high precision) or fp8 (TE's quantized_model_init, torchao's quantize_; fp8 "
+       "cells only)."),
     _f("cuda_graphs", "bool", "Forward+backward captured as CUDA graphs (infer: the decode step)."),
     _f("compile", "bool", "The model ran torch.compile'd (torch and torchao backends); compiling is in first_step_s."),
     _f("workload", "str", "train (training steps) or infer (prefill + KV-cached decode)."),
@@ -71,6 +73,7 @@ FIELDS: list[Field] = [
     _f("gen_len", "int", "Tokens decoded greedily in the generation check (infer: tokens generated per request)."),
     _f("prompt_len", "int", "Prompt tokens for the generation check (infer: the prefill length)."),
     _f("seed", "int", "Seed of weights and data."),
+    _f("profile", "bool", "A few steps profiled after timing for the kernel breakdown (kernel_ms_* fields)."),
     _f("device", "str", "Requested device: auto, cuda or cpu."),
     # -- what actually ran
     _f("effective_device", "str", "Device the trial ran on."),
@@ -113,6 +116,33 @@ FIELDS: list[Field] = [
     _f("mfu_precision_peak", "float", "model_tflops / peak_tflops_precision."),
     _f("host_ms_per_step", "float", "Host time to issue one step from an idle GPU, ms."),
     _f("launch_bound", "bool", "GPU waits on the host: host_ms_per_step >= 0.8 * step_ms_p50 (null on CPU)."),
+    # -- energy, power and clocks (trials/energy.py): a window of its own right after timing
+    _f("energy_window_s", "float", "Length of the energy window: the timed step (infer: a whole generation) repeated "
+       "for at least 1 s, edges on ticks of NVML's energy counter, s."),
+    _f("energy_window_calls", "int", "Steps (infer: generations) in the energy window."),
+    _f("energy_j_per_step", "float", "Board energy per step (infer: per generation, prefill included), J."),
+    _f("tokens_per_j", "float", "Tokens per joule: tokens_per_step (infer: batch_size * gen_len generated tokens) "
+       "/ energy_j_per_step."),
+    _f("power_mean_w", "float", "Mean board power over the energy window (energy / window length), W."),
+    _f("power_max_w", "float", "Highest sampled power draw in the window, W."),
+    _f("sm_clock_mean_mhz", "float", "SM clock over the window, sampled every 20 ms, mean, MHz."),
+    _f("sm_clock_min_mhz", "int", "Lowest sampled SM clock in the window, MHz."),
+    _f("sm_clock_max_mhz", "int", "The GPU's maximum SM clock, MHz."),
+    _f("power_limit_w", "float", "Power limit in force (NVML's enforced limit), W."),
+    _f("clock_limits", "str", "Clock-event reasons seen in the window, group:name comma-separated (power:sw_power_cap, "
+       "thermal:hw_thermal, other:...; empty: none; GPU idle is not listed)."),
+    _f("energy_gpu_shared", "bool", "Another process used the GPU at the end of the window (energy is board-wide)."),
+    _f("energy_why", "str", "Why the energy fields are null (CPU trial, NVML or its counter missing)."),
+    # -- where the step goes (trials/kernels.py): a few steps profiled after timing (infer: per decode step)
+    *[_f(f"kernel_ms_{c}", "float", f"Kernel time per step in class {c}: {doc}, ms (CPU: aten operators' self time).")
+      for c, doc in CLASSES.items()],
+    _f("kernel_ms_total", "float", "All kernel time per step (the classes' sum), ms."),
+    _f("kernel_gap_ms", "float", "step_ms_p50 (infer: decode_ms_per_token_p50) - kernel_ms_total: the GPU idle "
+       "within a step (waiting on the host); negative within the profiler's noise."),
+    _f("profile_steps", "int", "Steps profiled (infer: generations, and as many prefills)."),
+    _f("profile_s", "float", "Wall time of the profiled steps, profiler start-up included, s."),
+    _f("kernel_table", "str", "JSON list of the step's largest kernels: name, class, ms per step, calls per step."),
+    _f("breakdown_why", "str", "Why the kernel breakdown is null (profile: false, a failure of the profiler)."),
     # -- inference (workload infer)
     _f("prefill_times_ms", "list[float]", "infer: every timed prefill (prompt_len tokens x batch), ms."),
     _f("decode_times_ms", "list[float]", "infer: every timed decode step (one token per row), ms."),
@@ -122,7 +152,7 @@ FIELDS: list[Field] = [
     _f("decode_ms_per_token_p90", "float", "infer: 90th percentile decode step, ms."),
     _f("prefill_tokens_per_s", "float", "infer: batch_size * prompt_len / mean prefill time."),
     _f("decode_tokens_per_s", "float", "infer: batch_size / mean decode step time."),
-    _f("decode_rows", "int", "infer: rows decoded (batch_size, rounded up to a multiple of 8 for FP8 GEMMs)."),
+    _f("decode_rows", "int", "infer: rows decoded (batch_size; FP8 cells round it up to their stack's fp8_rows: te 8, torchao 16)."),
     _f("weight_bytes", "int", "infer: device memory the inference model's weights take (FP8 data and scales "
        "included; storage size on CPU)."),
     _f("kv_cache_bytes", "int", "infer: the KV cache's memory (rows x positions x layers x K and V)."),

@@ -20,7 +20,7 @@ DEVICES = ("auto", "cuda", "cpu")
 ARCHS = ("gpt", "llama")  # gpt: the tutorial's MiniGPT; llama: RMSNorm, SwiGLU, GQA, RoPE, no biases
 TE_LAYERS = ("transformer_layer", "modules")  # one fused te.TransformerLayer, or TE's modules composed
 WORKLOADS = ("train", "infer")  # what a trial measures: training steps, or prefill + KV-cached decode
-WEIGHTS = ("bf16", "fp8")  # how an inference model stores its weights (fp8: TE's quantized_model_init)
+WEIGHTS = ("bf16", "fp8")  # how an inference model stores its weights (fp8: TE's quantized_model_init, torchao's quantize_)
 HEAD_DIM_MULTIPLE = 8  # fused attention kernels (and TE) need head dims in multiples of 8
 
 
@@ -70,9 +70,10 @@ class TrialSpec:
     amax_history_len: int = _on("variant", 16, "hist{}", only="te-fp8")
     amax_compute_algo: str = _on("variant", "max", "amax-{}", only="te-fp8")
     te_layer: str = _on("variant", "transformer_layer", "{}", only="te")
-    weights: str = _on("variant", "bf16", "{}-weights", only="te-fp8")
+    weights: str = _on("variant", "bf16", "{}-weights", only="fp8")
     cuda_graphs: bool = _on("execution", False)  # infer: the decode step is graphed
     compile: bool = _on("execution", False, only="compiles")  # torch.compile of the model (torch, torchao)
+    profile: bool = _on("run", True)  # a few steps under torch.profiler after timing: the kernel breakdown
     workload: str = _on("schedule", "train")
     train_steps: int = _on("schedule", 60)
     lr: float = _on("schedule", 3e-4)
@@ -205,7 +206,7 @@ class TrialSpec:
             raise SpecError("compile", f"torch.compile applies to backend "
                             f"{' or '.join(s.name for s in STACKS.values() if s.compiles)}, not {self.backend} "
                             "(TE compiles its own fusers)")
-        if self.cuda_graphs and stack is not None and not stack.graphs:
+        if self.cuda_graphs and stack is not None and not stack.graphs_apply(self.workload):
             raise SpecError("cuda_graphs", f"backend {self.backend} runs with compile: true instead (its FP8 casts "
                             "need Inductor to be fast)")
         if self.cuda_graphs and self.compile:
@@ -223,6 +224,13 @@ class TrialSpec:
                                 f"{', '.join(s.name for s in STACKS.values() if s.infer)}, not {self.backend}")
             if self.compile:
                 raise SpecError("compile", "infer runs eager or CUDA-graphed decode; use compile: false")
+            fp8 = stack or STACKS["te"]
+            if self.precision == "fp8" and not fp8.serves(self.recipe):
+                raise SpecError("recipe", f"infer serves {fp8.name} recipes "
+                                f"{', '.join(r for r in fp8.recipes if fp8.serves(r))}, not {self.recipe}")
+            if self.precision == "fp8" and self.backend == "torchao" and self.weights != "fp8":
+                raise SpecError("weights", "torchao serves FP8 weights (quantize_ with dynamic FP8 activations); "
+                                "use weights: fp8")
             if self.prompt_len + self.gen_len > self.seq_len:
                 raise SpecError("gen_len", f"prompt_len + gen_len must be <= seq_len={self.seq_len} (the KV cache and "
                                 f"positions end there), got {self.prompt_len} + {self.gen_len}")

@@ -18,11 +18,11 @@ import pyarrow as pa
 from trials.atomic import write_text_atomic
 
 from ..store import read_results
-from . import charts
-from .analysis import Pairs, against_fastest_bf16, compare_runs, crossover, pair_cells, prepare, ways_that_ran
+from .analysis import (DECODE_STEP, TRAIN_STEP, Pairs, against_fastest_bf16, compare_runs, crossover, pair_cells,
+                       prepare, ways_that_ran)
 from .headline import headline
 from .inference import inference_pairs, split
-from .render import export_pngs, markdown_tables, summary_sections, write_csv, write_html
+from .why import breakdown
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,10 @@ def _load(path: str) -> pd.DataFrame:
 
 def build_report(path: str, out_html: str | None = None, png_dir: str | None = None,
                  compare_dir: str | None = None, sweep_text: str | None = None, plotlyjs: str | None = None) -> Report:
+    # plotly only here: the headline (``answer``) works on GPU hosts that have no plotly
+    from . import charts
+    from .render import export_pngs, markdown_tables, summary_sections, write_csv, write_html
+
     t0 = time.perf_counter()
     src = Path(path).expanduser().resolve()
     base_dir = src if src.is_dir() else src.parent
@@ -70,9 +74,12 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
     if sweep_text is None and (base_dir / "sweep.yaml").is_file():
         sweep_text = (base_dir / "sweep.yaml").read_text()
 
+    steps, tokens = breakdown(train, TRAIN_STEP), breakdown(infer, DECODE_STEP)  # empty where nothing was profiled
     figures = [] if train.empty else [
         ("fp8_speedup", charts.speedup_chart(pairs)),
         *([("vs_fastest_bf16", charts.fastest_chart(fastest[0]))] if not fastest[0].empty else []),
+        *([("step_breakdown", charts.breakdown_chart(steps, "Where the training step goes: ms per step by kernel "
+                                                     "class, and the GPU idle"))] if not steps.empty else []),
         ("step_time", charts.step_time_chart(train)),
         ("throughput", charts.throughput_chart(train)),
         ("mfu", charts.mfu_chart(train)),
@@ -82,10 +89,14 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
     inference = inference_pairs(infer)
     if inference is not None:
         figures += [
-            ("decode_speedup", charts.speedup_chart(inference.decode, "FP8 decode speedup over TE BF16 vs model scale (95% "
+            ("decode_speedup", charts.speedup_chart(inference.decode, "FP8 decode speedup over BF16 of the same stack vs model "
+                                                    "scale (95% "
                                                     "bootstrap intervals)", "BF16 ms per token / FP8 ms per token")),
             ("decode_throughput", charts.decode_chart(infer)),
-            ("prefill_speedup", charts.speedup_chart(inference.prefill, "FP8 prefill speedup over TE BF16 vs model scale",
+            *([("decode_breakdown", charts.breakdown_chart(tokens, "Where the decode step goes: ms per token by "
+                                                           "kernel class, and the GPU idle"))] if not tokens.empty else []),
+            ("prefill_speedup", charts.speedup_chart(inference.prefill, "FP8 prefill speedup over BF16 of the same stack vs "
+                                                     "model scale",
                                                      "BF16 prefill ms / FP8 prefill ms")),
         ]
     figures.append(("status", charts.status_chart(df)))

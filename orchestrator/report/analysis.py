@@ -307,13 +307,23 @@ def crossover(xs: list[float], ys: list[float]) -> float | None:
     return None
 
 
+# What a number was measured under, shown for both sides of a comparison: a cap or a clock that differ
+# can explain a changed step time by themselves.
+CONDITIONS = ("power_limit_w", "sm_clock_mean_mhz")
+
+
+def _condition(group: pd.DataFrame, name: str) -> float | None:
+    values = group[name].dropna() if name in group else []
+    return float(np.median(values)) if len(values) else None
+
+
 def compare_runs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     """Per cell present in both: time ratio B/A with a bootstrap interval; 'changed' when it excludes 1."""
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     rows = []
     a_ok, b_ok = a[a["status"] == "ok"], b[b["status"] == "ok"]
     columns = ["cell_id", "cell_label", "variant", "n_params", "a_ms", "b_ms", "ratio_b_over_a", "ci_low", "ci_high",
-               "changed"]
+               "changed", *[f"{side}_{c}" for side in "ab" for c in CONDITIONS]]
     for cid, ga in a_ok.groupby("cell_id"):
         gb = b_ok[b_ok["cell_id"] == cid]
         if gb.empty:
@@ -327,7 +337,8 @@ def compare_runs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
         first = ga.iloc[0]
         rows.append({"cell_id": cid, "cell_label": first["cell_label"], "variant": first["variant"],
                      "n_params": first["n_params"], "a_ms": _median(sa), "b_ms": _median(sb), "ratio_b_over_a": ratio,
-                     "ci_low": lo, "ci_high": hi, "changed": bool(lo > 1.0 or hi < 1.0)})
+                     "ci_low": lo, "ci_high": hi, "changed": bool(lo > 1.0 or hi < 1.0),
+                     **{f"{side}_{c}": _condition(g, c) for side, g in (("a", ga), ("b", gb)) for c in CONDITIONS}})
     return pd.DataFrame(rows, columns=columns)
 
 

@@ -258,3 +258,19 @@ def compare_chart(cmp: pd.DataFrame, label_a: str, label_b: str) -> go.Figure:
     fig.update_xaxes(title_text="Cell", type="category")
     fig.update_yaxes(title_text="Step-time ratio (B / A; < 1 means B is faster)")
     return note_if_empty(fig, f"{label_a} and {label_b} share no cells: nothing to compare")
+
+
+def breakdown_chart(table: pd.DataFrame, title: str) -> go.Figure:
+    """Stacked bars: each profiled cell's ms per step by kernel class, and the GPU idle gap on top."""
+    from trials.kernels import CLASSES
+
+    fig = go.Figure()
+    if not table.empty:
+        x = [f"{r.cell_label} b{r.batch_size}" if r.batch_size != 32 else r.cell_label for r in table.itertuples()]
+        palette = ["#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#7f7f7f"]
+        for cls, col in zip(CLASSES, palette):
+            fig.add_bar(x=x, y=table[cls], name=cls, marker_color=col)
+        fig.add_bar(x=x, y=table["gap"].clip(lower=0), name="GPU idle (timed - kernels)", marker_color="#dddddd")
+    fig.update_layout(**{**LAYOUT, "height": 600}, title=title, barmode="stack", yaxis_title="ms per step")
+    fig.update_xaxes(tickangle=-35)
+    return note_if_empty(fig, "no profiled cells (profile: false, or records from before the breakdown)")

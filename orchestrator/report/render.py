@@ -13,8 +13,9 @@ import plotly.graph_objects as go
 from trials.atomic import write_text_atomic
 
 from ..efficiency import concurrent_trials, run_efficiency
-from .analysis import Pairs, crossover, knob_effects, per_layer_costs, varying_keys
+from .analysis import DECODE_STEP, TRAIN_STEP, Pairs, Timing, crossover, knob_effects, per_layer_costs, varying_keys
 from .inference import InferencePairs, inference_sections, split
+from .why import ENERGY_FIELDS, bounds, breakdown, conditions, energy_table
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,10 @@ TIMING_METHOD = (
     "sample's p50. Intervals: 95% percentile bootstrap of the ratio of medians, over samples when a cell "
     "has several, else over the trial's per-step times. Model FLOPs per step = 6·N_matmul·tokens + "
     "6·n_layers·seq_len·d_model·tokens (causal attention); MFU divides by the dense datasheet peak. "
-    "launch_bound: issuing one step takes the host at least 80% of the GPU's step time."
+    "launch_bound: issuing one step takes the host at least 80% of the GPU's step time. "
+    "After timing, never inside it: an energy window (the step repeated for >= 1 s, NVML's energy counter "
+    "read at ticks on both edges, SM clock and power sampled every 20 ms) and a kernel breakdown (a few "
+    "steps under torch.profiler, every kernel sorted into a class by its name)."
 )
 ENV_FIELDS = ["gpu_name", "compute_capability", "driver_version", "cuda_version", "torch_version", "te_version",
               "ray_version", "python_version", "juicytalk_version", "git_sha", "hostname"]
@@ -85,6 +89,7 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
                              "intervals (loss: over samples, so samples >= 2)", knobs))
             sections.append(("Recipes and formats: what changed", "a difference is beyond noise when the two 95% "
                              "intervals do not overlap", pd.DataFrame({"finding": findings})))
+    sections += why_sections(df, rows, TRAIN_STEP, "step", "training step")
     layers, estimates = per_layer_costs(df)
     if not layers.empty:
         sections.append(("Per-layer cost", "the same cell at two depths: per layer = (t_deep - t_shallow) / (L_deep - "
@@ -119,6 +124,13 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
                                        "te ms": gain["candidate_ms"].round(3), "gain": gain["ratio"].round(3),
                                        "CI low": gain["ci_low"].round(3), "CI high": gain["ci_high"].round(3)})))
     sections += inference_sections(infer, inference)
+    if inference is not None:
+        sections += why_sections(infer, inference.decode.rows, DECODE_STEP, "decode step", "decode step (per token)")
+    energy = energy_table(everything)
+    if not energy.empty:
+        sections.append(("Energy", "NVML's board energy over a window of >= 1 s of the timed step repeated (infer: whole "
+                         "generations), medians over samples; " + conditions(everything),
+                         energy.round({f: 2 for f in ENERGY_FIELDS})))
     cells = df.assign(peak_gib=df["peak_mem_allocated_bytes"] / 2**30).groupby(
         ["cell_label", "cell_id", "variant", "cuda_graphs", "d_model", "n_layers", *varying], dropna=False,
         sort=True).agg(
@@ -168,6 +180,23 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
         sections.append(("Comparison", "step-time ratio B/A per cell; changed = the 95% interval excludes 1",
                          c.drop(columns=["cell_id"])))
     return sections
+
+
+def why_sections(df: pd.DataFrame, pair_rows: pd.DataFrame, timing: Timing, what: str, title: str) -> list[Section]:
+    """"Where the <step> goes" and the bound of each FP8 pair (orchestrator/report/why.py)."""
+    out: list[Section] = []
+    table = breakdown(df, timing)
+    if not table.empty:
+        out.append((f"Where the {title} goes", f"ms per {what} by kernel class (a few steps under torch.profiler after "
+                    "timing, medians over samples); gap = timed p50 - kernels: the GPU idle, waiting on the host",
+                    table.round(3)))
+    b = bounds(df, pair_rows, timing)
+    if not b.empty:
+        out.append((f"The bound: what FP8's GEMMs allow ({what})", "bound = BF16 time / (BF16 time - its GEMMs + the FP8 "
+                    "cell's GEMMs + casts), casts = the change in cast + element-wise kernel time (both stacks fuse casts "
+                    "into element-wise kernels); measured above the bound: the rest of the step got faster too; energy = FP8 / BF16 joules per step, 95% interval over samples",
+                    b.round(3)))
+    return out
 
 
 MAX_PLAUSIBLE_FP8_SPEEDUP = 1.7  # end to end; published FP8 gains are ~1.1-1.5x for 1-10B models

@@ -2,7 +2,8 @@
 
     te       NVIDIA Transformer Engine: te.TransformerLayer (or TE's modules) under te.autocast
     torch    the pure-PyTorch twin: nn.Linear, SDPA; BF16 or FP32, no FP8
-    torchao  the twin with its Linears converted to torchao.float8's Float8Linear (as torchtitan does)
+    torchao  the twin with its Linears converted to torchao.float8's Float8Linear (as torchtitan does);
+             serving: its Linears quantized to FP8 weights with dynamic FP8 activations (quantize_)
 
 The table below is what the rest of JuicyTalk reads: the spec's validation (which recipes belong
 to which stack, where ``compile`` and inference apply), the sweep's collapse rules, capability
@@ -28,7 +29,17 @@ class Stack:
     compiles: bool  # ``compile: true`` applies (torch.compile of the model)
     needs_cuda: bool  # the backend itself needs a GPU (else only its FP8 may)
     infer: bool  # builds the inference workload
-    graphs: bool  # ``cuda_graphs: true`` applies
+    graphs: bool  # ``cuda_graphs: true`` applies to training (inference graphs its decode on every stack)
+    infer_recipes: tuple[str, ...] | None = None  # FP8 recipes inference serves (None: all of ``recipes``)
+    serve_needs_cuda: bool = False  # its FP8 inference runs on CUDA only (torchao's dynamic quantization)
+    fp8_rows: int = 8  # FP8 GEMMs need the token count in multiples of this (serving pads its batch to it)
+
+    def graphs_apply(self, workload: str) -> bool:
+        """``cuda_graphs: true`` is a way to run this stack's ``workload`` (every stack graphs its decode)."""
+        return self.graphs or workload == "infer"
+
+    def serves(self, recipe: str) -> bool:
+        return recipe in (self.recipes if self.infer_recipes is None else self.infer_recipes)
 
 
 STACKS: dict[str, Stack] = {s.name: s for s in (
@@ -37,8 +48,11 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           compiles=False, needs_cuda=True, infer=True, graphs=True),
     Stack("torch", {}, "torch", compiles=True, needs_cuda=False, infer=True, graphs=True),
     # torchao's recipe names (Float8LinearConfig.from_recipe_name); float8 matmuls need sm_89+ on GPUs.
+    # Serving: quantize_ with Float8DynamicActivationFloat8WeightConfig, per tensor or per row
+    # (rowwise_with_gw_hp differs from rowwise only in the backward pass).
     Stack("torchao", {"tensorwise": "8.9", "rowwise": "8.9", "rowwise_with_gw_hp": "8.9"}, "torch",
-          compiles=True, needs_cuda=False, infer=False, graphs=False),
+          compiles=True, needs_cuda=False, infer=True, graphs=False, infer_recipes=("tensorwise", "rowwise"),
+          serve_needs_cuda=True, fp8_rows=16),  # cuBLASLt's row-scaled FP8 GEMM refuses 8 rows on H200
 )}
 BACKENDS = ("auto", *STACKS)  # auto: te where Transformer Engine runs, else torch
 RECIPES = tuple(r for s in STACKS.values() for r in s.recipes)

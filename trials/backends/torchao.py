@@ -63,23 +63,47 @@ def _cpu_float8_matmul() -> str | None:
         return f"this torch ({torch.__version__}) has no float8 matmul on CPU: {type(exc).__name__}: {exc}"
 
 
+class _Filter:
+    """The Linears torchao converts: every block Linear with dims in multiples of 16, not the head.
+    Remembers which it took and which it kept, for the record."""
+
+    def __init__(self) -> None:
+        self.converted: list[str] = []
+        self.skipped: list[str] = []
+
+    def __call__(self, module: nn.Module, fqn: str) -> bool:
+        if not isinstance(module, nn.Linear):
+            return False
+        ok = (fqn not in KEEP_HIGH_PRECISION and module.in_features % FP8_DIM_MULTIPLE == 0
+              and module.out_features % FP8_DIM_MULTIPLE == 0)
+        (self.converted if ok else self.skipped).append(fqn)
+        return ok
+
+    def info(self) -> dict[str, Any]:
+        return {"torchao_version": version(), "fp8_converted_modules": len(self.converted),
+                "fp8_skipped_modules": json.dumps(self.skipped)}
+
+
 def build(spec: Any, precision: str, device: str) -> Built:
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     model = build_model(spec, "torch", "bf16" if precision == "fp8" else precision, device)
     if precision != "fp8":
         return Built(model, forward=compiled(model, spec), info={"torchao_version": version()})
-    converted: list[str] = []
-    skipped: list[str] = []
+    keep = _Filter()
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(spec.recipe), module_filter_fn=keep)
+    log.info("torchao %s: %d Linears in float8, kept %s", spec.recipe, len(keep.converted), keep.skipped)
+    return Built(model, forward=compiled(model, spec), info=keep.info())
 
-    def convert(module: nn.Module, fqn: str) -> bool:
-        ok = (isinstance(module, nn.Linear) and fqn not in KEEP_HIGH_PRECISION
-              and module.in_features % FP8_DIM_MULTIPLE == 0 and module.out_features % FP8_DIM_MULTIPLE == 0)
-        (converted if ok else skipped).append(fqn)
-        return ok
 
-    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(spec.recipe), module_filter_fn=convert)
-    log.info("torchao %s: %d Linears in float8, kept %s", spec.recipe, len(converted), skipped)
-    info = {"torchao_version": version(), "fp8_converted_modules": len(converted),
-            "fp8_skipped_modules": json.dumps(skipped)}
-    return Built(model, forward=compiled(model, spec), info=info)
+def quantize_for_serving(model: nn.Module, recipe: str) -> dict[str, Any]:
+    """Quantize ``model``'s Linears in place for inference: FP8 (e4m3) weights, each activation cast to
+    FP8 as it arrives, scales per tensor (``tensorwise``) or per row (``rowwise``), torchao's
+    ``Float8DynamicActivationFloat8WeightConfig``. Returns the record fields it sets."""
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, PerTensor, quantize_
+
+    granularity = {"tensorwise": PerTensor, "rowwise": PerRow}[recipe]()
+    keep = _Filter()
+    quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=granularity), filter_fn=keep)
+    log.info("torchao serving %s: %d Linears with FP8 weights, kept %s", recipe, len(keep.converted), keep.skipped)
+    return keep.info()

@@ -5,29 +5,34 @@
 2. The BF16 reference: a fresh inference model loaded with the trained weights generates greedily
    from ``batch_size`` prompts (KV cache); its tokens are what FP8 is compared with.
 3. The measured model: the reference itself (bf16 cells), the reference under FP8 autocast (fp8
-   compute, BF16 weights), or a model built under TE's ``quantized_model_init`` whose weights exist
-   only in FP8 (``weights: fp8``). Delayed scaling needs scales that describe the trained model's
+   compute, BF16 weights), a model built under TE's ``quantized_model_init`` whose weights exist
+   only in FP8 (``weights: fp8``), or (``backend: torchao``) the twin with its block Linears
+   quantized by torchao's ``quantize_``: FP8 weights, activations cast to FP8 per tensor or per row. Delayed scaling needs scales that describe the trained model's
    tensors first: a few forward passes in TE's calibration mode record amaxes, one FP8 forward turns
    them into scales, and the FP8-weight model loads that state (see ``_load_fp8_weights``).
 4. ``bench_steps`` timed generations after one untimed: prefill of ``prompt_len`` tokens, then
    ``gen_len - 1`` single-token decode steps (CUDA-graphed with ``cuda_graphs``).
 
-FP8 GEMMs need at least 8 rows (TE asserts it): FP8 cells decode ``batch_size`` rounded up to a
-multiple of 8 rows and count only ``batch_size`` of them in every throughput, as a TE deployment
-serving that batch would have to. ``decode_rows`` records it.
+FP8 GEMMs need a minimum row count (TE asserts 8; cuBLASLt's row-scaled FP8 GEMM, which torchao's
+rowwise calls, refuses 8 rows on the H200 and takes 16): FP8 cells decode ``batch_size`` rounded up
+to their stack's ``fp8_rows`` and count only ``batch_size`` of them in every throughput, as a
+deployment serving that batch would have to. ``decode_rows`` records it.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
 from typing import Any
 
 import torch
 
-from .. import memory, te_compat
+from .. import energy, kernels, memory, te_compat
+from ..backends import STACKS
 from ..backends import te as te_backend
+from ..backends import torchao as torchao_backend
 from ..capability import Resolution
 from ..data import ArithmeticSequences
 from ..decode import Generation, Generator
@@ -41,7 +46,7 @@ log = logging.getLogger(__name__)
 
 TRAIN_BATCH = field_default("batch_size")  # the training trial's batch
 CALIBRATION_BATCHES = 4  # forward passes in TE's calibration mode before FP8 scales are made
-FP8_ROWS = 8  # TE's FP8 GEMMs need the token count to be a multiple of 8
+PROFILED_GENERATIONS = 1  # a generation is gen_len - 1 decode steps already
 
 
 def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, Any], t0: float) -> None:
@@ -51,8 +56,9 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, An
     step = build_train_step(spec, res.backend, high, res.device)  # the spec's fp8 settings wait for step 3
     te = step.te
     record.update(step.built.info)
-    recipe = None
-    if res.precision == "fp8":  # TE's (inference is built for te and torch only: spec.py refuses torchao)
+    recipe = None  # TE's recipe object (te fp8 cells)
+    fp8 = res.precision == "fp8"
+    if fp8 and res.backend == "te":
         recipe = te_backend.fp8_recipe(spec)
         record["fp8_recipe_repr"] = repr(recipe)
     data = ArithmeticSequences(spec.vocab, spec.seq_len, res.device, spec.seed)
@@ -71,7 +77,8 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, An
     del step, trained
     memory.release(res.device)
 
-    rows = spec.batch_size if recipe is None else math.ceil(spec.batch_size / FP8_ROWS) * FP8_ROWS
+    pad = STACKS[res.backend].fp8_rows
+    rows = math.ceil(spec.batch_size / pad) * pad if fp8 else spec.batch_size
     prompts, stride = ArithmeticSequences(spec.vocab, spec.seq_len, res.device, spec.seed + 1).sequences(
         rows, spec.prompt_len)  # (rows, prompt_len)
     max_len = spec.prompt_len + spec.gen_len
@@ -86,6 +93,10 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, An
             del model
             memory.release(res.device)
             model, weight_bytes = _build(cfg, dtype, res.device, te, state, recipe)
+    elif fp8:  # torchao: a fresh twin, quantized as it is built, so weight_bytes counts FP8 weights only
+        del model
+        memory.release(res.device)
+        model, weight_bytes = _build(cfg, dtype, res.device, te, state, serve_recipe=spec.recipe, record=record)
 
     generator = Generator(model, rows, max_len, te, recipe, graphs=spec.cuda_graphs)
     generator.generate(prompts, spec.gen_len)  # warm-up: kernels chosen, caches filled
@@ -104,15 +115,33 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, An
                   peak_decode_mem_bytes=peak, timer="cuda_event" if res.device == "cuda" else "perf_counter",
                   gen_tokens=torch.cat([prompts[0], tokens[0]]).tolist(),
                   gen_stride_accuracy=_stride_accuracy(prompts, tokens, stride, data.vocab, spec.batch_size))
-    if recipe is not None:
+    if fp8:
         real = slice(0, spec.batch_size)
         record["gen_match_rate"] = float((tokens[real] == reference.tokens[real]).float().mean().item())
+    why_this_number(spec, res.device, generator, prompts, runs, record)
     record.update(status="ok", error=None)
 
 
-def _build(cfg: ModelConfig, dtype: torch.dtype, device: str, te: Any, state: dict,
-           fp8_recipe: Any = None) -> tuple[MiniGPT, int]:
-    """A fresh inference model holding ``state``; with ``fp8_recipe``, its TE weights exist only in FP8.
+def why_this_number(spec: TrialSpec, device: str, generator: Generator, prompts: torch.Tensor,
+                    runs: list[Generation], record: dict[str, Any]) -> None:
+    """After timing: the energy of whole generations (what a server pays per request, prefill included),
+    and the kernels of one decode step: a profiled generation less a profiled prefill, per decode step."""
+    def whole() -> Any:
+        return generator.generate(prompts, spec.gen_len)
+
+    def prefill() -> Any:
+        return generator.generate(prompts, 1)
+
+    per_call = statistics.fmean(g.prefill_ms + sum(g.decode_ms) for g in runs)
+    record.update(energy.measure(whole, energy.calls_for(per_call), device).fields(spec.batch_size * spec.gen_len))
+    record.update(kernels.breakdown_fields(spec.profile, whole, device, record["decode_ms_per_token_p50"],
+                                           baseline=prefill, per=spec.gen_len - 1, steps=PROFILED_GENERATIONS))
+
+
+def _build(cfg: ModelConfig, dtype: torch.dtype, device: str, te: Any, state: dict, fp8_recipe: Any = None,
+           serve_recipe: str | None = None, record: dict[str, Any] | None = None) -> tuple[MiniGPT, int]:
+    """A fresh inference model holding ``state``; with ``fp8_recipe``, its TE weights exist only in FP8;
+    with ``serve_recipe``, the twin's Linears are quantized by torchao (their fields go into ``record``).
 
     Returns the model and the bytes its weights take on the device (what building it allocated:
     FP8 data and scales included), or their storage size on CPU.
@@ -122,6 +151,8 @@ def _build(cfg: ModelConfig, dtype: torch.dtype, device: str, te: Any, state: di
         if fp8_recipe is None:
             model = MiniGPT(cfg, dtype, device, te).eval()
             model.load_state_dict(state)
+            if serve_recipe is not None:
+                record.update(torchao_backend.quantize_for_serving(model, serve_recipe))  # type: ignore[union-attr]
         else:
             with te_compat.quantized_model_init(te, fp8_recipe):
                 model = MiniGPT(cfg, dtype, device, te, fused_qkv=True).eval()

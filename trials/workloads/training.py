@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from typing import Any
 
+from .. import energy, kernels
 from ..bench import benchmark
 from ..capability import Resolution
 from ..data import ArithmeticSequences
@@ -55,8 +57,21 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, An
     if not math.isfinite(result.last_loss):
         record.update(status="diverged", error="non-finite loss during the benchmark")
         return
+    why_this_number(spec, res.device, step, batches, record)
 
     t_gen = time.perf_counter()
     gen = generation_check(model, spec.prompt_len, spec.gen_len, spec.seed + 1, te, recipe)
     record.update(gen_s=time.perf_counter() - t_gen, gen_tokens=gen.tokens,
                   gen_stride_accuracy=gen.stride_accuracy, status="ok", error=None)
+
+
+def why_this_number(spec: TrialSpec, device: str, step: Any, batches: list, record: dict[str, Any]) -> None:
+    """After timing, on the steps just timed: the energy window, then the kernel breakdown."""
+    turn = itertools.count()
+
+    def one() -> Any:
+        return step(*batches[next(turn) % len(batches)])
+
+    p50 = record["step_ms_p50"]
+    record.update(energy.measure(one, energy.calls_for(p50), device).fields(spec.tokens))
+    record.update(kernels.breakdown_fields(spec.profile, one, device, p50))

@@ -1,0 +1,171 @@
+"""Where a step's time goes: the kernels of a few profiled steps, sorted into classes by name.
+
+A speedup says how much faster; the breakdown says why not more. After the timed blocks (never
+inside them) :func:`profile` runs a few more steps under ``torch.profiler`` and sums every GPU
+kernel's device time, then :func:`classify` puts each kernel in one class by its name. Their sum
+beside the timed p50 is the step's GPU busy time; the rest is the GPU waiting (on the host, on a
+sync). On CPU the same is done with aten operators' self time, so every trial fills the same fields.
+
+The rules are declared once, here, in the order they are tried (the first match wins): an FP8 GEMM
+is a GEMM whose name carries an FP8 type, and is tried before the cast rules that also match FP8
+type names. ``tests/fixtures/h200_kernels.json`` holds real kernel names from the H200 (collected by
+``benchmarks/kernel_names.py``) and the class each must get.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+# Class -> what it holds. The record has one ``kernel_ms_<class>`` field per class (trials/record.py).
+CLASSES: dict[str, str] = {
+    "gemm_bf16": "GEMMs in BF16/FP16/FP32 (cuBLAS, CUTLASS, Triton templates; the LM head of FP8 models)",
+    "gemm_fp8": "GEMMs with FP8 operands",
+    "fp8_cast": "FP8 quantize, cast, transpose, amax and scale updates",
+    "attention": "fused attention (flash, cuDNN, memory-efficient SDPA)",
+    "elementwise": "normalisation, activations, residual adds, the loss, embeddings and other element-wise kernels",
+    "optimizer": "the optimizer step (fused or multi-tensor AdamW)",
+    "comm": "collectives (NCCL, gloo)",
+    "other": "memory copies and fills, KV-cache bookkeeping, and whatever no rule names",
+}
+
+_FP8 = r"(e4m3|e5m2|fp8|float8|f8f8)"
+_GEMM = r"(gemm|nvjet|cutlass|xmma|wgmma|cublas|triton_tem_|aten::(mm|addmm|bmm|baddbmm|_scaled_mm)$)"
+
+# (class, regular expression searched in the lower-cased kernel name), tried in this order.
+# cuBLASLt's Hopper GEMMs are "nvjet_sm90_<types>_...": tst = BF16 in, FP32 accumulate, BF16 out;
+# qqtst / qrtst = E4M3 x E4M3 (or x E5M2, the backward's gradients) in, BF16 out. Inductor names a
+# fused kernel after the ops it fused: torchao's casts show up as triton kernels with amax, clamp and
+# reciprocal (the scale) in their names, often fused with a GELU or a layer norm beside them.
+RULES: tuple[tuple[str, str], ...] = (
+    ("comm", r"nccl|gloo|c10d::|all_?reduce|all_?gather|reduce_?scatter"),
+    ("other", r"^(memcpy|memset)|kv_cache|^aten::(copy_|fill_|zero_|empty|to|_to_copy)$"),
+    ("gemm_fp8", rf"nvjet_sm\d+_[qr][qr]|{_GEMM}.*{_FP8}|{_FP8}.*{_GEMM}|^aten::_scaled_mm$"),
+    ("fp8_cast", r"^triton_.*(amax|_clamp_|reciprocal|abs_.*max|exp2_floor_log2|_scaled_mm)"),
+    ("attention", r"flash|fmha|attention|sdpa|attn|cudnn::fusion"),
+    # torchao's eager dynamic activation quantization: abs, max and clamp as kernels of their own
+    ("fp8_cast", r"absfunctor|launch_clamp_scalar|maxnanfunctor"),
+    ("fp8_cast", rf"{_FP8}|(?<!no)cast|quantiz|amax|scale_update|delayed_scaling"),
+    ("optimizer", r"adam|multi_tensor_apply|foreach|optimizer"),
+    ("gemm_bf16", _GEMM),
+    ("elementwise", r"elementwise|vectorized|unrolled|norm|gammabeta|gelu|silu|swiglu|relu|softmax|dropout|reduce|"
+                    r"triton_|embedding|grad_weight|index|cross_entropy|nll|cat|gather|scatter|argmax|aten::"),
+)
+_COMPILED = tuple((cls, re.compile(rx)) for cls, rx in RULES)
+assert all(cls in CLASSES for cls, _ in RULES)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STEPS = 3  # profiled steps: enough to average launch jitter, cheap next to the trial
+TABLE_ROWS = 40  # kernels kept in the record's kernel_table, largest first
+
+
+def classify(name: str) -> str:
+    """The class of one kernel (or CPU operator) name."""
+    low = name.lower()
+    for cls, rx in _COMPILED:
+        if rx.search(low):
+            return cls
+    return "other"
+
+
+@dataclass
+class Kernel:
+    name: str
+    cls: str
+    ms: float  # device (CPU: self) time per profiled step, ms
+    calls: float  # launches per step
+
+
+@dataclass
+class Breakdown:
+    """Per-class time of one step, and the kernels behind it."""
+
+    steps: int
+    profile_s: float
+    kernels: list[Kernel] = field(default_factory=list)
+
+    def ms(self) -> dict[str, float]:
+        out = dict.fromkeys(CLASSES, 0.0)
+        for k in self.kernels:
+            out[k.cls] += k.ms
+        return out
+
+    @property
+    def total_ms(self) -> float:
+        return sum(k.ms for k in self.kernels)
+
+    def minus(self, other: "Breakdown", per: int) -> "Breakdown":
+        """(self - other) / per, kernel by kernel: a decode token's share of a whole generation, from a
+        profiled generation and a profiled prefill. Kernels that differ by less than nothing are dropped."""
+        theirs = {k.name: k for k in other.kernels}
+        out = []
+        for k in self.kernels:
+            o = theirs.get(k.name)
+            ms, calls = (k.ms - o.ms, k.calls - o.calls) if o else (k.ms, k.calls)
+            if ms > 0:
+                out.append(Kernel(k.name, k.cls, ms / per, calls / per))
+        return Breakdown(self.steps, self.profile_s + other.profile_s, sorted(out, key=lambda k: -k.ms))
+
+    def fields(self, timed_ms: float) -> dict[str, Any]:
+        """The record's breakdown fields; ``timed_ms`` is the timed p50 the kernels are set against."""
+        out: dict[str, Any] = {f"kernel_ms_{c}": v for c, v in self.ms().items()}
+        table = [{"name": k.name[:240], "class": k.cls, "ms": round(k.ms, 5), "calls": round(k.calls, 2)}
+                 for k in self.kernels[:TABLE_ROWS]]
+        out.update(kernel_ms_total=self.total_ms, kernel_gap_ms=timed_ms - self.total_ms, profile_steps=self.steps,
+                   profile_s=self.profile_s, kernel_table=json.dumps(table))
+        return out
+
+
+def profile(run: Callable[[], Any], steps: int, device: str, host_ops: bool = False) -> Breakdown:
+    """Run ``run()`` ``steps`` times under torch.profiler; every kernel's time per call.
+
+    CUDA: kernel events (CUDA graph replays included, their kernels listed one by one), without
+    tracing host operators unless ``host_ops`` (they cost most of the profiler's time and the
+    breakdown does not read them); CPU: aten operators by self time (an operator's time without the
+    operators it called, so nothing counts twice).
+    """
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    cuda = device == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    activities = ([ProfilerActivity.CPU] if host_ops or not cuda else []) + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch_profile(activities=activities) as prof:
+        for _ in range(steps):
+            run()
+        if cuda:
+            torch.cuda.synchronize()
+    kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    kernels = []
+    for e in prof.key_averages():
+        if e.device_type != kind or e.is_user_annotation:
+            continue
+        us = e.self_device_time_total if cuda else e.self_cpu_time_total
+        if us > 0:
+            kernels.append(Kernel(e.key, classify(e.key), us / 1e3 / steps, e.count / steps))
+    kernels.sort(key=lambda k: -k.ms)
+    return Breakdown(steps, time.perf_counter() - t0, kernels)
+
+
+def breakdown_fields(enabled: bool, run: Callable[[], Any], device: str, timed_ms: float,
+                     baseline: Callable[[], Any] | None = None, per: int = 1, steps: int = DEFAULT_STEPS) -> dict[str, Any]:
+    """The record's breakdown of ``run``'s step; with ``baseline``, of (run - baseline) / ``per`` (a decode
+    token from a generation less its prefill). A profiler that fails costs the fields, never the trial."""
+    if not enabled:
+        return {"breakdown_why": "profile: false"}
+    try:
+        found = profile(run, steps, device)
+        if baseline is not None:
+            found = found.minus(profile(baseline, steps, device), per)
+        return found.fields(timed_ms)
+    except Exception as exc:  # noqa: BLE001 - CUPTI missing or busy (another profiler), driver limits
+        log.warning("kernel breakdown failed: %s: %s", type(exc).__name__, exc)
+        return {"breakdown_why": f"profiler: {type(exc).__name__}: {exc}"[:500]}
