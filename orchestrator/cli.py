@@ -40,7 +40,7 @@ def _quiet_ray_logs(verbose: bool) -> None:
 # -- sweep --------------------------------------------------------------------------------------
 def cmd_sweep(args: argparse.Namespace) -> int:
     from .lock import SweepLocked
-    from .runner import MAX_FAILURES, SweepInputError, run_sweep, work_items
+    from .runner import MAX_FAILURES, SweepInputError, run_sweep
     from .store import StorageFull, Store
     from .sweep import SweepError, load_sweep
 
@@ -58,7 +58,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
         gpu_memory = int(args.gpu_memory * 2**30) if args.gpu_memory else local_gpu_memory_bytes()
         rows = plan_rows(sweep, Store(storage, sweep.name), unsupported_here(sweep))
-        console.print(plan_table(sweep, rows, gpu_memory))
+        if rows:
+            console.print(plan_table(sweep, rows, gpu_memory))
         for row in rows:
             if row["unsupported"]:
                 console.print(f"[cyan]unsupported here[/] {row['label']}: {row['unsupported']} (it is recorded "
@@ -69,7 +70,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             console.print(f"[cyan]skipped[/] {asked}: {why}")
         for asked, why in sweep.collapsed:
             console.print(f"[dim]collapsed[/] {asked}: {why}")
-        console.print(f"{len(sweep.cells) * sweep.samples} trials; results go to "
+        if sweep.search is not None:
+            plan = sweep.search
+            console.print(f"search: the smallest {plan.axis} in {list(plan.points)} where {plan.label('variant')} "
+                          f"beats {plan.label('baseline')} by >= {plan.target:.2f}x; up to {plan.max_trials} trials "
+                          f"({plan.samples}-{plan.max_samples} samples per cell), chosen as results arrive",
+                          soft_wrap=True)
+        console.print(f"{len(sweep.cells) * sweep.samples} grid trials; results go to "
                       f"{Store(storage, sweep.name).root}")
         return 0
     from .progress import SweepProgress, summary_table
@@ -92,7 +99,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     store = Store(storage, sweep.name)
     records = store.read_records(["cell_id", "sample", "step_ms_p50", "error", *INPUT_COLUMNS])
-    console.print(summary_table(work_items(sweep, storage, args.launcher), outcome.statuses, records))
+    console.print(summary_table(outcome.items, outcome.statuses, records))
     console.print(f"{outcome.total} trials: {outcome.already_done} already done, {outcome.ran} run now, "
                   f"{len(outcome.failed)} failed, {len(outcome.missing)} missing; driver wall {outcome.wall_s:.1f}s "
                   "(Ray's start included)")
@@ -102,6 +109,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if not this_run.empty:
             console.print(describe(this_run.iloc[0]))
     console.print(f"results: {outcome.results_path}")
+    if outcome.search is not None:
+        console.print(f"[bold]search: {outcome.search.statement}[/]", soft_wrap=True)
     if store.record_files():
         try:
             from .report import answer, build_report

@@ -18,6 +18,7 @@ from rich.text import Text
 from trials.record import FINAL_STATUSES
 
 from .store import Store
+from .work import WorkItem
 
 WHY_CHARS = 100  # of a record's error, in the summary's "why" column
 _STYLE = {"ok": "green", "oom": "yellow", "unsupported": "cyan", "diverged": "magenta", "error": "red",
@@ -34,7 +35,7 @@ class SweepProgress:
         self._thread: threading.Thread | None = None
         self._live: Live | None = None
 
-    def start(self, store: Store, items: list[dict[str, Any]], already_done: set[str]) -> None:
+    def start(self, store: Store, items: list[WorkItem], already_done: set[str]) -> None:
         self.store, self.items, self.already_done = store, items, set(already_done)
         self.t0 = time.time()
         self._live = Live(self._render(), console=self.console, refresh_per_second=2, transient=False)
@@ -60,7 +61,7 @@ class SweepProgress:
     def _render(self) -> Group:
         statuses = self.store.statuses()
         running = self.store.running()
-        keys = [it["key"] for it in self.items]
+        keys = [it.key for it in self.items]
         done_now = [k for k in keys if statuses.get(k) in FINAL_STATUSES]
         failed = [k for k in keys if k in statuses and statuses[k] not in FINAL_STATUSES]
         new_done = [k for k in done_now if k not in self.already_done]
@@ -83,7 +84,7 @@ class SweepProgress:
         return Group(line, table)
 
 
-def summary_table(items: list[dict[str, Any]], statuses: dict[str, str], records: Any = None) -> Table:
+def summary_table(items: list[WorkItem], statuses: dict[str, str], records: Any = None) -> Table:
     """One row per trial: label, sample, status, p50 step time and, for a trial that is not ok, why
     (from the records: an unsupported cell's reason, an OOM, an exception)."""
     p50, why = {}, {}
@@ -97,9 +98,9 @@ def summary_table(items: list[dict[str, Any]], statuses: dict[str, str], records
         table.add_column(col)
     table.add_column("why", overflow="fold")
     for it in items:
-        status = statuses.get(it["key"], "missing")
-        value = p50.get(it["key"])
-        table.add_row(it["label"], str(it["sample"]), Text(status, style=_STYLE.get(status, "")),
-                      f"{value:.2f}" if isinstance(value, float) else "-", it["key"],
-                      "" if status == "ok" else why.get(it["key"], ""))
+        status = statuses.get(it.key, "missing")
+        value = p50.get(it.key)
+        table.add_row(it.label, str(it.sample), Text(status, style=_STYLE.get(status, "")),
+                      f"{value:.2f}" if isinstance(value, float) else "-", it.key,
+                      "" if status == "ok" else why.get(it.key, ""))
     return table

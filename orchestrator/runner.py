@@ -25,8 +25,10 @@ from trials.record import FINAL_STATUSES
 
 from .launchers.base import PACKAGE_ROOT
 from .lock import sweep_lock
-from .store import StorageFull, Store, trial_key, utc_stamp
+from .store import StorageFull, Store, utc_stamp
 from .sweep import Sweep
+from .search import Search
+from .work import Context, WorkItem, grid_items
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,8 @@ class SweepOutcome:
     missing: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     results_path: str | None = None
+    search: Any = None  # the crossover search's Answer (orchestrator/crossover.py), when the sweep has one
+    items: list[WorkItem] = field(default_factory=list)  # every (cell, sample) of the run: the grid's, the search's
 
     @property
     def failed(self) -> list[str]:
@@ -57,18 +61,15 @@ class SweepOutcome:
         return not self.missing and not self.failed
 
 
-def work_items(sweep: Sweep, storage: str, launcher: str | None = None) -> list[dict[str, Any]]:
+def work_items(sweep: Sweep) -> list[WorkItem]:
+    """The grid's (cell, sample) pairs."""
+    return grid_items(sweep.cells, sweep.samples)
+
+
+def run_context(sweep: Sweep, storage: str, launcher: str | None = None) -> Context:
     launch = {"launcher": launcher or sweep.launcher, "warm_max_trials": sweep.warm_max_trials,
               "compile_cache": sweep.compile_cache}
-    items = []
-    for cell in sweep.cells:
-        for sample in range(sweep.samples):
-            spec = cell.spec.to_dict()
-            spec["seed"] = cell.spec.seed + sample  # independent samples, same across the cells they pair with
-            items.append({"key": trial_key(cell.cell_id, sample), "cell_id": cell.cell_id, "sample": sample,
-                          "label": cell.label, "spec": spec, "storage": storage, "sweep_name": sweep.name,
-                          "timeout_s": sweep.trial_timeout_s, "launch": launch})
-    return items
+    return Context(storage=storage, sweep_name=sweep.name, timeout_s=sweep.trial_timeout_s, launch=launch)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,12 +182,12 @@ def check_shared_storage(ray: Any, store: Store) -> None:
 # ---------------------------------------------------------------------------------------------
 # The driver
 # ---------------------------------------------------------------------------------------------
-def param_space(items: list[dict[str, Any]]) -> dict[str, Any]:
+def param_space(items: list[WorkItem]) -> dict[str, Any]:
     """What Tune sees of each trial: its flattened spec, ``sample`` and ``cell_id`` (the ResultGrid's and
     trackers' columns). ``trial`` (the store key) is the grid; every other key is looked up from it."""
     from ray import tune
 
-    rows = {it["key"]: {**it["spec"], "sample": it["sample"], "cell_id": it["cell_id"]} for it in items}
+    rows = {it.key: it.config() for it in items}
     space: dict[str, Any] = {"trial": tune.grid_search(list(rows))}
     for name in next(iter(rows.values())):
         space[name] = tune.sample_from(lambda s, name=name: rows[s.config["trial"]][name])
@@ -213,25 +214,27 @@ def _stop_when_storage_is_full() -> Any:
     return StopOnFullStorage()
 
 
-def fit(ray: Any, sweep: Sweep, store: Store, items: list[dict[str, Any]], resources: dict[str, float],
-        max_concurrent: int | None, verbose: bool, run_id: str) -> None:
-    """Run ``items`` as Tune trials; raises :class:`StorageFull` when the store ran out of room."""
+def fit(ray: Any, sweep: Sweep, store: Store, context: Context, resources: dict[str, float],
+        max_concurrent: int | None, verbose: bool, items: list[WorkItem] | None = None, searcher: Any = None,
+        max_trials: int = 1) -> None:
+    """Run ``items`` (a grid) or what ``searcher`` proposes (at most ``max_trials``) as Tune trials;
+    raises :class:`StorageFull` when the store ran out of room."""
     from ray import tune
 
     from .trackers import build_callbacks
     from .trainable import STORAGE_FULL, TrialTrainable
 
-    by_key = {it["key"]: it for it in items}
-    trainable = tune.with_resources(tune.with_parameters(TrialTrainable, items=by_key),
+    trainable = tune.with_resources(tune.with_parameters(TrialTrainable, context=context),
                                     {"cpu": resources["cpu"], "gpu": resources.get("gpu", 0)})
     tuner = tune.Tuner(
         trainable,
-        param_space=param_space(items),
+        param_space=param_space(items) if items else {},
         tune_config=tune.TuneConfig(
-            num_samples=1,
+            num_samples=1 if items else max_trials,
+            search_alg=searcher,
             max_concurrent_trials=max_concurrent,
             reuse_actors=True,
-            trial_name_creator=lambda t: "{label}-s{sample}".format(**by_key[t.config["trial"]]),
+            trial_name_creator=lambda t: f"{t.config['trial']}",
             trial_dirname_creator=lambda t: t.config["trial"],
         ),
         run_config=tune.RunConfig(
@@ -241,7 +244,7 @@ def fit(ray: Any, sweep: Sweep, store: Store, items: list[dict[str, Any]], resou
             stop=_stop_when_storage_is_full(),
             # the store holds every result; a one-step trial has nothing to resume from
             checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False, checkpoint_frequency=0),
-            callbacks=build_callbacks(sweep.trackers, {"sweep": sweep.name, "run_id": run_id}),
+            callbacks=build_callbacks(sweep.trackers, {"sweep": sweep.name, "run_id": context.run["run_id"]}),
             verbose=1 if verbose else 0,
             log_to_file=True,
         ),
@@ -285,29 +288,41 @@ def _run_locked(sweep: Sweep, storage: str, address: str | None, restart: bool, 
     run = {"run_id": f"{started.replace('-', '').replace(':', '')}-{uuid.uuid4().hex[:6]}",
            "run_started_at": started, "run_gpus": None}
     store = prepare_store(sweep, storage, restart)
-    items = work_items(sweep, storage if "://" in storage else str(Path(storage).expanduser().resolve()), launcher)
+    context = run_context(sweep, storage if "://" in storage else str(Path(storage).expanduser().resolve()), launcher)
+    items = work_items(sweep)
     done = store.final_keys()
-    pending = [it for it in items if it["key"] not in done]
+    pending = [it for it in items if it.key not in done]
     log.info("%d trials, %d already have a final record, %d to run", len(items), len(items) - len(pending), len(pending))
-    if pending:
+    search = None if sweep.search is None else Search(sweep.search, store)
+    if pending or (search is not None and not search.finished):
         with ray_session(address, dashboard=dashboard, verbose=verbose) as ray:
             resources = check_resources(ray, sweep.resources)
             check_shared_storage(ray, store)
             run["run_gpus"] = int(ray.cluster_resources().get("GPU", 0)) if resources.get("gpu") else 0
-            for it in pending:
-                it["run"] = run
+            context = context.with_run(run)
             if progress is not None:
                 progress.start(store, items, done)
             try:
-                fit(ray, sweep, store, pending, resources, max_concurrent or sweep.max_concurrent, verbose,
-                    run["run_id"])
+                limit = max_concurrent or sweep.max_concurrent
+                if pending:
+                    fit(ray, sweep, store, context, resources, limit, verbose, items=pending)
+                if search is not None:
+                    search.refresh()  # the grid's records, just written, are the search's too
+                    if not search.finished:
+                        fit(ray, sweep, store, context, resources, limit, verbose, searcher=search.searcher(),
+                            max_trials=search.plan.max_trials)
             finally:
                 if progress is not None:
                     progress.stop()
+    if search is not None:
+        search.refresh()
+        items = items + [it for it in search.items() if it.key not in {i.key for i in items}]
+        store.write_text(store.path("search.json"), search.answer().to_json())
     statuses = store.statuses()
-    keys = {it["key"] for it in items}
+    keys = {it.key for it in items}
     path, _ = store.collect()
-    return SweepOutcome(total=len(items), ran=len(pending), already_done=len(items) - len(pending),
+    return SweepOutcome(total=len(items), ran=sum(1 for k in keys if k not in done),
+                        already_done=sum(1 for k in keys if k in done),
                         run_id=run["run_id"], statuses={k: v for k, v in statuses.items() if k in keys},
                         missing=sorted(keys - statuses.keys()), wall_s=time.perf_counter() - t0,
-                        results_path=path)
+                        results_path=path, search=None if search is None else search.answer(), items=items)

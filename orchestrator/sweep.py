@@ -9,6 +9,7 @@ A sweep file is YAML read with ``yaml.safe_load`` semantics; nothing in it is ev
       recipe: [delayed, current]
     # grid may also be a list of such mappings: the cells are the union of their products
     # (for sweeps that are not one rectangle, e.g. CUDA graphs only at small sizes)
+    search: {...}             # instead of or beside grid: an adaptive crossover search (orchestrator/crossover.py)
     fixed: {n_layers: 4}      # scalars applied to every cell
     samples: 1                # independent trials per cell (seed + sample)
     resources: {gpu: 1, cpu: 2}
@@ -43,11 +44,12 @@ import yaml
 from trials.backends import STACKS, fp8_stacks, recipe_owner
 from trials.spec import SpecError, TrialSpec, applies, only_fields, variant_name
 
+from .crossover import CrossoverPlan, parse_search
 from .launchers import DEFAULT_LAUNCHER, DEFAULT_WARM_MAX_TRIALS, LAUNCHERS
 from .trackers import TrackerError, check_trackers
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-TOP_KEYS = ("name", "grid", "fixed", "samples", "resources", "max_concurrent", "trial_timeout_s", "storage",
+TOP_KEYS = ("name", "grid", "search", "fixed", "samples", "resources", "max_concurrent", "trial_timeout_s", "storage",
             "launcher", "warm_max_trials", "compile_cache", "trackers")
 RESOURCE_KEYS = ("gpu", "cpu")
 _DEFAULTS = TrialSpec().to_dict()
@@ -89,6 +91,7 @@ class Sweep:
     compile_cache: str | None = None
     trackers: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     source_text: str = ""
+    search: CrossoverPlan | None = None
     cells: list[Cell] = field(default_factory=list)
     skipped: list[tuple[dict[str, Any], str]] = field(default_factory=list)
     collapsed: list[tuple[dict[str, Any], str]] = field(default_factory=list)
@@ -160,7 +163,7 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
         mark = getattr(exc, "problem_mark", None)
         raise SweepError("yaml", str(getattr(exc, "problem", exc)), mark.line + 1 if mark else None, source) from None
     if not isinstance(data, dict) or root is None:
-        raise SweepError("file", "must be a YAML mapping with at least 'name' and 'grid'", None, source)
+        raise SweepError("file", "must be a YAML mapping with at least 'name' and 'grid' (or 'search')", None, source)
     try:
         lines = _lines(root)
     except SweepError as exc:
@@ -177,13 +180,14 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise err(("name",), "required; letters, digits, '-' and '_' only (1-64 characters)")
     grid = data.get("grid")
-    grids = grid if isinstance(grid, list) else [grid]
+    grids = [] if grid is None and "search" in data else grid if isinstance(grid, list) else [grid]
     fixed = data.get("fixed") or {}
     if not isinstance(fixed, dict):
         raise err(("fixed",), "must be a mapping of spec fields to single values")
     fields = set(TrialSpec.field_names())
-    if not grids or not all(isinstance(g, dict) and g for g in grids):
-        raise err(("grid",), "required; a mapping of spec fields to non-empty lists (or a list of such mappings)")
+    if (not grids and "search" not in data) or not all(isinstance(g, dict) and g for g in grids):
+        raise err(("grid",), "required (or a search block); a mapping of spec fields to non-empty lists (or a list "
+                  "of such mappings)")
     # YAML key paths of the grids, for error lines: grid.<key>, or grid.<i>.<key> when grid is a list
     prefixes = [("grid", gi) if isinstance(grid, list) else ("grid",) for gi in range(len(grids))]
     for prefix, one in zip(prefixes, grids):
@@ -250,7 +254,8 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
         path = tuple(int(p) if p.isdigit() else p for p in exc.key.split("."))
         raise err(path, str(exc)) from None
 
-    sweep = Sweep(name=name, grids=grids, fixed=fixed, samples=samples, resources=resources,
+    search = parse_search(data["search"], err, fixed, samples) if "search" in data else None
+    sweep = Sweep(name=name, grids=grids, fixed=fixed, samples=samples, resources=resources, search=search,
                   max_concurrent=max_concurrent, trial_timeout_s=timeout, storage=storage, launcher=launcher,
                   warm_max_trials=warm_max, compile_cache=compile_cache, trackers=trackers, source_text=text)
     _expand(sweep, prefixes, err)

@@ -23,6 +23,7 @@ from trials import nvml
 from .launchers import LaunchSettings, TrialDied, make_launcher
 from .store import StorageFull, Store
 from .trackers.base import RESULT_TAGS
+from .work import Context, WorkItem
 
 log = logging.getLogger(__name__)
 
@@ -65,24 +66,22 @@ def tune_metrics(record: dict[str, Any]) -> dict[str, Any]:
 
 
 class TrialTrainable(tune.Trainable):
-    """Runs the (cell, sample) whose store key is ``config["trial"]`` through the sweep's launcher.
+    """Runs the (cell, sample) its config describes through the sweep's launcher.
 
-    The config is what Tune and its callbacks see (the flattened spec, sample, cell id); ``items``
-    (``tune.with_parameters``) holds what the worker needs besides: storage, timeout, launch settings.
+    The config is what Tune and its callbacks see (the flattened spec, sample, cell id), from the grid
+    or from a searcher alike; the item is rebuilt from it (:meth:`WorkItem.from_config`). ``context``
+    (``tune.with_parameters``) holds what every trial of the run shares: storage, timeout, launch settings.
     """
 
-    def setup(self, config: dict[str, Any], items: dict[str, dict[str, Any]]) -> None:
-        self.items = items
-        self.item = items[config["trial"]]
-        self.settings = LaunchSettings(**self.item["launch"])
+    def setup(self, config: dict[str, Any], context: Context) -> None:
+        self.context = context
+        self.item = WorkItem.from_config(config)
+        self.settings = LaunchSettings(**context.launch)
         self.launcher = make_launcher(self.settings)
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         """Take the next trial on this worker, keeping the launcher and its ready trial process."""
-        item = self.items[new_config["trial"]]
-        if LaunchSettings(**item["launch"]) != self.settings:
-            return False  # Tune then starts a fresh worker
-        self.item = item
+        self.item = WorkItem.from_config(new_config)
         return True
 
     def step(self) -> dict[str, Any]:
@@ -93,27 +92,27 @@ class TrialTrainable(tune.Trainable):
             return {"done": True, STORAGE_FULL: str(exc)}
 
     def _run_one(self) -> dict[str, Any]:
-        item = self.item
-        store = Store(item["storage"], item["sweep_name"])
-        info = {"worker_pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(), "label": item["label"],
+        item, ctx = self.item, self.context
+        store = Store(ctx.storage, ctx.sweep_name)
+        info = {"worker_pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(), "label": item.label,
                 "started_at": time.time(), "trial_id": self.trial_id}
         gpu = gpu_context(self.launcher.own_pids())
 
         def started(pid: int) -> None:
-            store.mark_running(item["key"], {**info, "child_pid": pid})
+            store.mark_running(item.key, {**info, "child_pid": pid})
 
-        store.mark_running(item["key"], info)
+        store.mark_running(item.key, info)
         try:
-            outcome = self.launcher.run(item["spec"], item.get("timeout_s"), on_start=started)
+            outcome = self.launcher.run(item.spec, ctx.timeout_s, on_start=started)
         finally:
-            store.clear_running(item["key"])
-        store.write_text(store.path("logs", item["key"] + ".log"), outcome.log_text)
+            store.clear_running(item.key)
+        store.write_text(store.path("logs", item.key + ".log"), outcome.log_text)
         if outcome.record is None:
             raise TrialDied(outcome.died)
         record = outcome.record
         record.update(gpu)
-        record.update(item["run"])
-        record.update(cell_id=item["cell_id"], cell_label=item["label"], sample=item["sample"],
+        record.update(ctx.run)
+        record.update(cell_id=item.cell_id, cell_label=item.label, sample=item.sample,
                       trial_id=self.trial_id, node_id=ray.get_runtime_context().get_node_id(),
                       node_ip=info["node_ip"], worker_pid=os.getpid(), ray_version=ray.__version__,
                       launcher=self.settings.launcher, trial_wall_s=outcome.wall_s)

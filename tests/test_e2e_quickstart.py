@@ -92,8 +92,9 @@ def test_report_outputs_from_real_sweep(quickstart, tmp_path):
     assert "Unpaired cells" in md and "te-fp8-delayed is unsupported" in md
     assert "All cells" in md and "torch-bf16" in md and "## Sweep efficiency" in md
     pngs = sorted((tmp_path / "png").glob("*.png"))
-    assert [p.stem for p in pngs] == sorted(["fp8_speedup", "step_time", "throughput", "mfu", "memory",
-                                             "loss_curves", "status"])
+    assert [p.stem for p in pngs] == sorted(["fp8_speedup", "step_breakdown", "step_time", "throughput", "mfu",
+                                             "memory", "loss_curves", "status"])
+    assert "## Where the training step goes" in md  # on CPU: aten operators' self time by class
     empty = {"fp8_speedup", "mfu", "memory"}  # on CPU: a short note instead of axes around nothing
     for p in pngs:
         width, height = _png_size(p)
@@ -110,8 +111,8 @@ def test_report_renders_offline_in_chromium(quickstart, tmp_path):
     html = root / "report.html"
     dom, console = render_in_chromium(html, tmp_path)
     charts = re.findall(r'id="chart-([a-z0-9_]+)"', dom)
-    assert sorted(charts) == sorted(["fp8_speedup", "step_time", "throughput", "mfu", "memory", "loss_curves",
-                                     "status"])
+    assert sorted(charts) == sorted(["fp8_speedup", "step_breakdown", "step_time", "throughput", "mfu", "memory",
+                                     "loss_curves", "status"])
     # every chart div holds plotly's rendered SVG
     pieces = re.split(r'id="chart-[a-z0-9_]+"', dom)[1:]
     assert all('class="main-svg"' in piece for piece in pieces)

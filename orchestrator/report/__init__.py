@@ -11,6 +11,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -23,6 +24,13 @@ from .analysis import (DECODE_STEP, TRAIN_STEP, Pairs, against_fastest_bf16, com
 from .headline import headline
 from .inference import inference_pairs, split
 from .why import breakdown
+
+
+def search_table(found: Any) -> pd.DataFrame:
+    """The crossover search's probes (an :class:`~orchestrator.crossover.Answer`), one row each."""
+    rows = [{found.axis: p.x, "speedup": p.ratio, "CI low": p.ci_low, "CI high": p.ci_high, "samples": p.samples,
+             "verdict": p.verdict, "why": p.why} for p in found.probes]
+    return pd.DataFrame(rows).round(3)
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +119,14 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
 
     lines = headline(train, pairs) if not train.empty or infer.empty else []
     sections = summary_sections(df, pairs, comparison, inference, fastest)
+    search = base_dir / "search.json"
+    if search.is_file():  # a sweep with a search block: its answer first, its probes as a chart
+        from ..crossover import Answer  # here: the search module reads the report's intervals
+
+        found = Answer.from_json(search.read_text())
+        lines = [f"Crossover search: {found.statement}"] + lines
+        figures.insert(0, ("crossover_search", charts.search_chart(found)))
+        sections.insert(0, ("Crossover search", found.statement, search_table(found)))
     md = markdown_tables(df, sections, lines)
     out_html = out_html or str(base_dir / "report.html")
     out_dir = Path(out_html).resolve().parent

@@ -274,3 +274,23 @@ def breakdown_chart(table: pd.DataFrame, title: str) -> go.Figure:
     fig.update_layout(**{**LAYOUT, "height": 600}, title=title, barmode="stack", yaxis_title="ms per step")
     fig.update_xaxes(tickangle=-35)
     return note_if_empty(fig, "no profiled cells (profile: false, or records from before the breakdown)")
+
+
+def search_chart(answer) -> go.Figure:
+    """The crossover search's probes: speedup with its 95% interval at each probed value, the target,
+    and the bracket the search ended with."""
+    probes = [p for p in answer.probes if p.ratio is not None]
+    fig = go.Figure()
+    if probes:
+        fig.add_scatter(x=[p.x for p in probes], y=[p.ratio for p in probes], mode="markers+text",
+                        text=[p.verdict for p in probes], textposition="top center",
+                        error_y=dict(type="data", symmetric=False, array=[p.ci_high - p.ratio for p in probes],
+                                     arrayminus=[p.ratio - p.ci_low for p in probes]),
+                        name=f"{answer.variant} / {answer.baseline}", marker=dict(size=10, color=color(answer.variant)))
+        fig.add_hline(y=answer.target, line_dash="dash", annotation_text=f"target {answer.target:g}x")
+        if answer.bracket and answer.bracket[0] != answer.bracket[1]:
+            fig.add_vrect(x0=answer.bracket[0], x1=answer.bracket[1], fillcolor="#2ca02c", opacity=0.12, line_width=0)
+    fig.update_layout(**LAYOUT, title=f"Crossover search: {answer.variant} vs {answer.baseline} (95% intervals)",
+                      yaxis_title="baseline time / variant time")
+    fig.update_xaxes(type="log", title_text=f"{answer.axis} (log scale)")
+    return note_if_empty(fig, "the search probed no point to the end")

@@ -1,0 +1,287 @@
+"""The crossover search: which cells to probe next, from the records so far (no Ray here).
+
+    search:
+      find: crossover             # the smallest value of `over` where `variant` beats `baseline`
+      variant: {backend: te, precision: fp8, recipe: delayed}
+      baseline: {backend: te, precision: bf16}
+      target: 1.10                # the speedup whose 95% interval must lie above it
+      over: {d_model: [512, 8192], step: 256}   # or n_layers, tokens_per_step, ffn
+      fixed: {n_layers: 4, cuda_graphs: true}
+      max_trials: 24              # every (cell, sample) it uses, records found on disk included
+      max_samples: 4              # a point whose interval straddles the target gets samples up to this
+
+A point is *above* when the 95% bootstrap interval (over samples) of baseline time / variant time
+lies above ``target``, *below* when it does not (an interval that still straddles the target at
+``max_samples`` is not above: the margin is not shown). The search decides everything from the
+records it has, so it is the same search whether the records were just run, found from an earlier
+grid, or left by an interrupted run: the top of the range first (if it is not above, the target is
+never reached in the range), then the bottom (if it is above, the crossover is at the range's start),
+then the point nearest the geometric middle of the bracket, until the bracket is two neighbouring
+points. The answer is the bracket's upper end.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from trials.spec import SpecError, TrialSpec, variant_name
+
+from .report.analysis import bootstrap_ratio
+
+FINDS = ("crossover",)
+OVER_AXES = ("d_model", "n_layers", "tokens_per_step", "ffn")
+SEARCH_KEYS = ("find", "variant", "baseline", "target", "over", "fixed", "max_trials", "max_samples")
+SIDES = ("baseline", "variant")
+MIN_SAMPLES = 2  # an interval over samples needs two
+RESAMPLES = 2000
+SEED = 0
+
+
+@dataclass(frozen=True)
+class CrossoverPlan:
+    variant: dict[str, Any]
+    baseline: dict[str, Any]
+    target: float
+    axis: str
+    points: tuple[int, ...]  # the values of ``axis`` the search may probe, ascending
+    fixed: dict[str, Any]  # the sweep's fixed values with the search's own over them
+    samples: int
+    max_samples: int
+    max_trials: int
+
+    def spec(self, side: str, x: int) -> TrialSpec:
+        return TrialSpec.from_dict({**self.fixed, **getattr(self, side), self.axis: x})
+
+    def label(self, side: str) -> str:
+        return variant_name({**TrialSpec().to_dict(), **self.fixed, **getattr(self, side)})
+
+
+def parse_search(block: Any, err: Callable[[tuple, str], Exception], sweep_fixed: dict[str, Any],
+                 samples: int) -> CrossoverPlan:
+    """Validate a sweep's ``search:`` block; every problem is ``err(key path, message)``."""
+    if not isinstance(block, dict):
+        raise err(("search",), "must be a mapping with find, variant, baseline, target, over")
+    for key in block:
+        if key not in SEARCH_KEYS:
+            raise err(("search", key), f"unknown key; allowed: {', '.join(SEARCH_KEYS)}")
+    for key in ("find", "variant", "baseline", "target", "over"):
+        if key not in block:
+            raise err(("search", key), "required")
+    if block["find"] not in FINDS:
+        raise err(("search", "find"), f"must be one of {', '.join(FINDS)}; got {block['find']!r}")
+    fields = set(TrialSpec.field_names())
+    sides: dict[str, dict[str, Any]] = {}
+    for key in ("variant", "baseline", "fixed"):
+        value = block.get(key) or {}
+        if not isinstance(value, dict):
+            raise err(("search", key), "must be a mapping of trial fields to single values")
+        for name, v in value.items():
+            if name not in fields:
+                raise err(("search", key, name), f"unknown trial field; allowed: {', '.join(sorted(fields))}")
+            if isinstance(v, (list, dict)):
+                raise err(("search", key, name), "must be a single value")
+        sides[key] = dict(value)
+    target = block["target"]
+    if not isinstance(target, (int, float)) or isinstance(target, bool) or not 0 < target < 10:
+        raise err(("search", "target"), "must be a speedup between 0 and 10, e.g. 1.10")
+    over = block["over"]
+    if not isinstance(over, dict) or len([k for k in over if k != "step"]) != 1:
+        raise err(("search", "over"), f"must name one axis ({', '.join(OVER_AXES)}) with [low, high] and a step")
+    axis = next(k for k in over if k != "step")
+    if axis not in OVER_AXES:
+        raise err(("search", "over", axis), f"must be one of {', '.join(OVER_AXES)}")
+    bounds, step = over[axis], over.get("step", 1)
+    if (not isinstance(bounds, list) or len(bounds) != 2 or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                                     for v in bounds) or not 0 < bounds[0] < bounds[1]):
+        raise err(("search", "over", axis), "must be [low, high], positive integers with low < high")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+        raise err(("search", "over", "step"), "must be a positive integer")
+    points = list(range(bounds[0], bounds[1] + 1, step))
+    if points[-1] != bounds[1]:
+        points.append(bounds[1])
+    if len(points) < 2:
+        raise err(("search", "over", "step"), f"leaves fewer than two points in [{bounds[0]}, {bounds[1]}]")
+    if axis in sides["fixed"] or axis in sides["variant"] or axis in sides["baseline"]:
+        raise err(("search", "over", axis), "is the searched axis; do not also fix it")
+    max_trials = block.get("max_trials", 24)
+    if not isinstance(max_trials, int) or isinstance(max_trials, bool) or max_trials < 2 * MIN_SAMPLES * 2:
+        raise err(("search", "max_trials"), f"must be an integer >= {2 * MIN_SAMPLES * 2} (two points, both cells, "
+                  f"{MIN_SAMPLES} samples each)")
+    n = max(samples, MIN_SAMPLES)
+    max_samples = block.get("max_samples", n + 2)
+    if not isinstance(max_samples, int) or isinstance(max_samples, bool) or max_samples < n:
+        raise err(("search", "max_samples"), f"must be an integer >= samples ({n})")
+    plan = CrossoverPlan(sides["variant"], sides["baseline"], float(target), axis, tuple(points),
+                         {**sweep_fixed, **sides["fixed"]}, n, max_samples, max_trials)
+    for side in SIDES:  # every cell the search could probe is a valid spec, or the file says where it is not
+        for x in points:
+            try:
+                plan.spec(side, x)
+            except SpecError as exc:
+                raise err(("search", side if exc.field in sides[side] else "over"),
+                          f"{exc} (the {side} cell at {axis}={x})") from None
+    return plan
+
+
+@dataclass
+class Probe:
+    x: int
+    ratio: float | None = None  # baseline time / variant time
+    ci_low: float | None = None
+    ci_high: float | None = None
+    samples: int = 0
+    verdict: str = ""  # above, below (straddle counts as below once samples are capped), failed
+    why: str = ""
+
+
+@dataclass
+class Answer:
+    found: bool
+    statement: str
+    axis: str
+    target: float
+    variant: str
+    baseline: str
+    crossover: int | None = None
+    bracket: tuple[int, int] | None = None
+    probes: list[Probe] = field(default_factory=list)
+    trials: int = 0
+    gpu_seconds: float = 0.0
+    done: bool = True
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Answer":
+        data = json.loads(text)
+        data["probes"] = [Probe(**p) for p in data.get("probes", [])]
+        data["bracket"] = tuple(data["bracket"]) if data.get("bracket") else None
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One trial's part in the search: its status, timed median and GPU time."""
+
+    status: str
+    ms: float | None
+    wall_s: float = 0.0
+    error: str = ""
+    gpu_name: str = ""
+
+
+@dataclass
+class Decision:
+    need: list[tuple[str, int, int]]  # (side, x, sample) trials to run now; empty when done
+    answer: Answer | None = None  # set when the search is over
+
+
+class Bisection:
+    """The search's state: what each (side, x, sample) gave; what to run next follows from it alone."""
+
+    def __init__(self, plan: CrossoverPlan):
+        self.plan = plan
+        self.seen: dict[tuple[str, int, int], Outcome] = {}
+
+    def observe(self, side: str, x: int, sample: int, outcome: Outcome) -> None:
+        self.seen[(side, x, sample)] = outcome
+
+    def decide(self, pending: set[tuple[str, int, int]] = frozenset()) -> Decision:
+        """The trials needed now, or the answer. ``pending``: trials running (they count against the budget)."""
+        plan, probes = self.plan, {}
+        points = plan.points
+
+        def status(i: int) -> Probe | list[tuple[str, int, int]]:
+            x = points[i]
+            n = plan.samples
+            while True:
+                need = [(side, x, s) for side in SIDES for s in range(n) if (side, x, s) not in self.seen]
+                if need:
+                    return need
+                probe = self._probe(x, n)
+                probes[x] = probe
+                if probe.verdict == "straddle" and n < plan.max_samples:
+                    n += 1
+                    continue
+                if probe.verdict == "straddle":
+                    probe.verdict, probe.why = "below", f"interval straddles {plan.target:g} at {n} samples"
+                return probe
+
+        def done(found: bool, statement: str, crossover: int | None = None,
+                 bracket: tuple[int, int] | None = None) -> Decision:
+            return Decision([], self._answer(found, statement, crossover, bracket, probes))
+
+        def step(i: int) -> Probe | Decision:
+            got = status(i)
+            if isinstance(got, list):
+                used = set(self.seen) | set(pending)
+                fresh = [t for t in got if t not in pending]
+                if len(used) + len(fresh) > plan.max_trials:
+                    return done(False, f"stopped at max_trials={plan.max_trials} before the search ended")
+                return Decision(fresh)
+            if got.verdict == "failed":
+                return done(False, f"cannot probe {plan.axis}={got.x}: {got.why}")
+            return got
+
+        hi = step(len(points) - 1)
+        if isinstance(hi, Decision):
+            return hi
+        if hi.verdict == "below":
+            best = max((p for p in probes.values() if p.ratio is not None), key=lambda p: p.ratio)
+            return done(False, f"{plan.label('variant')} never beats {plan.label('baseline')} by >= {plan.target:.2f}x "
+                        f"for {plan.axis} in [{points[0]}, {points[-1]}]: best {best.ratio:.3f}x "
+                        f"[{best.ci_low:.3f}, {best.ci_high:.3f}] at {best.x}")
+        lo = step(0)
+        if isinstance(lo, Decision):
+            return lo
+        a, b = 0, len(points) - 1
+        if lo.verdict == "above":
+            return done(True, self._statement(points[0], None), points[0], (points[0], points[0]))
+        while b - a > 1:
+            m = self._middle(a, b)
+            got = step(m)
+            if isinstance(got, Decision):
+                return got
+            a, b = (a, m) if got.verdict == "above" else (m, b)
+        return done(True, self._statement(points[b], (points[a], points[b])), points[b], (points[a], points[b]))
+
+    # -- pieces -------------------------------------------------------------------------------
+    def _middle(self, a: int, b: int) -> int:
+        """The index strictly inside (a, b) whose value is nearest the geometric mean of the ends."""
+        points = self.plan.points
+        mid = math.sqrt(points[a] * points[b])
+        return min(range(a + 1, b), key=lambda i: (abs(math.log(points[i] / mid)), i))
+
+    def _probe(self, x: int, n: int) -> Probe:
+        outs = {side: [self.seen[(side, x, s)] for s in range(n)] for side in SIDES}
+        for side in SIDES:
+            bad = next((o for o in outs[side] if o.status != "ok" or o.ms is None), None)
+            if bad is not None:
+                return Probe(x, samples=n, verdict="failed", why=f"the {side} cell is {bad.status}: {bad.error}"[:300])
+        base, var = [o.ms for o in outs["baseline"]], [o.ms for o in outs["variant"]]
+        lo, hi = bootstrap_ratio(base, var, RESAMPLES, np.random.default_rng(SEED))
+        ratio = float(np.median(base) / np.median(var))
+        verdict = "above" if lo > self.plan.target else "below" if hi < self.plan.target else "straddle"
+        return Probe(x, ratio, lo, hi, n, verdict)
+
+    def _statement(self, x: int, bracket: tuple[int, int] | None) -> str:
+        plan = self.plan
+        where = f"from {plan.axis} {x}" + (f" [{bracket[0]}, {bracket[1]}]" if bracket else
+                                          " (the start of the range)")
+        return f"{plan.label('variant')} beats {plan.label('baseline')} by >= {plan.target:.2f}x {where}"
+
+    def _answer(self, found: bool, statement: str, crossover: int | None, bracket: tuple[int, int] | None,
+                probes: dict[int, Probe]) -> Answer:
+        gpu = next((o.gpu_name for o in self.seen.values() if o.gpu_name), "")
+        wall = sum(o.wall_s for o in self.seen.values())
+        trials = len(self.seen)
+        statement += (f" on {gpu}" if gpu else "") + f"; {trials} trials, {wall / 60:.1f} {'GPU' if gpu else 'CPU'}-minutes"
+        return Answer(found, statement, self.plan.axis, self.plan.target, self.plan.label("variant"),
+                      self.plan.label("baseline"), crossover, bracket, sorted(probes.values(), key=lambda p: p.x),
+                      trials, wall)

@@ -1,0 +1,182 @@
+"""The crossover search: the bisection on a crossover it is given, its budget, reuse and resume, bad
+blocks refused in one line, and one real search through Ray Tune's searcher API on CPU."""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from orchestrator.crossover import Bisection, Outcome
+from orchestrator.sweep import SweepError, cell_id, parse_sweep
+from orchestrator.work import WorkItem
+
+from .conftest import juicytalk
+
+SEARCH = """
+    name: cross
+    search:
+      find: crossover
+      variant: {backend: te, precision: fp8, recipe: delayed}
+      baseline: {backend: te, precision: bf16}
+      target: 1.10
+      over: {d_model: [512, 8192], step: 256}
+      fixed: {n_layers: 4, cuda_graphs: true}
+      max_trials: %d
+    samples: 2
+"""
+JITTER = (1.0, 1.01, 0.99, 1.02)
+
+
+def plan(max_trials: int = 40):
+    return parse_sweep(textwrap.dedent(SEARCH % max_trials), source="s.yaml").search
+
+
+def speedup(x: int) -> float:
+    """A crossover the search is given: FP8 is 0.8x at 512 and gains 0.1x per doubling of d_model."""
+    return 0.8 + 0.1 * math.log2(x / 512)
+
+
+def run(bisection: Bisection, f=speedup) -> tuple[object, int]:
+    """Feed the bisection what it asks for until it answers; returns (answer, trials run)."""
+    ran = 0
+    while True:
+        d = bisection.decide()
+        if d.answer is not None:
+            return d.answer, ran
+        for side, x, sample in d.need:
+            ms = 10.0 * JITTER[sample % 4] * (1.0 if side == "baseline" else 1.0 / f(x))
+            bisection.observe(side, x, sample, Outcome("ok", ms, wall_s=3.0, gpu_name="NVIDIA H200"))
+            ran += 1
+
+
+def dense_grid(p, f=speedup) -> tuple[int, int]:
+    """What a dense grid over the same range says: (the first point shown above the target, its trials)."""
+    b, first, trials = Bisection(p), None, 0
+    for x in p.points:
+        n = p.samples
+        while True:
+            for side in ("baseline", "variant"):
+                for s in range(n):
+                    if (side, x, s) not in b.seen:
+                        ms = 10.0 * JITTER[s % 4] * (1.0 if side == "baseline" else 1.0 / f(x))
+                        b.observe(side, x, s, Outcome("ok", ms))
+                        trials += 1
+            probe = b._probe(x, n)
+            if probe.verdict != "straddle" or n == p.max_samples:
+                break
+            n += 1
+        if first is None and probe.verdict == "above":
+            first = x
+    return first, trials
+
+
+def test_the_bisection_finds_the_crossover_a_dense_grid_finds_in_a_fraction_of_its_trials():
+    p = plan(max_trials=60)
+    answer, ran = run(Bisection(p))
+    first, dense = dense_grid(p)
+    assert answer.found and answer.bracket[1] - answer.bracket[0] == 256
+    assert abs(answer.crossover - first) <= 256, (answer.crossover, first)
+    assert ran <= 0.4 * dense and answer.trials == ran, (ran, dense)
+    assert "te-fp8-delayed beats te-bf16 by >= 1.10x from d_model" in answer.statement
+    assert "on NVIDIA H200" in answer.statement and f"{ran} trials" in answer.statement
+
+
+def test_the_search_stops_at_max_trials_and_says_so():
+    answer, ran = run(Bisection(plan(max_trials=8)))
+    assert not answer.found and ran <= 8 and "max_trials=8" in answer.statement
+
+
+def test_records_already_there_are_reused_and_an_interrupted_search_resumes():
+    p = plan()
+    done = Bisection(p)
+    full, ran_full = run(done)
+    half = Bisection(p)  # half of those records on disk: from an earlier grid, or a run that was interrupted
+    for i, (key, outcome) in enumerate(sorted(done.seen.items())):
+        if i % 2 == 0:
+            half.observe(*key, outcome)
+    resumed, ran_now = run(half)
+    assert resumed.crossover == full.crossover and ran_now < ran_full and resumed.trials == full.trials
+
+
+def test_a_point_whose_interval_straddles_the_target_gets_more_samples():
+    p = plan()
+    answer, _ = run(Bisection(p), f=lambda x: 1.10)  # exactly the target everywhere: never shown above it
+    assert not answer.found and "never beats" in answer.statement
+    top = next(pr for pr in answer.probes if pr.x == p.points[-1])
+    assert top.samples == p.max_samples and "straddles" in top.why
+
+
+def test_an_unsupported_cell_ends_the_search_with_its_reason():
+    b = Bisection(plan())
+    for s in range(2):
+        b.observe("baseline", 8192, s, Outcome("ok", 10.0))
+        b.observe("variant", 8192, s, Outcome("unsupported", None, error="fp8 recipe delayed: needs cc 8.9"))
+    answer = b.decide().answer
+    assert not answer.found and "d_model=8192" in answer.statement and "unsupported" in answer.statement
+
+
+def test_search_cells_are_grid_cells():
+    p = plan()
+    grid = parse_sweep(textwrap.dedent("""
+        name: g
+        grid: {d_model: [1024], backend: [te], precision: [fp8], recipe: [delayed]}
+        fixed: {n_layers: 4, cuda_graphs: true}
+    """))
+    assert WorkItem.of(p.spec("variant", 1024), 1).cell_id == grid.cells[0].cell_id == cell_id(grid.cells[0].spec)
+    item = WorkItem.of(p.spec("variant", 1024), 1)
+    assert WorkItem.from_config(item.config()) == item  # what a worker rebuilds from a searcher's config
+
+
+@pytest.mark.parametrize("block, key, line", [
+    ("search: {find: fastest, variant: {}, baseline: {}, target: 1.1, over: {d_model: [64, 128]}}", "search.find", 2),
+    ("search:\n  find: crossover\n  variant: {backend: te}\n  baseline: {backend: te}\n  target: 1.1\n"
+     "  over: {seq_len: [64, 128]}", "search.over.seq_len", 7),
+    ("search:\n  find: crossover\n  variant: {precision: fp8, colour: red}\n  baseline: {}\n  target: 1.1\n"
+     "  over: {d_model: [64, 128]}", "search.variant.colour", 4),
+    ("search:\n  find: crossover\n  variant: {precision: fp8}\n  baseline: {}\n  target: 1.1\n"
+     "  over: {d_model: [520, 1032], step: 256}", "search.over", 7),  # 520 is no multiple of 16 for fp8
+    ("search:\n  find: crossover\n  variant: {}\n  baseline: {}\n  target: 1.1\n  over: {d_model: [128, 64]}",
+     "search.over.d_model", 7),
+    ("search:\n  find: crossover\n  variant: {}\n  baseline: {}\n  over: {d_model: [64, 128]}", "search.target", 2),
+])
+def test_bad_search_blocks_name_key_and_line(block, key, line):
+    with pytest.raises(SweepError) as exc:
+        parse_sweep("name: s\n" + block + "\n", source="s.yaml")
+    assert exc.value.key == key and exc.value.line == line, str(exc.value)
+
+
+def test_a_real_search_on_cpu_writes_grid_records_answers_and_resumes(tmp_path):
+    """Through Ray Tune's Searcher API on an embedded Ray: the twin in fp32 against bf16 on CPU."""
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(textwrap.dedent("""
+        name: cpu-search
+        search:
+          find: crossover
+          variant: {precision: fp32}
+          baseline: {precision: bf16}
+          target: 1.0
+          over: {d_model: [32, 64], step: 32}
+          max_trials: 8
+        fixed: {backend: torch, device: cpu, n_layers: 1, seq_len: 16, batch_size: 2, train_steps: 2,
+                warmup_steps: 1, bench_steps: 3, gen_len: 2, prompt_len: 2}
+        samples: 2
+        resources: {cpu: 1, gpu: 0}
+    """))
+    out = tmp_path / "out"
+    first = juicytalk("sweep", str(sweep), "--out", str(out), "--no-progress", "--no-report")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    answer = json.loads((out / "cpu-search" / "search.json").read_text())
+    assert answer["done"] and 4 <= answer["trials"] <= 8
+    assert f"search: {answer['statement']}" in " ".join(first.stdout.split())  # found or not: timing decides
+    records = list((out / "cpu-search" / "trials").glob("*.parquet"))
+    assert len(records) == answer["trials"]
+    again = juicytalk("sweep", str(sweep), "--out", str(out), "--no-progress", "--no-report")
+    assert again.returncode == 0 and f"{answer['trials']} already done, 0 run now" in " ".join(again.stdout.split())
+    report = juicytalk("report", str(out / "cpu-search"))
+    assert report.returncode == 0, report.stderr[-2000:]
+    md = Path(out / "cpu-search" / "results.md").read_text()
+    assert "## Crossover search" in md and answer["statement"] in md
