@@ -76,7 +76,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                           f"beats {plan.label('baseline')} by >= {plan.target:.2f}x; up to {plan.max_trials} trials "
                           f"({plan.samples}-{plan.max_samples} samples per cell), chosen as results arrive",
                           soft_wrap=True)
-        console.print(f"{len(sweep.cells) * sweep.samples} grid trials; results go to "
+        console.print(f"{len(sweep.cells) * sweep.samples} trials{' in the grid' if sweep.search else ''}; results go to "
                       f"{Store(storage, sweep.name).root}")
         return 0
     from .progress import SweepProgress, summary_table

@@ -116,14 +116,16 @@ def cell_id(spec: TrialSpec) -> str:
 
 
 def cell_label(spec: TrialSpec) -> str:
-    """[llama-]d768-L4-te-fp8-delayed[-e4m3...][-graphs|-compiled]: arch, size, variant (as reports name it),
-    execution."""
+    """[llama-]d768-L4-te-fp8-delayed[-e4m3...][-graphs|-compiled][-fsdp2]: arch, size, variant (as reports
+    name it), execution."""
     parts = [] if spec.arch == "gpt" else [spec.arch]
     parts += [f"d{spec.d_model}", f"L{spec.n_layers}", variant_name(spec.to_dict())]
     if spec.cuda_graphs:
         parts.append("graphs")
     if spec.compile:
         parts.append("compiled")
+    if spec.parallel != "none":
+        parts.append(f"{spec.parallel}{spec.world_size}")
     return "-".join(parts)
 
 
@@ -308,6 +310,11 @@ def _expand(sweep: Sweep, prefixes: list[tuple], err) -> None:
                 place = prefix + (exc.field,) if exc.field in grid else ("fixed", exc.field)
                 shown = ", ".join(f"{k}={v}" for k, v in zip(keys, combo))
                 raise err(place, f"{exc} (in cell {shown})") from None
+            if spec.world_size > 1:  # before Ray or any trial starts: a sweep cannot launch ranks yet
+                place = prefix + ("world_size",) if "world_size" in grid else ("fixed", "world_size")
+                raise err(place, f"{spec.world_size}: multi-rank trials run under torchrun for now (torchrun "
+                          f"--nproc-per-node {spec.world_size} -m trials ...); launching them from a sweep (Ray Train) "
+                          "is not built yet; world_size 1 with parallel ddp or fsdp runs here")
             cid = cell_id(spec)
             if cid in seen:
                 dropped = {k: v for k, v in asked.items() if values.get(k, _DEFAULTS.get(k)) != v}

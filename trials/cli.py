@@ -115,6 +115,10 @@ def run_from_args(args: argparse.Namespace, prog: str) -> int:
     from .trial import run_trial  # torch-heavy import only once the input is known good
 
     record = run_trial(spec)
+    from .distributed import Ranks
+
+    if not Ranks.from_env().lead:  # under torchrun: one record per trial, rank 0's
+        return 0 if record["status"] in EXIT_OK_STATUSES else 1
     if args.json_path:
         write_json_atomic(args.json_path, record)
     if not args.quiet:

@@ -89,17 +89,20 @@ def step_stats(step_ms: Iterable[float]) -> dict[str, float]:
 
 
 def throughput(cfg: ModelConfig, tokens: int, step_ms_mean: float, gpu_name: str | None,
-               precision: str) -> dict[str, float | None]:
-    """tokens/s, model TFLOP/s and MFU (vs the BF16 peak and vs the peak of the precision used)."""
+               precision: str, gpus: int = 1) -> dict[str, float | None]:
+    """tokens/s, model TFLOP/s and MFU (vs the BF16 peak and vs the peak of the precision used, of all
+    ``gpus`` the step ran on); ``tokens``: the global batch's."""
     seconds = step_ms_mean / 1000.0
     tflops = flops_per_step(cfg, tokens) / seconds / 1e12
     bf16_peak = peak_tflops(gpu_name, "bf16")
     own_peak = peak_tflops(gpu_name, precision)
+    bf16_peak, own_peak = (p * gpus if p else p for p in (bf16_peak, own_peak))
     return {
         "tokens_per_s": tokens / seconds,
+        "tokens_per_s_per_gpu": tokens / seconds / gpus,
         "model_tflops": tflops,
-        "peak_tflops_bf16": bf16_peak,
-        "peak_tflops_precision": own_peak,
+        "peak_tflops_bf16": bf16_peak / gpus if bf16_peak else None,
+        "peak_tflops_precision": own_peak / gpus if own_peak else None,
         "mfu_bf16_peak": tflops / bf16_peak if bf16_peak else None,
         "mfu_precision_peak": tflops / own_peak if own_peak else None,
     }

@@ -64,6 +64,11 @@ FIELDS: list[Field] = [
        "cells only)."),
     _f("cuda_graphs", "bool", "Forward+backward captured as CUDA graphs (infer: the decode step)."),
     _f("compile", "bool", "The model ran torch.compile'd (torch and torchao backends); compiling is in first_step_s."),
+    _f("world_size", "int", "Ranks (GPUs; CPU: processes) the trial spans; batch_size is per rank."),
+    _f("parallel", "str", "How the ranks split the model: none, ddp (DistributedDataParallel) or fsdp (FSDP2, one "
+       "unit per block and the root)."),
+    _f("fp8_all_gather", "bool", "FSDP2 all-gathers the FP8 weights (torchao tensorwise, "
+       "enable_fsdp_float8_all_gather)."),
     _f("workload", "str", "train (training steps) or infer (prefill + KV-cached decode)."),
     _f("train_steps", "int", "Training steps before the benchmark."),
     _f("lr", "float", "AdamW learning rate."),
@@ -89,8 +94,8 @@ FIELDS: list[Field] = [
     # -- model size and work
     _f("n_params", "int", "All parameters (embeddings included)."),
     _f("n_matmul_params", "int", "Weights in matrix products (blocks + LM head), N in the FLOP formula."),
-    _f("tokens_per_step", "int", "batch_size * seq_len. As a spec field (requested), it sizes the batch: "
-       "batch_size = tokens_per_step / seq_len."),
+    _f("tokens_per_step", "int", "batch_size * seq_len * world_size (the global batch). As a spec field (requested), "
+       "it sizes the per-rank batch: batch_size = tokens_per_step / seq_len."),
     _f("flops_per_step", "float", "6*N_matmul*tokens + 6*n_layers*seq_len*d_model*tokens (causal attention; "
        "N_matmul follows the arch: GQA's narrower K/V, SwiGLU's third GEMM, the LM head at the full vocabulary)."),
     # -- training
@@ -108,12 +113,17 @@ FIELDS: list[Field] = [
     _f("step_ms_min", "float", "Fastest step, ms."),
     _f("step_times_ms", "list[float]", "Every timed step, repeat after repeat, ms."),
     _f("repeat_medians_ms", "list[float]", "Median step time of each repeat, ms."),
-    _f("tokens_per_s", "float", "tokens_per_step / mean step time."),
+    _f("tokens_per_s", "float", "tokens_per_step / mean step time (all ranks)."),
+    _f("tokens_per_s_per_gpu", "float", "tokens_per_s / world_size."),
+    _f("rank_peak_mem_min_bytes", "int", "Multi-rank: the smallest rank's torch.cuda.max_memory_allocated."),
+    _f("rank_peak_mem_max_bytes", "int", "Multi-rank: the largest rank's torch.cuda.max_memory_allocated."),
+    _f("nccl_version", "str", "Multi-rank on GPUs: NCCL version torch uses."),
+    _f("interconnect", "str", "Multi-rank: where the ranks ran (same host, or how many hosts)."),
     _f("model_tflops", "float", "flops_per_step / mean step time, TFLOP/s."),
     _f("peak_tflops_bf16", "float", "Dense BF16 datasheet peak of this GPU (null if unknown)."),
     _f("peak_tflops_precision", "float", "Dense datasheet peak of the precision used (null if unknown)."),
-    _f("mfu_bf16_peak", "float", "model_tflops / peak_tflops_bf16."),
-    _f("mfu_precision_peak", "float", "model_tflops / peak_tflops_precision."),
+    _f("mfu_bf16_peak", "float", "model_tflops / (peak_tflops_bf16 * world_size)."),
+    _f("mfu_precision_peak", "float", "model_tflops / (peak_tflops_precision * world_size)."),
     _f("host_ms_per_step", "float", "Host time to issue one step from an idle GPU, ms."),
     _f("launch_bound", "bool", "GPU waits on the host: host_ms_per_step >= 0.8 * step_ms_p50 (null on CPU)."),
     # -- energy, power and clocks (trials/energy.py): a window of its own right after timing

@@ -21,6 +21,7 @@ ARCHS = ("gpt", "llama")  # gpt: the tutorial's MiniGPT; llama: RMSNorm, SwiGLU,
 TE_LAYERS = ("transformer_layer", "modules")  # one fused te.TransformerLayer, or TE's modules composed
 WORKLOADS = ("train", "infer")  # what a trial measures: training steps, or prefill + KV-cached decode
 WEIGHTS = ("bf16", "fp8")  # how an inference model stores its weights (fp8: TE's quantized_model_init, torchao's quantize_)
+PARALLEL = ("none", "ddp", "fsdp")  # how a trial's ranks split the model: not at all, DDP, FSDP2 (trials/distributed.py)
 HEAD_DIM_MULTIPLE = 8  # fused attention kernels (and TE) need head dims in multiples of 8
 
 
@@ -73,6 +74,9 @@ class TrialSpec:
     weights: str = _on("variant", "bf16", "{}-weights", only="fp8")
     cuda_graphs: bool = _on("execution", False)  # infer: the decode step is graphed
     compile: bool = _on("execution", False, only="compiles")  # torch.compile of the model (torch, torchao)
+    world_size: int = _on("execution", 1)  # GPUs (CPU: processes) one trial spans; batch_size is per rank
+    parallel: str = _on("execution", "none")  # none | ddp | fsdp (FSDP2: one unit per block, then the root)
+    fp8_all_gather: bool = _on("variant", False, "fp8-all-gather", only="fp8")  # FSDP2 all-gathers FP8 weights
     profile: bool = _on("run", True)  # a few steps under torch.profiler after timing: the kernel breakdown
     workload: str = _on("schedule", "train")
     train_steps: int = _on("schedule", 60)
@@ -158,7 +162,8 @@ class TrialSpec:
         _choice("te_layer", self.te_layer, TE_LAYERS)
         _choice("workload", self.workload, WORKLOADS)
         _choice("weights", self.weights, WEIGHTS)
-        for name in ("vocab", "d_model", "n_layers", "n_heads", "ffn", "seq_len", "batch_size",
+        _choice("parallel", self.parallel, PARALLEL)
+        for name in ("vocab", "d_model", "n_layers", "n_heads", "ffn", "seq_len", "batch_size", "world_size",
                      "amax_history_len", "train_steps", "bench_steps", "repeats", "prompt_len"):
             if getattr(self, name) < 1:
                 raise SpecError(name, f"must be a positive integer, got {getattr(self, name)}")
@@ -212,6 +217,19 @@ class TrialSpec:
         if self.cuda_graphs and self.compile:
             raise SpecError("cuda_graphs", "not with compile: true (torch.compile's own CUDA graphs are its "
                             "mode='reduce-overhead'); use one of them")
+        if self.world_size > 1 and self.parallel == "none":
+            raise SpecError("parallel", f"world_size {self.world_size} needs parallel: ddp or fsdp (how the ranks "
+                            "split the model)")
+        if self.parallel != "none" and self.workload != "train":
+            raise SpecError("parallel", "multi-rank trials are built for workload: train")
+        if self.parallel != "none" and self.cuda_graphs:
+            raise SpecError("cuda_graphs", "not with parallel ddp or fsdp (graphing collectives is not built)")
+        if self.fp8_all_gather:
+            if self.parallel != "fsdp":
+                raise SpecError("fp8_all_gather", "all-gathers FSDP2's weights in FP8: needs parallel: fsdp")
+            if not (self.backend == "torchao" and self.recipe == "tensorwise"):
+                raise SpecError("fp8_all_gather", "is built for backend torchao, recipe tensorwise "
+                                "(enable_fsdp_float8_all_gather); TE's FP8 weights under FSDP2 are not built yet")
         if self.weights == "fp8":
             if self.workload != "infer":
                 raise SpecError("weights", "fp8 weights are an inference setting; use workload: infer (training keeps "

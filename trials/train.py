@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import backends, te_compat
+from . import backends, distributed, te_compat
 from .backends import Built
 from .data import ArithmeticSequences
 from .model import MiniGPT
@@ -78,13 +78,22 @@ class TrainStep:
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.built.after_step is not None:
+            self.built.after_step()
         return loss.detach()
 
 
-def build_train_step(spec: TrialSpec, backend: str, precision: str, device: str) -> TrainStep:
-    """Seeded model, optimizer and step for one cell, built by its stack (``trials/backends``)."""
+def build_train_step(spec: TrialSpec, backend: str, precision: str, device: str,
+                     ranks: distributed.Ranks = distributed.SINGLE) -> TrainStep:
+    """Seeded model, optimizer and step for one cell, built by its stack (``trials/backends``); with
+    ``parallel``, the model is wrapped (DDP) or sharded (FSDP2) before the optimizer sees its parameters.
+    Every rank builds the same seeded model, so DDP and FSDP start from the one-process weights."""
     torch.manual_seed(spec.seed)
-    return TrainStep(backends.build(spec, backend, precision, device), spec.lr, device)
+    built = backends.build(spec, backend, precision, device)
+    if spec.parallel != "none":
+        target = distributed.wrap(built.model, spec.parallel, device, ranks)
+        built.forward = torch.compile(target) if spec.compile else target
+    return TrainStep(built, spec.lr, device)
 
 
 @dataclass

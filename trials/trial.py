@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from . import memory, te_compat
+from . import distributed, memory, te_compat
 from .capability import Capability, probe, resolve
 from .fingerprint import fingerprint
 from .metrics import flops_per_step
@@ -49,6 +49,7 @@ def run_trial(spec: TrialSpec, capability: Capability | None = None, process_tri
     device = "cpu"
     baseline = None
     try:
+        distributed.select_device(spec.world_size, spec.parallel)
         cap = capability or probe(spec.device, want_te=spec.backend in ("te", "auto"), want_torchao=spec.backend == "torchao")
         record.update(gpu_name=cap.gpu_name, compute_capability=cap.compute_capability,
                       sm_count=cap.sm_count, gpu_total_memory_bytes=cap.total_memory_bytes)
@@ -58,8 +59,9 @@ def run_trial(spec: TrialSpec, capability: Capability | None = None, process_tri
         record["te_version"] = cap.te_version or record["te_version"]
         cfg = ModelConfig.from_spec(spec)
         record.update(effective_device=device, n_params=param_count(cfg), n_matmul_params=matmul_param_count(cfg))
-        if spec.workload == "train":
-            record.update(tokens_per_step=spec.tokens, flops_per_step=flops_per_step(cfg, spec.tokens))
+        if spec.workload == "train":  # the global batch: every rank's rows
+            tokens = spec.tokens * spec.world_size
+            record.update(tokens_per_step=tokens, flops_per_step=flops_per_step(cfg, tokens))
         if res.unsupported:
             record.update(status="unsupported", error=res.unsupported)
             log.info("unsupported: %s", res.unsupported)
@@ -67,7 +69,8 @@ def run_trial(spec: TrialSpec, capability: Capability | None = None, process_tri
             record.update(effective_backend=res.backend, effective_precision=res.precision,
                           effective_recipe=res.recipe)
             baseline = memory.reset(device)
-            WORKLOADS[spec.workload](spec, res, cfg, record, t0)
+            with distributed.session(spec.world_size, spec.parallel, device) as ranks:
+                WORKLOADS[spec.workload](spec, res, cfg, record, t0, ranks)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a record
         record.update(status="oom" if is_oom(exc) else "error", error=f"{type(exc).__name__}: {exc}"[:4000],
                       error_type=type(exc).__name__)

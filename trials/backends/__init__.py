@@ -86,6 +86,7 @@ class Built:
     recipe: Any = None
     forward: Any = None
     info: dict[str, Any] = field(default_factory=dict)
+    after_step: Any = None  # called after each optimizer step (torchao: FP8 scales for FSDP's FP8 all-gather)
 
 
 def build(spec: Any, backend: str, precision: str, device: str) -> Built:

@@ -10,6 +10,7 @@ are meant to run with ``compile: true``; the record says which modules were conv
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from typing import Any
@@ -91,9 +92,18 @@ def build(spec: Any, precision: str, device: str) -> Built:
     if precision != "fp8":
         return Built(model, forward=compiled(model, spec), info={"torchao_version": version()})
     keep = _Filter()
-    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(spec.recipe), module_filter_fn=keep)
+    config = Float8LinearConfig.from_recipe_name(spec.recipe)
+    after_step = None
+    if spec.fp8_all_gather:  # FSDP2 all-gathers the FP8 weights; their scales are made once per step for it
+        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
+
+        def after_step() -> None:
+            precompute_float8_dynamic_scale_for_fsdp(model)
+    convert_to_float8_training(model, config=config, module_filter_fn=keep)
     log.info("torchao %s: %d Linears in float8, kept %s", spec.recipe, len(keep.converted), keep.skipped)
-    return Built(model, forward=compiled(model, spec), info=keep.info())
+    return Built(model, forward=compiled(model, spec), info=keep.info(), after_step=after_step)
 
 
 def quantize_for_serving(model: nn.Module, recipe: str) -> dict[str, Any]:

@@ -49,7 +49,8 @@ CALIBRATION_BATCHES = 4  # forward passes in TE's calibration mode before FP8 sc
 PROFILED_GENERATIONS = 1  # a generation is gen_len - 1 decode steps already
 
 
-def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, Any], t0: float) -> None:
+def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, Any], t0: float,
+        ranks: Any = None) -> None:
     """Train, build the inference model, time prefill and decode; fills ``record`` in place."""
     t_setup = time.perf_counter()
     high = "fp32" if res.precision == "fp32" else "bf16"

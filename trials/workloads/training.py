@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 import time
 from typing import Any
 
-from .. import energy, kernels
+import torch
+
+from .. import distributed, energy, kernels
 from ..bench import benchmark
 from ..capability import Resolution
 from ..data import ArithmeticSequences
@@ -20,13 +23,17 @@ from ..train import build_train_step, fp8_state, train
 BENCH_BATCHES = 4  # distinct pre-made batches cycled through the timed steps
 
 
-def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, Any], t0: float) -> None:
-    """Build, train, benchmark and check one model; fills ``record`` in place."""
+def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, Any], t0: float,
+        ranks: distributed.Ranks = distributed.SINGLE) -> None:
+    """Build, train, benchmark and check one model; fills ``record`` in place (on every rank of a
+    multi-rank trial: each holds the same slowest-rank timing; rank 0's record is the one kept)."""
     t_setup = time.perf_counter()
-    step = build_train_step(spec, res.backend, res.precision, res.device)
+    step = build_train_step(spec, res.backend, res.precision, res.device, ranks)
     model, te, recipe = step.model, step.te, step.recipe
     record.update(step.built.info)
-    data = ArithmeticSequences(spec.vocab, spec.seq_len, res.device, spec.seed)
+    data: Any = ArithmeticSequences(spec.vocab, spec.seq_len, res.device, spec.seed)
+    if spec.parallel != "none":
+        data = distributed.RankData(data, ranks)  # this rank's rows of the global batch
     if spec.cuda_graphs:
         step.capture(data.batch(spec.batch_size)[0])
     record["setup_s"] = time.perf_counter() - t_setup
@@ -34,7 +41,7 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, An
     t_train = time.perf_counter()
     record["startup_s"] = t_train - t0
     trained = train(step, data, spec.train_steps, spec.batch_size)
-    losses = trained.losses
+    losses = distributed.mean(trained.losses, ranks)  # the global batch's loss
     record.update(train_s=time.perf_counter() - t_train, first_step_s=trained.first_step_s, loss_first=losses[0],
                   loss_final=losses[-1], loss_curve=losses)
     bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
@@ -48,10 +55,18 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, An
     batches = [data.batch(spec.batch_size) for _ in range(BENCH_BATCHES)]
     result = benchmark(step, batches, res.device, spec.warmup_steps, spec.bench_steps, spec.repeats)
     record["bench_s"] = time.perf_counter() - t_bench
-    stats = step_stats(result.step_ms)
+    step_ms = distributed.slowest(result.step_ms, ranks)  # a step takes as long as its slowest rank
+    stats = step_stats(step_ms)
     record.update(stats)
-    record.update(throughput(cfg, spec.tokens, stats["step_ms_mean"], record["gpu_name"], res.precision))
-    record.update(timer=result.timer, step_times_ms=result.step_ms, repeat_medians_ms=result.repeat_medians_ms,
+    record.update(throughput(cfg, spec.tokens * ranks.world, stats["step_ms_mean"], record["gpu_name"], res.precision,
+                             gpus=ranks.world))
+    if ranks.world > 1 or spec.parallel != "none":
+        record.update(distributed.facts(ranks, res.device))
+        if res.device == "cuda":
+            peaks = distributed.gathered(int(torch.cuda.max_memory_allocated()), ranks)
+            record.update(rank_peak_mem_min_bytes=min(peaks), rank_peak_mem_max_bytes=max(peaks))
+    medians = [statistics.median(step_ms[i:i + spec.bench_steps]) for i in range(0, len(step_ms), spec.bench_steps)]
+    record.update(timer=result.timer, step_times_ms=step_ms, repeat_medians_ms=medians,
                   host_ms_per_step=result.host_ms_per_step, launch_bound=result.launch_bound,
                   bench_loss_final=result.last_loss)
     if not math.isfinite(result.last_loss):
@@ -60,7 +75,8 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, An
     why_this_number(spec, res.device, step, batches, record)
 
     t_gen = time.perf_counter()
-    gen = generation_check(model, spec.prompt_len, spec.gen_len, spec.seed + 1, te, recipe)
+    with distributed.whole(model, spec.parallel):
+        gen = generation_check(model, spec.prompt_len, spec.gen_len, spec.seed + 1, te, recipe)
     record.update(gen_s=time.perf_counter() - t_gen, gen_tokens=gen.tokens,
                   gen_stride_accuracy=gen.stride_accuracy, status="ok", error=None)
 

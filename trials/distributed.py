@@ -1,0 +1,196 @@
+"""The rank seam: one trial, N processes, one record. torchrun-style ranks, DDP or FSDP2, slowest-rank timing.
+
+A trial with ``world_size > 1`` (or ``parallel`` other than ``none``) runs in ``world_size`` processes
+started by whoever launches it: ``torchrun --nproc-per-node N -m trials ...`` or a Ray Train worker
+group. Each reads its place from the environment torchrun sets (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and joins one process group: NCCL on GPUs, gloo on
+CPU (where a launcher already made one, as Ray Train does, it is used as is).
+
+- ``batch_size`` is per rank. Every rank draws the same global batch (``world_size * batch_size``
+  rows) from the seeded data and trains on its own rows, so DDP's averaged gradient is exactly the
+  one-process gradient of the global batch (the acceptance test checks the loss curves agree).
+- ``parallel: ddp`` wraps the model in ``DistributedDataParallel``; ``parallel: fsdp`` shards it with
+  FSDP2 (``torch.distributed.fsdp.fully_shard``): one unit per block, then the root.
+- A step's time is the slowest rank's: each rank times its own steps, then an all-reduce (MAX) of the
+  per-step times; every rank then holds the same numbers, so whatever runs after timing (the energy
+  window, the profiler) runs the same number of steps on every rank and no collective waits forever.
+- Rank 0 keeps the record; the others return theirs for nobody to write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+import torch.nn as nn
+
+log = logging.getLogger(__name__)
+
+PARALLEL = ("none", "ddp", "fsdp")
+COLLECTIVE_TIMEOUT_S = 300  # a rank that stops makes the others fail after this, not hang
+
+
+@dataclass(frozen=True)
+class Ranks:
+    rank: int = 0
+    world: int = 1
+    local: int = 0
+
+    @property
+    def lead(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls) -> "Ranks":
+        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
+                   int(os.environ.get("LOCAL_RANK", 0)))
+
+
+SINGLE = Ranks()
+
+
+@contextlib.contextmanager
+def session(world_size: int, parallel: str, device: str) -> Iterator[Ranks]:
+    """This process's place in the trial's process group (made here if the launcher made none)."""
+    if world_size == 1 and parallel == "none":
+        yield SINGLE
+        return
+    import torch.distributed as dist
+
+    ranks = Ranks.from_env()
+    if ranks.world != world_size:
+        raise RuntimeError(f"world_size: the trial asks for {world_size} ranks but this process is rank {ranks.rank} "
+                           f"of WORLD_SIZE={ranks.world}; start it with torchrun --nproc-per-node {world_size} "
+                           "(or through juicytalk sweep)")
+    made = not dist.is_initialized()
+    if device == "cuda":
+        torch.cuda.set_device(ranks.local)
+    if made:
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        backend = "nccl" if device == "cuda" else "gloo"
+        timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+        if "MASTER_ADDR" in os.environ:  # torchrun or another launcher said where rank 0 listens
+            dist.init_process_group(backend, timeout=timeout)
+        else:  # one rank on its own (world_size 1 under DDP or FSDP2): a group of one on a free local port
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+                                    timeout=timeout)
+    try:
+        yield ranks
+    finally:
+        if made:
+            dist.destroy_process_group()
+
+
+def global_batch(data: Any, batch: int, ranks: Ranks) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's rows of the global batch (every rank draws the same ``world * batch`` rows)."""
+    x, y = data.batch(batch * ranks.world)
+    rows = slice(ranks.rank * batch, (ranks.rank + 1) * batch)
+    return x[rows], y[rows]
+
+
+class RankData:
+    """``data.batch(b)`` for one rank: its ``b`` rows of a global batch of ``world * b``."""
+
+    def __init__(self, data: Any, ranks: Ranks):
+        self.data, self.ranks = data, ranks
+        self.device, self.vocab, self.seq_len = data.device, data.vocab, data.seq_len
+
+    def batch(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return global_batch(self.data, batch, self.ranks)
+
+
+def wrap(model: nn.Module, parallel: str, device: str, ranks: Ranks) -> nn.Module:
+    """The module the step calls: DDP around ``model``, or ``model`` itself sharded in place by FSDP2."""
+    if parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, device_ids=[ranks.local] if device == "cuda" else None)
+    if parallel == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        return model
+    return model
+
+
+@contextlib.contextmanager
+def whole(model: nn.Module, parallel: str) -> Iterator[None]:
+    """The root's own parameters gathered for code that calls the model's parts directly (generation
+    reads ``model.tok`` and ``model.head``, which FSDP2's forward hooks on the root would not gather)."""
+    if parallel != "fsdp":
+        yield
+        return
+    model.unshard()
+    try:
+        yield
+    finally:
+        model.reshard()
+
+
+def slowest(values: list[float], ranks: Ranks) -> list[float]:
+    """Per-step times of the slowest rank (elementwise MAX over ranks)."""
+    return _reduce(values, ranks, "MAX")
+
+
+def mean(values: list[float], ranks: Ranks) -> list[float]:
+    """Elementwise mean over ranks: a rank's loss is its rows' mean, the global batch's is their mean."""
+    total = _reduce(values, ranks, "SUM")
+    return [v / ranks.world for v in total]
+
+
+def _reduce(values: list[float], ranks: Ranks, op: str) -> list[float]:
+    if ranks.world == 1:
+        return list(values)
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
+    dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+    return t.tolist()
+
+
+def select_device(world_size: int, parallel: str) -> None:
+    """A multi-rank trial's process takes its own GPU before anything touches CUDA."""
+    if (world_size > 1 or parallel != "none") and torch.cuda.is_available():
+        torch.cuda.set_device(Ranks.from_env().local)
+
+
+def gathered(value: float | int | str | None, ranks: Ranks) -> list[Any]:
+    """Every rank's ``value`` (on every rank)."""
+    if ranks.world == 1:
+        return [value]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * ranks.world
+    dist.all_gather_object(out, value)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _comm_device() -> str:
+    import torch.distributed as dist
+
+    return "cuda" if dist.get_backend() == "nccl" else "cpu"
+
+
+def facts(ranks: Ranks, device: str) -> dict[str, Any]:
+    """Record fields about the group: the NCCL version, whether all ranks share one host."""
+    hosts = gathered(socket.gethostname(), ranks)
+    nccl = None
+    if device == "cuda":
+        with contextlib.suppress(Exception):
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    return {"nccl_version": nccl, "interconnect": "same host" if len(set(hosts)) == 1 else
+            f"{len(set(hosts))} hosts"}
