@@ -24,10 +24,11 @@ from typing import Any, Iterator
 from trials.record import FINAL_STATUSES
 
 from .launchers.base import PACKAGE_ROOT
+from .launchers.ranks import RANKS_DRIVER_CPU
 from .lock import sweep_lock
 from .store import StorageFull, Store, utc_stamp
-from .sweep import Sweep
 from .search import Search
+from .sweep import Sweep
 from .work import Context, WorkItem, grid_items
 
 log = logging.getLogger(__name__)
@@ -151,6 +152,19 @@ def check_resources(ray: Any, resources: dict[str, float]) -> dict[str, float]:
     return wanted
 
 
+def check_ranks(ray: Any, items: list[WorkItem], resources: dict[str, float]) -> None:
+    """A multi-rank cell needs world_size trials' worth of resources at once; refuse it in one line when the
+    cluster can never give them (before any trial starts)."""
+    widest = max((int(it.spec.get("world_size", 1)) for it in items), default=1)
+    if widest <= 1:
+        return
+    total = ray.cluster_resources()
+    kind, need = ("GPU", widest * resources.get("gpu", 0)) if resources.get("gpu") else ("CPU", widest * resources["cpu"])
+    if total.get(kind, 0) < need:
+        raise SweepInputError(f"world_size: {widest} ranks need {need:g} {kind}s at once; this cluster has "
+                              f"{total.get(kind, 0):g}")
+
+
 def _probe_storage(path: str, marker: str) -> tuple[str, bool]:
     import ray
 
@@ -224,8 +238,14 @@ def fit(ray: Any, sweep: Sweep, store: Store, context: Context, resources: dict[
     from .trackers import build_callbacks
     from .trainable import STORAGE_FULL, TrialTrainable
 
-    trainable = tune.with_resources(tune.with_parameters(TrialTrainable, context=context),
-                                    {"cpu": resources["cpu"], "gpu": resources.get("gpu", 0)})
+    one = {"cpu": resources["cpu"], "gpu": resources.get("gpu", 0)}
+
+    def per_trial(config: dict[str, Any]) -> dict[str, float]:
+        # a multi-rank trial holds next to nothing itself (Ray needs some resource): its Ray Train workers take
+        # one trial's resources per rank, less that sliver on CPU (trials/ranks: orchestrator/launchers/ranks.py)
+        return {"cpu": RANKS_DRIVER_CPU, "gpu": 0} if int(config.get("world_size", 1)) > 1 else one
+
+    trainable = tune.with_resources(tune.with_parameters(TrialTrainable, context=context), per_trial)
     tuner = tune.Tuner(
         trainable,
         param_space=param_space(items) if items else {},
@@ -299,7 +319,8 @@ def _run_locked(sweep: Sweep, storage: str, address: str | None, restart: bool, 
             resources = check_resources(ray, sweep.resources)
             check_shared_storage(ray, store)
             run["run_gpus"] = int(ray.cluster_resources().get("GPU", 0)) if resources.get("gpu") else 0
-            context = context.with_run(run)
+            check_ranks(ray, items, resources)
+            context = context.with_run(run, resources)
             if progress is not None:
                 progress.start(store, items, done)
             try:

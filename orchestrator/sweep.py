@@ -310,11 +310,6 @@ def _expand(sweep: Sweep, prefixes: list[tuple], err) -> None:
                 place = prefix + (exc.field,) if exc.field in grid else ("fixed", exc.field)
                 shown = ", ".join(f"{k}={v}" for k, v in zip(keys, combo))
                 raise err(place, f"{exc} (in cell {shown})") from None
-            if spec.world_size > 1:  # before Ray or any trial starts: a sweep cannot launch ranks yet
-                place = prefix + ("world_size",) if "world_size" in grid else ("fixed", "world_size")
-                raise err(place, f"{spec.world_size}: multi-rank trials run under torchrun for now (torchrun "
-                          f"--nproc-per-node {spec.world_size} -m trials ...); launching them from a sweep (Ray Train) "
-                          "is not built yet; world_size 1 with parallel ddp or fsdp runs here")
             cid = cell_id(spec)
             if cid in seen:
                 dropped = {k: v for k, v in asked.items() if values.get(k, _DEFAULTS.get(k)) != v}

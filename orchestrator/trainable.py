@@ -21,6 +21,8 @@ from ray import tune
 from trials import nvml
 
 from .launchers import LaunchSettings, TrialDied, make_launcher
+from .launchers.base import trial_env
+from .launchers.ranks import RANKS_DRIVER_CPU, run_ranks
 from .store import StorageFull, Store
 from .trackers.base import RESULT_TAGS
 from .work import Context, WorkItem
@@ -77,7 +79,7 @@ class TrialTrainable(tune.Trainable):
         self.context = context
         self.item = WorkItem.from_config(config)
         self.settings = LaunchSettings(**context.launch)
-        self.launcher = make_launcher(self.settings)
+        self._launcher: Any = None  # made on the first single-rank trial (a multi-rank one needs no trial process)
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         """Take the next trial on this worker, keeping the launcher and its ready trial process."""
@@ -96,14 +98,23 @@ class TrialTrainable(tune.Trainable):
         store = Store(ctx.storage, ctx.sweep_name)
         info = {"worker_pid": os.getpid(), "node_ip": ray.util.get_node_ip_address(), "label": item.label,
                 "started_at": time.time(), "trial_id": self.trial_id}
-        gpu = gpu_context(self.launcher.own_pids())
+        gpu = gpu_context(self._launcher.own_pids() if self._launcher is not None else frozenset())
 
         def started(pid: int) -> None:
             store.mark_running(item.key, {**info, "child_pid": pid})
 
         store.mark_running(item.key, info)
         try:
-            outcome = self.launcher.run(item.spec, ctx.timeout_s, on_start=started)
+            if int(item.spec.get("world_size", 1)) > 1:  # the ranks are Ray Train workers, not a trial process
+                env = {k: v for k, v in trial_env(self.settings).items() if k.endswith("CACHE_DIR")}
+                train_dir = store.path("ray", "train") if store.local else f"{ctx.storage.rstrip('/')}/{ctx.sweep_name}/ray/train"
+                use_gpu = bool(ctx.resources.get("gpu"))
+                cpu = ctx.resources.get("cpu", 1) - (0 if use_gpu else RANKS_DRIVER_CPU)  # the trial's sliver, on CPU
+                outcome = run_ranks(item.spec, env, use_gpu, cpu, train_dir, f"{item.key}-{int(time.time())}")
+            else:
+                if self._launcher is None:
+                    self._launcher = make_launcher(self.settings)
+                outcome = self._launcher.run(item.spec, ctx.timeout_s, on_start=started)
         finally:
             store.clear_running(item.key)
         store.write_text(store.path("logs", item.key + ".log"), outcome.log_text)
@@ -120,4 +131,5 @@ class TrialTrainable(tune.Trainable):
         return {**tune_metrics(record), "done": True}
 
     def cleanup(self) -> None:
-        self.launcher.close()
+        if self._launcher is not None:
+            self._launcher.close()

@@ -13,7 +13,7 @@ import pytest
 from orchestrator.sweep import SweepError, parse_sweep
 from trials import SpecError, TrialSpec
 
-from .conftest import REPO, _free_port, cli_env
+from .conftest import REPO, _free_port, cli_env, juicytalk
 
 TINY = ["--d-model", "32", "--n-layers", "2", "--seq-len", "32", "--train-steps", "8", "--warmup-steps", "1",
         "--bench-steps", "3", "--gen-len", "4", "--device", "cpu", "--backend", "torch", "--precision", "fp32", "-q"]
@@ -62,12 +62,39 @@ def test_multi_rank_settings_that_cannot_run_name_their_field(values, field):
     assert exc.value.field == field, str(exc.value)
 
 
-def test_a_sweep_with_world_size_2_is_refused_in_one_line_before_ray_starts():
-    text = textwrap.dedent("""
-        name: mg
-        grid: {world_size: [1, 2], parallel: [ddp]}
-    """)
+def test_a_sweep_cell_with_ranks_but_no_parallel_is_one_line():
     with pytest.raises(SweepError) as exc:
-        parse_sweep(text, source="s.yaml")
-    assert exc.value.key == "grid.world_size" and exc.value.line == 3 and "torchrun" in str(exc.value)
-    assert TrialSpec(parallel="fsdp").world_size == 1  # world_size 1 with FSDP2 is a cell a sweep runs
+        parse_sweep(textwrap.dedent("""
+            name: mg
+            grid: {world_size: [1, 2]}
+        """), source="s.yaml")
+    assert exc.value.key == "grid.world_size" or exc.value.key.endswith("parallel"), str(exc.value)
+    assert "parallel: ddp or fsdp" in str(exc.value)
+
+
+def test_a_two_rank_cell_runs_through_ray_train_inside_its_tune_trial(tmp_path, ray_cluster):
+    """On the test cluster's two one-CPU nodes: the Tune trial holds nothing, its two Ray Train workers a CPU
+    each (one per node), gloo between them; one record. world_size 4 cannot fit: one line, exit 2."""
+    sweep = tmp_path / "mg.yaml"
+    body = """
+        name: {name}
+        grid: {{world_size: [{world}], parallel: [ddp]}}
+        fixed: {{d_model: 32, n_layers: 2, seq_len: 32, batch_size: 4, train_steps: 8, warmup_steps: 1, bench_steps: 3,
+                gen_len: 4, backend: torch, precision: fp32}}
+        resources: {{cpu: 1, gpu: 0}}
+    """
+    sweep.write_text(textwrap.dedent(body.format(name="mg", world=2)))
+    env = cli_env(RAY_ADDRESS=ray_cluster, OMP_NUM_THREADS="1")
+    run = juicytalk("sweep", str(sweep), "--out", str(tmp_path / "out"), "--no-progress", "--no-report", env=env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    records = list((tmp_path / "out" / "mg" / "trials").glob("*.parquet"))
+    assert len(records) == 1
+    import pyarrow.parquet as pq
+
+    rec = pq.read_table(records[0]).to_pylist()[0]
+    assert rec["status"] == "ok" and rec["world_size"] == 2 and rec["parallel"] == "ddp", rec["error"]
+    assert rec["tokens_per_step"] == 2 * 4 * 32 and rec["kernel_ms_comm"] > 0
+    sweep.write_text(textwrap.dedent(body.format(name="mg4", world=4)))
+    big = juicytalk("sweep", str(sweep), "--out", str(tmp_path / "out"), "--no-progress", env=env)
+    assert big.returncode == 2 and "world_size: 4 ranks need 4 CPUs at once; this cluster has 2" in big.stderr
+    assert not (tmp_path / "out" / "mg4" / "trials").exists() or not list((tmp_path / "out" / "mg4" / "trials").iterdir())
