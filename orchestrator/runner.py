@@ -208,6 +208,12 @@ def param_space(items: list[WorkItem]) -> dict[str, Any]:
     return space
 
 
+def _trial_name(trial: Any) -> str:
+    """label-s<sample>, as the sweep's tables name a trial (grid or searcher alike)."""
+    item = WorkItem.from_config(trial.config)
+    return f"{item.label}-s{item.sample}"
+
+
 def _stop_when_storage_is_full() -> Any:
     """A Tune stopper: once a trial could not write to the store because it is full, stop every trial."""
     from ray import tune
@@ -254,7 +260,7 @@ def fit(ray: Any, sweep: Sweep, store: Store, context: Context, resources: dict[
             search_alg=searcher,
             max_concurrent_trials=max_concurrent,
             reuse_actors=True,
-            trial_name_creator=lambda t: f"{t.config['trial']}",
+            trial_name_creator=_trial_name,
             trial_dirname_creator=lambda t: t.config["trial"],
         ),
         run_config=tune.RunConfig(

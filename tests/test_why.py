@@ -91,3 +91,19 @@ def test_compare_shows_the_cap_and_clock_of_both_sides():
     row = compare_runs(a, b).iloc[0]
     assert (row["a_power_limit_w"], row["b_power_limit_w"]) == (700.0, 500.0)
     assert row["a_sm_clock_mean_mhz"] == pytest.approx(1600.5)
+
+
+def test_scaling_across_gpus_is_the_one_rank_time_over_the_n_rank_time(tmp_path):
+    """Weak scaling from records: 100 ms on one rank, 110 ms on two (FSDP2): efficiency 0.909."""
+    store = Store(str(tmp_path), "scale")
+    store.ensure()
+    for s, jitter in enumerate((1.0, 1.01)):
+        for world, ms in ((1, 100.0), (2, 110.0)):
+            rec = _rec("bf16", ms * jitter, 50.0, s)
+            rec.update(world_size=world, parallel="fsdp", cell_id=f"ws{world}", cell_label=f"d512-fsdp{world}",
+                       tokens_per_s_per_gpu=8192 / (ms * jitter / 1000))
+            store.write_record(rec)
+    md = Path(build_report(store.root).md_path).read_text()
+    section = md.split("## Scaling across GPUs")[1].split("\n## ")[0]
+    row = next(line for line in section.splitlines() if "| fsdp | 2 |" in line)
+    assert "| 0.909 |" in row, row

@@ -15,6 +15,7 @@ from trials.atomic import write_text_atomic
 from ..efficiency import concurrent_trials, run_efficiency
 from .analysis import DECODE_STEP, TRAIN_STEP, Pairs, Timing, crossover, knob_effects, per_layer_costs, varying_keys
 from .inference import InferencePairs, inference_sections, split
+from .scaling import scaling_table
 from .why import ENERGY_FIELDS, bounds, breakdown, conditions, energy_table
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,11 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
             sections.append(("Recipes and formats: what changed", "a difference is beyond noise when the two 95% "
                              "intervals do not overlap", pd.DataFrame({"finding": findings})))
     sections += why_sections(df, rows, TRAIN_STEP, "step", "training step")
+    scaling = scaling_table(df)
+    if not scaling.empty:
+        sections.append(("Scaling across GPUs", "weak scaling (batch_size per rank): efficiency = one-rank step time / "
+                         "N-rank step time = per-GPU tokens/s at N over at 1, 95% interval over samples; FP8 speedups "
+                         "at each world size are in the tables above (world_size is part of every pairing)", scaling))
     layers, estimates = per_layer_costs(df)
     if not layers.empty:
         sections.append(("Per-layer cost", "the same cell at two depths: per layer = (t_deep - t_shallow) / (L_deep - "
