@@ -209,7 +209,7 @@ def param_space(items: list[WorkItem]) -> dict[str, Any]:
 
 
 def _trial_name(trial: Any) -> str:
-    """label-s<sample>, as the sweep's tables name a trial (grid or searcher alike)."""
+    """label-s<sample>, as the sweep's tables name a trial, from a searcher's (concrete) config."""
     item = WorkItem.from_config(trial.config)
     return f"{item.label}-s{item.sample}"
 
@@ -245,6 +245,7 @@ def fit(ray: Any, sweep: Sweep, store: Store, context: Context, resources: dict[
     from .trainable import STORAGE_FULL, TrialTrainable
 
     one = {"cpu": resources["cpu"], "gpu": resources.get("gpu", 0)}
+    names = {it.key: f"{it.label}-s{it.sample}" for it in items or []}  # a grid config is not resolved when named
 
     def per_trial(config: dict[str, Any]) -> dict[str, float]:
         # a multi-rank trial holds next to nothing itself (Ray needs some resource): its Ray Train workers take
@@ -260,7 +261,7 @@ def fit(ray: Any, sweep: Sweep, store: Store, context: Context, resources: dict[
             search_alg=searcher,
             max_concurrent_trials=max_concurrent,
             reuse_actors=True,
-            trial_name_creator=_trial_name,
+            trial_name_creator=lambda t: names.get(t.config["trial"]) or _trial_name(t),
             trial_dirname_creator=lambda t: t.config["trial"],
         ),
         run_config=tune.RunConfig(
