@@ -96,7 +96,10 @@ def measure(run: Callable[[], Any], calls: int, device: str) -> Energy:
         sampler.join()
         out.window_s, out.joules = t1 - t0, (e1 - e0) / 1000.0
         me = os.getpid()
-        out.shared = any(pid != me for pid, _ in nvml.compute_processes(nv, handle))
+        try:
+            out.shared = any(pid != me for pid, _ in nvml.compute_processes(nv, handle))
+        except Exception as exc:  # noqa: BLE001 - a container may not list processes: unknown, not a failure
+            log.debug("NVML processes: %s", exc)
     return out
 
 
