@@ -66,10 +66,8 @@ class Search:
         decision = self.decide()
         if decision.answer is not None:
             return decision.answer
-        partial = Bisection(self.plan)  # not finished (interrupted): say so, with what is known
-        partial.seen = dict(self.bisection.seen)
-        ans = partial._answer(False, "search not finished (interrupted); rerun the same command to resume", None,
-                              None, {})
+        ans = self.bisection._answer(False, "search not finished (interrupted); rerun the same command to resume",
+                                     None, None, {})  # what is known so far
         ans.done = False
         return ans
 

@@ -95,6 +95,11 @@ class CellStats:
     record: dict[str, Any] = field(default_factory=dict)
 
 
+def shape_key(values: Any, keys: list[str] = SHAPE_KEYS) -> tuple:
+    """A cell's identity across tables: its ``keys`` fields, missing values (None or NaN) as None."""
+    return tuple(None if v is None or v != v else v for v in (values[k] for k in keys))
+
+
 def _median(values: list[float]) -> float:
     return float(np.median(values)) if values else float("nan")
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-from .analysis import DECODE_STEP, PREFILL, SHAPE_KEYS, Pairs, _interval, against_fastest_bf16, pair_cells, varying_keys
+from .analysis import (DECODE_STEP, PREFILL, SHAPE_KEYS, Pairs, _interval, against_fastest_bf16, pair_cells, shape_key,
+                       varying_keys)
 
 
 @dataclass
@@ -48,8 +49,8 @@ def _cells(infer: pd.DataFrame) -> pd.DataFrame:
 
 
 def _key(values: Any, variant: str) -> tuple:
-    """A cell's identity across tables: its shape fields (missing values as None) and its variant."""
-    return tuple(None if v is None or v != v else v for v in (values[k] for k in SHAPE_KEYS)) + (variant,)
+    """A cell's identity across tables: its shape fields and its variant."""
+    return shape_key(values) + (variant,)
 
 
 def inference_sections(infer: pd.DataFrame, pairs: InferencePairs | None) -> list[tuple[str, str, pd.DataFrame]]:

@@ -26,7 +26,7 @@ import pandas as pd
 
 from trials.kernels import CLASSES
 
-from .analysis import BOOTSTRAP_SEED, SHAPE_KEYS, Timing, _median, bootstrap_ratio
+from .analysis import BOOTSTRAP_SEED, Timing, _median, bootstrap_ratio, shape_key
 
 KERNEL_FIELDS = [f"kernel_ms_{c}" for c in CLASSES]
 GEMM_FIELDS = ["kernel_ms_gemm_bf16", "kernel_ms_gemm_fp8"]
@@ -36,11 +36,6 @@ CAST_FIELDS = ["kernel_ms_fp8_cast", "kernel_ms_elementwise"]
 ENERGY_FIELDS = ["energy_j_per_step", "tokens_per_j", "power_mean_w", "power_max_w", "sm_clock_mean_mhz",
                  "sm_clock_min_mhz", "sm_clock_max_mhz", "power_limit_w"]
 RESAMPLES = 2000
-
-
-def shape_key(values: Any) -> tuple:
-    """A cell's shape identity (missing values as None), as the pairing's rows carry it."""
-    return tuple(None if v is None or v != v else v for v in (values[k] for k in SHAPE_KEYS))
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
