@@ -33,15 +33,24 @@ class Search:
         self.bisection = Bisection(plan)
         self.refresh()
 
+    @property
+    def columns(self) -> list[str]:
+        return ["cell_id", "sample", "status", self.timing.median, "trial_wall_s", "error", "gpu_name"]
+
     def refresh(self) -> None:
-        """Observe every record on disk that belongs to one of the plan's cells."""
+        """Observe every record on disk that belongs to one of the plan's cells (once, at the start)."""
         if not self.store.record_files():
             return
-        columns = ["cell_id", "sample", "status", self.timing.median, "trial_wall_s", "error", "gpu_name"]
-        for r in self.store.read_records(columns).to_pylist():
+        for r in self.store.read_records(self.columns).to_pylist():
             where = self.cells.get(r["cell_id"])
             if where is not None:
                 self.observe(where, int(r["sample"]), r)
+
+    def observe_trial(self, side: str, x: int, sample: int) -> None:
+        """Observe the record one finished trial wrote; none means its worker died every time Tune tried."""
+        item = self.item(side, x, sample)
+        r = self.store.read_record(item.key, self.columns)
+        self.observe((side, x), sample, r or {"status": "error", "error": "no record: the trial's worker died"})
 
     def observe(self, where: tuple[str, int], sample: int, r: dict[str, Any]) -> None:
         self.bisection.observe(*where, sample, Outcome(str(r.get("status")), r.get(self.timing.median),
@@ -98,6 +107,4 @@ class CrossoverSearcher(Searcher):
         want = self.pending.pop(trial_id, None)
         if want is None:
             return
-        self.search.refresh()  # the record the trial wrote (or nothing, if its worker died every time)
-        if want not in self.search.bisection.seen:
-            self.search.observe(want[:2], want[2], {"status": "error", "error": "no record: the trial's worker died"})
+        self.search.observe_trial(*want)

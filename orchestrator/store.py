@@ -192,6 +192,16 @@ class Store:
                 if not self._quarantine_unreadable(files):
                     raise exc
 
+    def read_record(self, key: str, columns: Iterable[str] | None = None) -> dict[str, Any] | None:
+        """The record of one (cell, sample) key, or None when there is none (or it is unreadable)."""
+        try:
+            table = pq.read_table(self.path("trials", key + ".parquet"), schema=RECORD_SCHEMA,
+                                  columns=list(columns) if columns else None, filesystem=self.fs)
+        except (FileNotFoundError, pa.ArrowException, OSError):
+            return None
+        rows = table.to_pylist()
+        return rows[0] if rows else None
+
     def _quarantine_unreadable(self, files: list[str]) -> int:
         """Move record files that are not readable Parquet of our schema to ``quarantine/``."""
         moved = 0
