@@ -204,7 +204,7 @@ class Bisection:
                 need = [(side, x, s) for side in SIDES for s in range(n) if (side, x, s) not in self.seen]
                 if need:
                     return need
-                probe = self._probe(x, n)
+                probe = self.probe(x, n)
                 probes[x] = probe
                 if probe.verdict == "straddle" and n < plan.max_samples:
                     n += 1
@@ -258,7 +258,7 @@ class Bisection:
         mid = math.sqrt(points[a] * points[b])
         return min(range(a + 1, b), key=lambda i: (abs(math.log(points[i] / mid)), i))
 
-    def _probe(self, x: int, n: int) -> Probe:
+    def probe(self, x: int, n: int) -> Probe:
         outs = {side: [self.seen[(side, x, s)] for s in range(n)] for side in SIDES}
         for side in SIDES:
             bad = next((o for o in outs[side] if o.status != "ok" or o.ms is None), None)

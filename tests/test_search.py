@@ -65,7 +65,7 @@ def dense_grid(p, f=speedup) -> tuple[int, int]:
                         ms = 10.0 * JITTER[s % 4] * (1.0 if side == "baseline" else 1.0 / f(x))
                         b.observe(side, x, s, Outcome("ok", ms))
                         trials += 1
-            probe = b._probe(x, n)
+            probe = b.probe(x, n)
             if probe.verdict != "straddle" or n == p.max_samples:
                 break
             n += 1

@@ -1,0 +1,86 @@
+"""Does the crossover search find what a dense grid finds, and for how much less GPU time?
+
+Reads a search's records (the sweep directory of a ``search:`` sweep) and a dense grid's records over
+the same cells (run in another directory, so the search could not reuse them), and prints, as
+Markdown: the grid's speedup and 95% interval at every point, the grid's crossover (the smallest
+point from which every point is above the target; also the first point above), the search's
+bracket, whether the two agree within one step, and GPU-seconds (sum of ``trial_wall_s``) of each.
+The grid's points are judged with the search's own rule (``Bisection.probe``) at the samples the
+grid has. Usage:
+    python benchmarks/crossover_vs_grid.py SEARCH.yaml SEARCH_DIR GRID_DIR
+(SEARCH_DIR, GRID_DIR: ``--out``/<sweep name> of each run.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from orchestrator.crossover import SIDES
+from orchestrator.search import Search
+from orchestrator.store import Store
+from orchestrator.sweep import load_sweep
+
+
+def store_of(directory: str) -> Store:
+    p = Path(directory).resolve()
+    return Store(str(p.parent), p.name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweep")
+    parser.add_argument("search_dir")
+    parser.add_argument("grid_dir")
+    parser.add_argument("--json", help="also write the comparison here")
+    args = parser.parse_args()
+    plan = load_sweep(args.sweep).search
+    searched = Search(plan, store_of(args.search_dir))
+    dense = Search(plan, store_of(args.grid_dir))
+    answer = searched.answer()
+
+    rows, above = [], []
+    for x in plan.points:
+        n = min(sum((side, x, s) in dense.bisection.seen for s in range(plan.max_samples)) for side in SIDES)
+        probe = dense.bisection.probe(x, n) if n >= 1 else None
+        rows.append((x, probe))
+        above.append(probe is not None and probe.verdict == "above")
+    first = next((x for (x, _), a in zip(rows, above) if a), None)
+    from_here = next((plan.points[i] for i in range(len(above)) if all(above[i:])), None)
+    grid_s = sum(o.wall_s for o in dense.bisection.seen.values())
+    grid_trials = len(dense.bisection.seen)
+    step = {x: i for i, x in enumerate(plan.points)}
+    agree = (answer.crossover is not None and from_here is not None
+             and abs(step[answer.crossover] - step[from_here]) <= 1)
+
+    print(f"### {plan.label('variant')} vs {plan.label('baseline')}, target {plan.target:.2f}x\n")
+    print(f"| {plan.axis} | grid speedup | 95% CI | grid verdict | probed by the search |")
+    print("|---|---|---|---|---|")
+    probed = {p.x: p for p in answer.probes}
+    for x, p in rows:
+        got = probed.get(x)
+        mark = f"{got.ratio:.3f}x [{got.ci_low:.3f}, {got.ci_high:.3f}], {got.samples} samples" if got and got.ratio else ""
+        if p is None or p.ratio is None:
+            print(f"| {x} | - | - | {p.verdict + ': ' + p.why if p else 'no records'} | {mark} |")
+        else:
+            print(f"| {x} | {p.ratio:.3f}x | [{p.ci_low:.3f}, {p.ci_high:.3f}] | {p.verdict} | {mark} |")
+    print()
+    print(f"- grid: above from {plan.axis} {from_here} on (first point above: {first}); "
+          f"{grid_trials} trials, {grid_s:.0f} GPU-s")
+    print(f"- search: {answer.statement}")
+    print(f"- search bracket {answer.bracket} vs grid {from_here}: "
+          f"{'agree within one step' if agree else 'DISAGREE'}; GPU-seconds {answer.gpu_seconds:.0f} / {grid_s:.0f} "
+          f"= {answer.gpu_seconds / grid_s:.0%} of the grid's" if grid_s else "- no grid records")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "variant": plan.label("variant"), "baseline": plan.label("baseline"), "target": plan.target,
+            "grid_crossover": from_here, "grid_first_above": first, "grid_trials": grid_trials, "grid_gpu_s": grid_s,
+            "search_crossover": answer.crossover, "search_bracket": answer.bracket, "search_trials": answer.trials,
+            "search_gpu_s": answer.gpu_seconds, "agree_within_one_step": agree,
+            "grid": [{"x": x, **({"ratio": p.ratio, "ci": [p.ci_low, p.ci_high], "verdict": p.verdict} if p else {})}
+                     for x, p in rows]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
