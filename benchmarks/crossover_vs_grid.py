@@ -8,24 +8,30 @@ bracket, whether the two agree within one step, and GPU-seconds (sum of ``trial_
 The grid's points are judged with the search's own rule (``Bisection.probe``) at the samples the
 grid has. Usage:
     python benchmarks/crossover_vs_grid.py SEARCH.yaml SEARCH_DIR GRID_DIR
-(SEARCH_DIR, GRID_DIR: ``--out``/<sweep name> of each run.)
+(SEARCH_DIR, GRID_DIR: ``--out``/<sweep name> of each run, or their results.parquet.)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
 
 from orchestrator.crossover import SIDES
 from orchestrator.search import Search
-from orchestrator.store import Store
+from orchestrator.store import Store, read_results
 from orchestrator.sweep import load_sweep
 
 
-def store_of(directory: str) -> Store:
-    p = Path(directory).resolve()
-    return Store(str(p.parent), p.name)
+def observed(plan, path: str, scratch: str) -> Search:
+    """The plan's search with every record at ``path`` (a sweep directory or its results.parquet) observed."""
+    search = Search(plan, Store(scratch, "none"))
+    for r in read_results(path).select(search.columns).to_pylist():
+        where = search.cells.get(r["cell_id"])
+        if where is not None:
+            search.observe(where, int(r["sample"]), r)
+    return search
 
 
 def main() -> None:
@@ -36,8 +42,8 @@ def main() -> None:
     parser.add_argument("--json", help="also write the comparison here")
     args = parser.parse_args()
     plan = load_sweep(args.sweep).search
-    searched = Search(plan, store_of(args.search_dir))
-    dense = Search(plan, store_of(args.grid_dir))
+    with tempfile.TemporaryDirectory() as scratch:
+        searched, dense = observed(plan, args.search_dir, scratch), observed(plan, args.grid_dir, scratch)
     answer = searched.answer()
 
     rows, above = [], []

@@ -180,6 +180,7 @@ class Outcome:
 class Decision:
     need: list[tuple[str, int, int]]  # (side, x, sample) trials to run now; empty when done
     answer: Answer | None = None  # set when the search is over
+    probes: dict[int, Probe] = field(default_factory=dict)  # the points judged so far
 
 
 class Bisection:
@@ -224,7 +225,7 @@ class Bisection:
                 fresh = [t for t in got if t not in pending]
                 if len(used) + len(fresh) > plan.max_trials:
                     return done(False, f"stopped at max_trials={plan.max_trials} before the search ended")
-                return Decision(fresh)
+                return Decision(fresh, probes=probes)
             if got.verdict == "failed":
                 return done(False, f"cannot probe {plan.axis}={got.x}: {got.why}")
             return got

@@ -76,7 +76,7 @@ class Search:
         if decision.answer is not None:
             return decision.answer
         ans = self.bisection._answer(False, "search not finished (interrupted); rerun the same command to resume",
-                                     None, None, {})  # what is known so far
+                                     None, None, decision.probes)  # what is known so far
         ans.done = False
         return ans
 
