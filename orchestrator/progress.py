@@ -102,5 +102,5 @@ def summary_table(items: list[WorkItem], statuses: dict[str, str], records: Any 
         value = p50.get(it.key)
         table.add_row(it.label, str(it.sample), Text(status, style=_STYLE.get(status, "")),
                       f"{value:.2f}" if isinstance(value, float) else "-", it.key,
-                      "" if status == "ok" else why.get(it.key, ""))
+                      Text("" if status == "ok" else why.get(it.key, "")))  # an error's text, never markup
     return table

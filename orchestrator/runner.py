@@ -152,17 +152,20 @@ def check_resources(ray: Any, resources: dict[str, float]) -> dict[str, float]:
     return wanted
 
 
-def check_ranks(ray: Any, items: list[WorkItem], resources: dict[str, float]) -> None:
+def check_ranks(ray: Any, world_sizes: list[int], resources: dict[str, float]) -> int | None:
     """A multi-rank cell needs world_size trials' worth of resources at once; refuse it in one line when the
-    cluster can never give them (before any trial starts)."""
-    widest = max((int(it.spec.get("world_size", 1)) for it in items), default=1)
+    cluster can never give them (before any trial starts). Returns how many trials may run at once (None:
+    no limit from ranks): a multi-rank trial holds only a sliver itself and Ray Train asks for its ranks
+    after it started, so two such trials started together could each hold what the other's ranks need."""
+    widest = max(world_sizes, default=1)
     if widest <= 1:
-        return
+        return None
     total = ray.cluster_resources()
-    kind, need = ("GPU", widest * resources.get("gpu", 0)) if resources.get("gpu") else ("CPU", widest * resources["cpu"])
-    if total.get(kind, 0) < need:
-        raise SweepInputError(f"world_size: {widest} ranks need {need:g} {kind}s at once; this cluster has "
+    kind, unit = ("GPU", resources.get("gpu", 0)) if resources.get("gpu") else ("CPU", resources["cpu"])
+    if total.get(kind, 0) < widest * unit:
+        raise SweepInputError(f"world_size: {widest} ranks need {widest * unit:g} {kind}s at once; this cluster has "
                               f"{total.get(kind, 0):g}")
+    return max(1, int(total.get(kind, 0) // (widest * unit)))
 
 
 def _probe_storage(path: str, marker: str) -> tuple[str, bool]:
@@ -321,17 +324,19 @@ def _run_locked(sweep: Sweep, storage: str, address: str | None, restart: bool, 
     pending = [it for it in items if it.key not in done]
     log.info("%d trials, %d already have a final record, %d to run", len(items), len(items) - len(pending), len(pending))
     search = None if sweep.search is None else Search(sweep.search, store)
+    world_sizes = [int(it.spec.get("world_size", 1)) for it in pending] + (
+        [] if search is None else [int(search.item(side, x, 0).spec.get("world_size", 1)) for side, x in search.cells.values()])
     if pending or (search is not None and not search.finished):
         with ray_session(address, dashboard=dashboard, verbose=verbose) as ray:
             resources = check_resources(ray, sweep.resources)
             check_shared_storage(ray, store)
             run["run_gpus"] = int(ray.cluster_resources().get("GPU", 0)) if resources.get("gpu") else 0
-            check_ranks(ray, items, resources)
+            ranks_limit = check_ranks(ray, world_sizes, resources)
             context = context.with_run(run, resources)
             if progress is not None:
                 progress.start(store, items, done)
             try:
-                limit = max_concurrent or sweep.max_concurrent
+                limit = min((v for v in (max_concurrent or sweep.max_concurrent, ranks_limit) if v), default=None)
                 if pending:
                     fit(ray, sweep, store, context, resources, limit, verbose, items=pending)
                 if search is not None:

@@ -110,7 +110,8 @@ class TrialTrainable(tune.Trainable):
                 train_dir = store.path("ray", "train") if store.local else f"{ctx.storage.rstrip('/')}/{ctx.sweep_name}/ray/train"
                 use_gpu = bool(ctx.resources.get("gpu"))
                 cpu = ctx.resources.get("cpu", 1) - (0 if use_gpu else RANKS_DRIVER_CPU)  # the trial's sliver, on CPU
-                outcome = run_ranks(item.spec, env, use_gpu, cpu, train_dir, f"{item.key}-{int(time.time())}")
+                outcome = run_ranks(item.spec, env, use_gpu, cpu, train_dir, f"{item.key}-{int(time.time())}",
+                                    ctx.timeout_s)
             else:
                 if self._launcher is None:
                     self._launcher = make_launcher(self.settings)

@@ -71,3 +71,21 @@ def test_undeclared_fields_and_wrong_types_are_refused(tmp_path):
     assert store.record_files() == []  # nothing half-written
     store.write_record(_record("a", 0, step_ms_p50=3, loss_curve=[1.0, 2]))  # ints are fine as floats
     assert len(store.record_files()) == 1
+
+
+def test_the_summary_prints_an_error_that_looks_like_console_markup(tmp_path):
+    """gloo's errors start with a source path in brackets ("[/__w/pytorch/...]"), which rich reads as a
+    closing tag: the sweep's summary once crashed on it after every trial had finished."""
+    import pyarrow as pa
+    from rich.console import Console
+
+    from orchestrator.progress import summary_table
+    from orchestrator.work import WorkItem
+    from trials import TrialSpec
+
+    item = WorkItem.of(TrialSpec(), 0)
+    error = "RuntimeError: [/__w/pytorch/third_party/gloo/pair.cc:553] Connection closed by peer [bold]"
+    records = pa.Table.from_pylist([{"cell_id": item.cell_id, "sample": 0, "step_ms_p50": None, "error": error}])
+    console = Console(record=True, width=300)
+    console.print(summary_table([item], {item.key: "error"}, records))
+    assert "[/__w/pytorch/third_party/gloo/pair.cc:553]" in console.export_text()

@@ -34,6 +34,13 @@ log = logging.getLogger(__name__)
 
 PARALLEL = ("none", "ddp", "fsdp")
 COLLECTIVE_TIMEOUT_S = 300  # a rank that stops makes the others fail after this, not hang
+# What gloo and NCCL say when a collective waited past the group's timeout (a rank stopped or hung).
+TIMEOUT_MARKERS = ("timed out waiting", "collective operation timeout", "watchdog caught", "wait timeout")
+
+
+def timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective that waited past the process group's timeout."""
+    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in TIMEOUT_MARKERS)
 
 
 @dataclass(frozen=True)

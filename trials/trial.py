@@ -72,7 +72,9 @@ def run_trial(spec: TrialSpec, capability: Capability | None = None, process_tri
             with distributed.session(spec.world_size, spec.parallel, device) as ranks:
                 WORKLOADS[spec.workload](spec, res, cfg, record, t0, ranks)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a record
-        record.update(status="oom" if is_oom(exc) else "error", error=f"{type(exc).__name__}: {exc}"[:4000],
+        status = ("oom" if is_oom(exc) else
+                  "timeout" if spec.world_size > 1 and distributed.timed_out(exc) else "error")
+        record.update(status=status, error=f"{type(exc).__name__}: {exc}"[:4000],
                       error_type=type(exc).__name__)
         log.warning("trial %s: %s", record["status"], record["error"].splitlines()[0], exc_info=log.isEnabledFor(logging.DEBUG))
     finally:

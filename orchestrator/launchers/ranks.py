@@ -6,16 +6,26 @@ a Train driver inside a Tune trial), so the ranks can sit on several nodes of th
 through Ray, accounts for every GPU they hold. Ray Train makes the process group (NCCL on GPUs, gloo
 on CPU) and sets torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK); each worker then runs the
 ordinary trial (``trials.run_trial``), whose rank seam (``trials/distributed.py``) finds the group
-made. Rank 0's record comes back as the run's checkpoint (a directory with one JSON file, on the
-sweep's storage). A rank that dies fails the run
-(no restarts: a rank that died once would die again), which becomes an ``error`` record; a rank that
-hangs makes the others' collectives time out (``trials.distributed.COLLECTIVE_TIMEOUT_S``).
+made.
+
+Records and faults. Rank 0 writes its record as a JSON file beside the run's directory on the sweep's
+storage; a rank whose trial did not end ``ok`` writes its own too, then raises, so that Ray Train fails
+the run and tears the worker group down (a rank stuck in a collective, or stopped, is killed with it).
+Every rank writes its pid first; a failed rank SIGKILLs the other ranks on its host, because a stopped
+rank answers neither a collective nor Ray Train's health check (ten minutes by default). No restarts: a
+rank that died once would die again. The one record of the trial is rank 0's when it is
+ok; otherwise the root cause: a rank's ``oom``, else rank 0's ``timeout`` or ``error`` (a stopped rank
+makes the others' collectives time out after the group's timeout, at most the sweep's
+``trial_timeout_s``), else an ``error`` naming what Ray Train saw (a rank killed before anyone wrote).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+import socket
 import time
 from typing import Any
 
@@ -26,35 +36,94 @@ log = logging.getLogger(__name__)
 RANKS_DRIVER_CPU = 0.01  # what the Tune trial of a multi-rank cell holds itself (Ray needs some resource)
 
 
-RECORD = "record.json"
+class RankFailed(RuntimeError):
+    """Raised by a rank whose trial did not end ok, after writing its record: Ray Train then fails the run."""
+
+
+def record_path(storage_path: str, name: str, rank: int) -> str:
+    return f"{storage_path.rstrip('/')}/{name}.rank{rank}.json"
+
+
+def pid_path(storage_path: str, name: str, rank: int) -> str:
+    return f"{storage_path.rstrip('/')}/{name}.rank{rank}.pid.json"
+
+
+def _filesystem(path: str):
+    import pyarrow.fs as pafs
+
+    return pafs.FileSystem.from_uri(path) if "://" in path else (pafs.LocalFileSystem(), path)
+
+
+def _write_record(path: str, record: dict[str, Any]) -> None:
+    from trials.atomic import temporary_name
+
+    fs, where = _filesystem(path)
+    fs.create_dir(where.rsplit("/", 1)[0], recursive=True)
+    tmp = temporary_name(where)
+    with fs.open_output_stream(tmp) as out:
+        out.write(json.dumps(record, allow_nan=True).encode())
+    fs.move(tmp, where)
+
+
+def _read_record(path: str) -> dict[str, Any] | None:
+    fs, where = _filesystem(path)
+    try:
+        with fs.open_input_stream(where) as f:
+            return json.loads(f.read().decode())
+    except (FileNotFoundError, OSError, ValueError):
+        return None
 
 
 def _rank_main(config: dict[str, Any]) -> None:
-    """One rank: the trial; rank 0 hands its record back as the run's checkpoint (Ray Train V2 keeps
-    metrics only with a checkpoint), the others report that they finished."""
-    import os
-    import tempfile
-
+    """One rank: the trial; rank 0 writes its record, and so does any rank whose trial failed (then raises)."""
     os.environ.update(config["env"])
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    import ray.train
-
     from trials import TrialSpec, run_trial
     from trials.distributed import Ranks
 
+    ranks = Ranks.from_env()
+    where = config["storage_path"], config["name"]
+    _write_record(pid_path(*where, ranks.rank), {"host": socket.gethostname(), "pid": os.getpid()})
     record = run_trial(TrialSpec.from_dict(config["spec"]))
-    if not Ranks.from_env().lead:
-        ray.train.report({"status": record["status"]})
-        return
-    with tempfile.TemporaryDirectory() as out:
-        with open(os.path.join(out, RECORD), "w") as f:
-            json.dump(record, f, allow_nan=True)
-        ray.train.report({"status": record["status"]}, checkpoint=ray.train.Checkpoint.from_directory(out))
+    if ranks.lead or record["status"] != "ok":
+        _write_record(record_path(*where, ranks.rank), record)
+    if record["status"] != "ok":
+        _kill_peers(*where, ranks)
+        raise RankFailed(f"rank {ranks.rank}: {record['status']}: {(record.get('error') or '').splitlines()[:1]}")
+
+
+def _kill_peers(storage_path: str, name: str, ranks: Any) -> None:
+    """SIGKILL the other ranks on this host (from the pid files they wrote when they started): a rank that
+    stopped (SIGSTOP, a call that never returns) answers neither a collective nor Ray Train's health
+    check, which would wait ten minutes for it. Ranks on other hosts are left to Ray Train."""
+    host, me = socket.gethostname(), os.getpid()
+    for rank in range(ranks.world):
+        peer = _read_record(pid_path(storage_path, name, rank)) if rank != ranks.rank else None
+        if peer and peer.get("host") == host and peer.get("pid") != me:
+            try:
+                os.kill(int(peer["pid"]), signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def one_record(records: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The trial's record from what the ranks wrote: rank 0's if ok, else the root cause (see above)."""
+    lead = records.get(0)
+    if lead is not None and lead["status"] == "ok":
+        return lead
+    chosen = next((r for _, r in sorted(records.items()) if r["status"] == "oom"), None) or lead
+    if chosen is None and records:
+        chosen = records[min(records)]
+    if chosen is not None and chosen is not lead:
+        rank = next(k for k, r in records.items() if r is chosen)
+        chosen = {**chosen, "error": f"rank {rank}: {chosen.get('error') or ''}"[:4000]}
+    return chosen
 
 
 def run_ranks(spec: dict[str, Any], env: dict[str, str], use_gpu: bool, cpu_per_rank: float, storage_path: str,
-              name: str) -> Outcome:
-    """Run ``spec`` on ``spec['world_size']`` Ray Train workers; rank 0's record, or why there is none."""
+              name: str, timeout_s: float | None = None) -> Outcome:
+    """Run ``spec`` on ``spec['world_size']`` Ray Train workers; the trial's one record, or why there is none.
+    ``timeout_s`` (the sweep's trial timeout) also bounds how long one collective may wait."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -62,24 +131,25 @@ def run_ranks(spec: dict[str, Any], env: dict[str, str], use_gpu: bool, cpu_per_
 
     t0 = time.perf_counter()
     world = int(spec["world_size"])
+    collective_s = min(COLLECTIVE_TIMEOUT_S, timeout_s) if timeout_s else COLLECTIVE_TIMEOUT_S
     per_rank = {"CPU": cpu_per_rank, **({"GPU": 1} if use_gpu else {})}
     trainer = TorchTrainer(
         _rank_main,
-        train_loop_config={"spec": spec, "env": env},
-        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=COLLECTIVE_TIMEOUT_S),
+        train_loop_config={"spec": spec, "env": env, "storage_path": storage_path, "name": name},
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(max(1, collective_s))),
         scaling_config=ScalingConfig(num_workers=world, use_gpu=use_gpu, resources_per_worker=per_rank),
         run_config=RunConfig(name=name, storage_path=storage_path, failure_config=FailureConfig(max_failures=0)),
     )
+    why = ""
     try:
-        result = trainer.fit()
+        trainer.fit()
     except Exception as exc:  # noqa: BLE001 - TrainingFailedError and whatever a worker group raises
-        why = f"a rank failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+        text = str(exc).strip()
+        why = f"a rank failed: {type(exc).__name__}: {text.splitlines()[-1] if text else ''}"
         log.warning("multi-rank trial %s: %s", name, why)
-        return Outcome(failure_record(spec, "error", why[:4000]), why, time.perf_counter() - t0)
-    if result.checkpoint is None:
-        return Outcome(None, "", time.perf_counter() - t0, "the ranks reported no record")
-    with result.checkpoint.as_directory() as got:
-        with open(f"{got}/{RECORD}") as f:
-            record = json.load(f)
-    return Outcome(record, f"{world} ranks through Ray Train; logs in Ray's session directory",
-                   time.perf_counter() - t0)
+    wall = time.perf_counter() - t0
+    record = one_record({r: rec for r in range(world) if (rec := _read_record(record_path(storage_path, name, r)))})
+    if record is None:
+        record = failure_record(spec, "error", (why or "the ranks wrote no record")[:4000])
+    return Outcome(record, f"{world} ranks through Ray Train ({why or 'all ok'}); logs in Ray's session directory",
+                   wall)
