@@ -66,7 +66,7 @@ def test_trial_timeout_is_recorded(ray_cluster, tmp_path):
 SMALL = """
     grid: {d_model: [32, 48, 64, 80]}
     fixed: {n_layers: 2, seq_len: 32, batch_size: 8, train_steps: %d, bench_steps: 5, warmup_steps: 1,
-            gen_len: 4, precision: fp32, device: cpu}
+            gen_len: 4, precision: fp32, device: cpu, profile: false}
     resources: {cpu: 1, gpu: 0}
 """
 

@@ -18,7 +18,7 @@ from .conftest import REPO, cli_env, juicytalk, running_trial, wait_for
 from .test_cluster import records, write_sweep
 
 CPU_CELL = ("n_layers: 1, seq_len: 32, batch_size: 8, train_steps: %d, bench_steps: 3, warmup_steps: 1, "
-            "gen_len: 2, precision: fp32, device: cpu")
+            "gen_len: 2, precision: fp32, device: cpu, profile: false")  # no kernel breakdown: not under test here
 OOM_VOCAB = 400_000_000  # a 100 GB embedding: the allocator refuses it at once on any CI machine
 
 
@@ -131,26 +131,25 @@ def test_timeout_kills_the_trial_process(ray_cluster, tmp_path, launcher):
     wait_for(lambda: not _servers(), 30)  # the timed-out process, and any kept ready, are gone
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_sigint_stops_everything_and_the_rerun_resumes(tmp_path, sig, ray_cluster):
-    """SIGTERM (Slurm, Kubernetes, systemd) ends the driver as SIGINT does: no native stack dump, the summary,
-    every process gone, and the same command resumes."""
-    write_sweep(tmp_path, "int", f"""
-        grid: {{d_model: [32, 48, 64]}}
-        fixed: {{{CPU_CELL % 600}}}
-        resources: {{cpu: 1, gpu: 0}}
-        launcher: warm
-    """)
+def _interrupt(tmp_path: Path, sig: int, mid_trial: bool) -> int:
+    """Start the sweep, send ``sig`` once it has a new record (or, ``mid_trial``, once a trial process is
+    running); check it stopped cleanly. Returns the records on disk."""
+    before = len(records(tmp_path, "int")) if (tmp_path / "int" / "trials").exists() else 0
+    for marker in (tmp_path / "int" / "running").glob("*.json"):
+        marker.unlink()  # the interrupted run's: a new one is what says a trial runs now
     driver = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "sweep", str(tmp_path / "int.yaml"), "--out",
                                str(tmp_path), "--no-progress", "--no-report"], cwd=REPO, env=cli_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     trials_dir = tmp_path / "int" / "trials"
-    wait_for(lambda: trials_dir.exists() and any(p.suffix == ".parquet" for p in trials_dir.iterdir()), 240)
+    if mid_trial:
+        wait_for(lambda: running_trial(tmp_path / "int" / "running"), 240)
+    else:
+        wait_for(lambda: trials_dir.exists() and sum(p.suffix == ".parquet" for p in trials_dir.iterdir()) > before, 240)
     tree = psutil.Process(driver.pid).children(recursive=True)  # embedded Ray, workers, trial processes
     assert any("trials.server" in " ".join(p.cmdline()) for p in tree if p.is_running())
     driver.send_signal(sig)
     out, err = driver.communicate(timeout=120)
-    assert driver.returncode == 1, (driver.returncode, err[-2000:])  # interrupted: cells are missing
+    assert driver.returncode == 1, (sig, driver.returncode, err[-2000:])  # interrupted: cells are missing
     assert "SIGTERM received" not in err and "Traceback" not in err, err[-2000:]
     assert "rerun the same command to resume" in " ".join(out.split()), out[-2000:]
     deadline = time.time() + 60
@@ -160,12 +159,25 @@ def test_sigint_stops_everything_and_the_rerun_resumes(tmp_path, sig, ray_cluste
             break
         time.sleep(0.5)
     assert not left, [" ".join(p.cmdline())[:120] for p in left]
-    done_before = len(records(tmp_path, "int"))
-    assert 1 <= done_before < 3
+    return len(records(tmp_path, "int"))
+
+
+def test_sigint_and_sigterm_stop_everything_and_the_rerun_resumes(tmp_path, ray_cluster):
+    """SIGINT, and SIGTERM (Slurm, Kubernetes, systemd) on the resumed run, each end the driver the same way:
+    no native stack dump, the summary, every process gone; the same command then finishes the sweep."""
+    write_sweep(tmp_path, "int", f"""
+        grid: {{d_model: [32, 40, 48, 64]}}
+        fixed: {{{CPU_CELL % 600}}}
+        resources: {{cpu: 1, gpu: 0}}
+        launcher: warm
+    """)
+    after_int = _interrupt(tmp_path, signal.SIGINT, mid_trial=False)
+    done_before = _interrupt(tmp_path, signal.SIGTERM, mid_trial=True)
+    assert 1 <= after_int <= done_before < 4
     run = _sweep(tmp_path, "int", address=ray_cluster)  # the resume reads the store, whichever Ray runs it
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert f"{done_before} already done" in " ".join(run.stdout.split())
-    assert sorted(r["d_model"] for r in records(tmp_path, "int")) == [32, 48, 64]
+    assert sorted(r["d_model"] for r in records(tmp_path, "int")) == [32, 40, 48, 64]
 
 
 def test_corrupt_record_files_are_quarantined_and_rerun(ray_cluster, tmp_path):

@@ -162,7 +162,7 @@ def test_a_real_search_on_cpu_writes_grid_records_answers_and_resumes(tmp_path):
           over: {d_model: [32, 64], step: 32}
           max_trials: 8
         fixed: {backend: torch, device: cpu, n_layers: 1, seq_len: 16, batch_size: 2, train_steps: 2,
-                warmup_steps: 1, bench_steps: 3, gen_len: 2, prompt_len: 2}
+                warmup_steps: 1, bench_steps: 3, gen_len: 2, prompt_len: 2, profile: false}
         samples: 2
         resources: {cpu: 1, gpu: 0}
     """))
