@@ -94,7 +94,7 @@ def test_two_rank_cells_through_ray_train_one_record_each_even_when_a_rank_dies_
     body = """
         name: {name}
         grid: {{world_size: [{world}], parallel: [ddp], d_model: [32, 40, 48]}}
-        fixed: {{n_layers: 2, seq_len: 32, batch_size: 4, train_steps: 200, warmup_steps: 1, bench_steps: 3,
+        fixed: {{n_layers: 2, seq_len: 32, batch_size: 4, train_steps: 400, warmup_steps: 1, bench_steps: 3,
                 gen_len: 4, backend: torch, precision: fp32, profile: false}}
         resources: {{cpu: 1, gpu: 0}}
         trial_timeout_s: 12
