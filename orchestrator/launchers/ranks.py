@@ -89,7 +89,8 @@ def _rank_main(config: dict[str, Any]) -> None:
         _write_record(record_path(*where, ranks.rank), record)
     if record["status"] != "ok":
         _kill_peers(*where, ranks)
-        raise RankFailed(f"rank {ranks.rank}: {record['status']}: {(record.get('error') or '').splitlines()[:1]}")
+        first_line = (record.get("error") or "").partition("\n")[0]
+        raise RankFailed(f"rank {ranks.rank}: {record['status']}: {first_line}")
 
 
 def _kill_peers(storage_path: str, name: str, ranks: Any) -> None:
