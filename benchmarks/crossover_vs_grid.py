@@ -27,10 +27,7 @@ from orchestrator.sweep import load_sweep
 def observed(plan, path: str, scratch: str) -> Search:
     """The plan's search with every record at ``path`` (a sweep directory or its results.parquet) observed."""
     search = Search(plan, Store(scratch, "none"))
-    for r in read_results(path).select(search.columns).to_pylist():
-        where = search.cells.get(r["cell_id"])
-        if where is not None:
-            search.observe(where, int(r["sample"]), r)
+    search.observe_records(read_results(path).select(search.columns).to_pylist())
     return search
 
 

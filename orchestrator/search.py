@@ -39,9 +39,12 @@ class Search:
 
     def refresh(self) -> None:
         """Observe every record on disk that belongs to one of the plan's cells (once, at the start)."""
-        if not self.store.record_files():
-            return
-        for r in self.store.read_records(self.columns).to_pylist():
+        if self.store.record_files():
+            self.observe_records(self.store.read_records(self.columns).to_pylist())
+
+    def observe_records(self, rows: list[dict[str, Any]]) -> None:
+        """Observe those of ``rows`` (records with at least :attr:`columns`) that are cells of the plan."""
+        for r in rows:
             where = self.cells.get(r["cell_id"])
             if where is not None:
                 self.observe(where, int(r["sample"]), r)
