@@ -14,10 +14,13 @@ A point is *above* when the 95% bootstrap interval (over samples) of baseline ti
 lies above ``target``, *below* when it does not (an interval that still straddles the target at
 ``max_samples`` is not above: the margin is not shown). The search decides everything from the
 records it has, so it is the same search whether the records were just run, found from an earlier
-grid, or left by an interrupted run: the top of the range first (if it is not above, the target is
-never reached in the range), then the bottom (if it is above, the crossover is at the range's start),
-then the point nearest the geometric middle of the bracket, until the bracket is two neighbouring
-points. The answer is the bracket's upper end.
+grid, or left by an interrupted run. It bisects in log space: it probes the point nearest the geometric
+middle of the bracket, which starts as the whole range with its ends open (nothing is assumed of them),
+until the bracket is two neighbouring points. The answer is the bracket's upper end; a bracket that
+closes on the bottom of the range puts the crossover at the range's start, one that closes on the top
+means the target is never reached in the range. A range's ends are probed only when the bisection
+gets there: the top is the dearest cell, and a crossover inside the range needs neither end. The price
+is paid by a range whose target is never reached: about log2(points) probes up to its top, not one.
 """
 
 from __future__ import annotations
@@ -230,33 +233,32 @@ class Bisection:
                 return done(False, f"cannot probe {plan.axis}={got.x}: {got.why}")
             return got
 
-        hi = step(len(points) - 1)
-        if isinstance(hi, Decision):
-            return hi
-        if hi.verdict == "below":
-            best = max((p for p in probes.values() if p.ratio is not None), key=lambda p: p.ratio)
-            return done(False, f"{plan.label('variant')} never beats {plan.label('baseline')} by >= {plan.target:.2f}x "
-                        f"for {plan.axis} in [{points[0]}, {points[-1]}]: best {best.ratio:.3f}x "
-                        f"[{best.ci_low:.3f}, {best.ci_high:.3f}] at {best.x}")
-        lo = step(0)
-        if isinstance(lo, Decision):
-            return lo
-        a, b = 0, len(points) - 1
-        if lo.verdict == "above":
-            return done(True, self._statement(points[0], None), points[0], (points[0], points[0]))
+        # The bracket (a, b): a is below the target, b above. Its ends start one step outside the range
+        # (-1 and len(points)), where nothing is probed: a range end is probed only when the bisection
+        # reaches it, so a crossover inside the range costs no probe at either (large, dear) end.
+        a, b = -1, len(points)
         while b - a > 1:
             m = self._middle(a, b)
             got = step(m)
             if isinstance(got, Decision):
                 return got
             a, b = (a, m) if got.verdict == "above" else (m, b)
+        if b == len(points):
+            best = max((p for p in probes.values() if p.ratio is not None), key=lambda p: p.ratio)
+            return done(False, f"{plan.label('variant')} never beats {plan.label('baseline')} by >= {plan.target:.2f}x "
+                        f"for {plan.axis} in [{points[0]}, {points[-1]}]: best {best.ratio:.3f}x "
+                        f"[{best.ci_low:.3f}, {best.ci_high:.3f}] at {best.x}")
+        if a < 0:
+            return done(True, self._statement(points[0], None), points[0], (points[0], points[0]))
         return done(True, self._statement(points[b], (points[a], points[b])), points[b], (points[a], points[b]))
 
     # -- pieces -------------------------------------------------------------------------------
     def _middle(self, a: int, b: int) -> int:
-        """The index strictly inside (a, b) whose value is nearest the geometric mean of the ends."""
+        """The index strictly inside (a, b) whose value is nearest the geometric mean of the bracket's ends;
+        an end outside the range (-1 or len(points)) counts as the range's end there."""
         points = self.plan.points
-        mid = math.sqrt(points[a] * points[b])
+        lo, hi = max(a, 0), min(b, len(points) - 1)
+        mid = math.sqrt(points[lo] * points[hi])
         return min(range(a + 1, b), key=lambda i: (abs(math.log(points[i] / mid)), i))
 
     def probe(self, x: int, n: int) -> Probe:

@@ -103,7 +103,7 @@ def test_records_already_there_are_reused_and_an_interrupted_search_resumes():
 
 
 def test_a_point_whose_interval_straddles_the_target_gets_more_samples():
-    p = plan()
+    p = plan(max_trials=80)  # every probe straddles: 8 probes up the range to its top, 4 samples of 2 cells each
     answer, _ = run(Bisection(p), f=lambda x: 1.10)  # exactly the target everywhere: never shown above it
     assert not answer.found and "never beats" in answer.statement
     top = next(pr for pr in answer.probes if pr.x == p.points[-1])
@@ -112,11 +112,12 @@ def test_a_point_whose_interval_straddles_the_target_gets_more_samples():
 
 def test_an_unsupported_cell_ends_the_search_with_its_reason():
     b = Bisection(plan())
+    x = b.decide().need[0][1]  # the first point it probes
     for s in range(2):
-        b.observe("baseline", 8192, s, Outcome("ok", 10.0))
-        b.observe("variant", 8192, s, Outcome("unsupported", None, error="fp8 recipe delayed: needs cc 8.9"))
+        b.observe("baseline", x, s, Outcome("ok", 10.0))
+        b.observe("variant", x, s, Outcome("unsupported", None, error="fp8 recipe delayed: needs cc 8.9"))
     answer = b.decide().answer
-    assert not answer.found and "d_model=8192" in answer.statement and "unsupported" in answer.statement
+    assert not answer.found and f"d_model={x}" in answer.statement and "unsupported" in answer.statement
 
 
 def test_search_cells_are_grid_cells():
@@ -180,3 +181,9 @@ def test_a_real_search_on_cpu_writes_grid_records_answers_and_resumes(tmp_path):
     assert report.returncode == 0, report.stderr[-2000:]
     md = Path(out / "cpu-search" / "results.md").read_text()
     assert "## Crossover search" in md and answer["statement"] in md
+    # A cell that cannot run here (no CUDA device) ends the search with its reason, not a crash.
+    sweep.write_text(sweep.read_text().replace("name: cpu-search", "name: cpu-te").replace(
+        "variant: {precision: fp32}", "variant: {precision: fp32, device: cuda}"))
+    te = juicytalk("sweep", str(sweep), "--out", str(out), "--no-progress", "--no-report")
+    said = " ".join(te.stdout.split())
+    assert te.returncode == 0 and "search: cannot probe d_model=" in said and "unsupported" in said, said[-3000:]
