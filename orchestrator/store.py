@@ -81,6 +81,22 @@ def trial_key(cell_id: str, sample: int) -> str:
     return f"{cell_id}-s{sample}"
 
 
+def commit(fs: pafs.FileSystem, final: str, write) -> None:
+    """``write(path)`` a file that appears at ``final`` whole or not at all: locally fsynced and renamed
+    (``trials.atomic``), elsewhere written beside it and moved; a full disk is :class:`StorageFull`."""
+    try:
+        if isinstance(fs, pafs.LocalFileSystem):
+            write_atomic(final, write)
+            return
+        tmp = temporary_name(final)
+        write(tmp)
+        fs.move(tmp, final)
+    except OSError as exc:
+        if is_full(exc):
+            raise StorageFull(final, "no space left on device") from None
+        raise
+
+
 class Store:
     """Files of one sweep under ``root`` (a local directory or a pyarrow filesystem URI)."""
 
@@ -103,27 +119,14 @@ class Store:
             self.fs.create_dir(self.path(sub), recursive=True)
 
     # -- atomic writes --------------------------------------------------------------------------
-    def _commit(self, final: str, write) -> None:
-        try:
-            if self.local:
-                write_atomic(final, write)
-                return
-            tmp = temporary_name(final)
-            write(tmp)
-            self.fs.move(tmp, final)
-        except OSError as exc:
-            if is_full(exc):
-                raise StorageFull(final, "no space left on device") from None
-            raise
-
     def _write_table(self, final: str, table: pa.Table) -> None:
-        self._commit(final, lambda p: pq.write_table(table, p, filesystem=self.fs))
+        commit(self.fs, final, lambda p: pq.write_table(table, p, filesystem=self.fs))
 
     def write_text(self, final: str, text: str) -> None:
         def write(p: str) -> None:
             with self.fs.open_output_stream(p) as out:
                 out.write(text.encode())
-        self._commit(final, write)
+        commit(self.fs, final, write)
 
     def write_record(self, record: dict[str, Any]) -> str:
         """Validate (an undeclared key or a wrong type is an error naming the field) and write atomically."""

@@ -55,14 +55,15 @@ def _filesystem(path: str):
 
 
 def _write_record(path: str, record: dict[str, Any]) -> None:
-    from trials.atomic import temporary_name
+    from ..store import commit
 
     fs, where = _filesystem(path)
     fs.create_dir(where.rsplit("/", 1)[0], recursive=True)
-    tmp = temporary_name(where)
-    with fs.open_output_stream(tmp) as out:
-        out.write(json.dumps(record, allow_nan=True).encode())
-    fs.move(tmp, where)
+
+    def write(p: str) -> None:
+        with fs.open_output_stream(p) as out:
+            out.write(json.dumps(record, allow_nan=True).encode())
+    commit(fs, where, write)
 
 
 def _read_record(path: str) -> dict[str, Any] | None:
