@@ -6,7 +6,11 @@
 2. ``fsdp``: FSDP2 on a group of one rank (torchrun, ``--parallel fsdp``) against the same cell without
    ``parallel``, for each given stack: the largest difference of their loss curves and both p50s.
 
-Usage: python benchmarks/rank_path.py ray [--rounds 3]   |   python benchmarks/rank_path.py fsdp
+Usage: python benchmarks/rank_path.py ray [--rounds 3]   |   python benchmarks/rank_path.py fsdp [--cpu]
+
+``fsdp --cpu`` runs the torchao cells on CPU in fp32 (gloo, a small shape, each with and without
+``compile``): whether a difference of the loss curves comes from FSDP2 itself or from compiling the
+sharded model, on a machine without a GPU.
 """
 
 from __future__ import annotations
@@ -81,9 +85,16 @@ def trial(fields: dict, ranks: bool, out: Path) -> dict:
     return json.loads(out.read_text())
 
 
-def fsdp_check() -> None:
+CPU_CELL = {"device": "cpu", "d_model": 64, "n_layers": 2, "seq_len": 32, "batch_size": 8, "warmup_steps": 1,
+            "bench_steps": 2, "repeats": 1}
+CPU_FSDP_CELLS = [(f"torchao tensorwise, {'compiled' if compiled else 'eager'}", {**fields, "compile": compiled})
+                  for name, fields in FSDP_CELLS if fields["backend"] == "torchao" and not fields.get("fp8_all_gather")
+                  for compiled in (False, True)]
+
+
+def fsdp_check(cells: list[tuple[str, dict]]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        for name, fields in FSDP_CELLS:
+        for name, fields in cells:
             one = trial({k: v for k, v in fields.items() if k != "fp8_all_gather"}, False, Path(tmp, "one.json"))
             sharded = trial(fields, True, Path(tmp, "fsdp.json"))
             if sharded["status"] != "ok" or one["status"] != "ok":
@@ -102,9 +113,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--d-model", type=int, default=CELL["d_model"],
                         help="2048 (default) is launch-bound in eager mode: its p50 moves by ~10%% between runs")
+    parser.add_argument("--cpu", action="store_true", help="fsdp: the torchao cells on CPU, fp32, a small shape")
     args = parser.parse_args()
     CELL["d_model"] = args.d_model
-    ray_check(args.rounds) if args.check == "ray" else fsdp_check()
+    if args.cpu:
+        CELL.update(CPU_CELL)
+    ray_check(args.rounds) if args.check == "ray" else fsdp_check(CPU_FSDP_CELLS if args.cpu else FSDP_CELLS)
 
 
 if __name__ == "__main__":
