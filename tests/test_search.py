@@ -81,8 +81,21 @@ def test_the_bisection_finds_the_crossover_a_dense_grid_finds_in_a_fraction_of_i
     assert answer.found and answer.bracket[1] - answer.bracket[0] == 256
     assert abs(answer.crossover - first) <= 256, (answer.crossover, first)
     assert ran <= 0.4 * dense and answer.trials == ran, (ran, dense)
+    probed = {pr.x for pr in answer.probes}
+    assert p.points[0] not in probed and p.points[-1] not in probed  # a crossover inside needs neither end
     assert "te-fp8-delayed beats te-bf16 by >= 1.10x from d_model" in answer.statement
     assert "on NVIDIA H200" in answer.statement and f"{ran} trials" in answer.statement
+
+
+@pytest.mark.parametrize("f, found, says", [
+    (lambda x: 2.0, True, "from d_model 512 (the start of the range)"),
+    (lambda x: 0.5, False, "never beats te-bf16 by >= 1.10x for d_model in [512, 8192]"),
+])
+def test_a_crossover_at_either_end_of_the_range_probes_that_end(f, found, says):
+    p = plan(max_trials=60)
+    answer, _ = run(Bisection(p), f=f)
+    end = p.points[0] if found else p.points[-1]
+    assert answer.found == found and says in answer.statement and end in {pr.x for pr in answer.probes}
 
 
 def test_the_search_stops_at_max_trials_and_says_so():
@@ -182,8 +195,8 @@ def test_a_real_search_on_cpu_writes_grid_records_answers_and_resumes(tmp_path):
     md = Path(out / "cpu-search" / "results.md").read_text()
     assert "## Crossover search" in md and answer["statement"] in md
     # A cell that cannot run here (no CUDA device) ends the search with its reason, not a crash.
-    sweep.write_text(sweep.read_text().replace("name: cpu-search", "name: cpu-te").replace(
+    sweep.write_text(sweep.read_text().replace("name: cpu-search", "name: cpu-cuda").replace(
         "variant: {precision: fp32}", "variant: {precision: fp32, device: cuda}"))
-    te = juicytalk("sweep", str(sweep), "--out", str(out), "--no-progress", "--no-report")
-    said = " ".join(te.stdout.split())
-    assert te.returncode == 0 and "search: cannot probe d_model=" in said and "unsupported" in said, said[-3000:]
+    cannot = juicytalk("sweep", str(sweep), "--out", str(out), "--no-progress", "--no-report")
+    said = " ".join(cannot.stdout.split())
+    assert cannot.returncode == 0 and "search: cannot probe d_model=" in said and "unsupported" in said, said[-3000:]
