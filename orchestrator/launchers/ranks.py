@@ -17,6 +17,9 @@ rank that died once would die again. The one record of the trial is rank 0's whe
 ok; otherwise the root cause: a rank's ``oom``, else rank 0's ``timeout`` or ``error`` (a stopped rank
 makes the others' collectives time out after the group's timeout, at most the sweep's
 ``trial_timeout_s``), else an ``error`` naming what Ray Train saw (a rank killed before anyone wrote).
+A rank stopped before its trial starts is caught by neither (Ray Train makes the process group first and
+waits on every rank): the trial's own deadline, ``trial_timeout_s`` plus Ray Train's start-up, ends it
+as ``timeout`` (``benchmarks/rank_fault_start.py`` measures it).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 from typing import Any
 
@@ -34,6 +38,8 @@ from .base import Outcome, failure_record
 log = logging.getLogger(__name__)
 
 RANKS_DRIVER_CPU = 0.01  # what the Tune trial of a multi-rank cell holds itself (Ray needs some resource)
+START_ALLOWANCE_S = 60.0  # Ray Train's own start-up on top of the trial's timeout (its worker group start timeout)
+DEFAULT_DEADLINE_S = 3600.0  # the trial's deadline when the sweep sets no trial_timeout_s
 
 
 class RankFailed(RuntimeError):
@@ -142,16 +148,31 @@ def run_ranks(spec: dict[str, Any], env: dict[str, str], use_gpu: bool, cpu_per_
         scaling_config=ScalingConfig(num_workers=world, use_gpu=use_gpu, resources_per_worker=per_rank),
         run_config=RunConfig(name=name, storage_path=storage_path, failure_config=FailureConfig(max_failures=0)),
     )
-    why = ""
-    try:
-        trainer.fit()
-    except Exception as exc:  # noqa: BLE001 - TrainingFailedError and whatever a worker group raises
-        text = str(exc).strip()
-        why = f"a rank failed: {type(exc).__name__}: {text.splitlines()[-1] if text else ''}"
+    failed: list[str] = []
+
+    def fit() -> None:
+        try:
+            trainer.fit()
+        except Exception as exc:  # noqa: BLE001 - TrainingFailedError and whatever a worker group raises
+            text = str(exc).strip()
+            failed.append(f"a rank failed: {type(exc).__name__}: {text.splitlines()[-1] if text else ''}")
+
+    # A deadline of our own: Ray Train makes the process group before any rank runs our code, waiting on
+    # every rank without a timeout, so a rank stopped before its trial would hold the trial for good. Past
+    # it, this trial ends; the Train run goes with this process (its controller and workers are owned here).
+    runner = threading.Thread(target=fit, name=f"ray-train-{name}", daemon=True)
+    runner.start()
+    deadline = (timeout_s or DEFAULT_DEADLINE_S) + START_ALLOWANCE_S
+    runner.join(deadline)
+    hung = runner.is_alive()
+    why = (f"timed out: the ranks did not end within trial_timeout_s + {START_ALLOWANCE_S:g} s of Ray Train "
+           f"start-up ({deadline:g} s); a rank never started its trial or stopped answering"
+           if hung else (failed[0] if failed else ""))
+    if why:
         log.warning("multi-rank trial %s: %s", name, why)
     wall = time.perf_counter() - t0
     record = one_record({r: rec for r in range(world) if (rec := _read_record(record_path(storage_path, name, r)))})
     if record is None:
-        record = failure_record(spec, "error", (why or "the ranks wrote no record")[:4000])
+        record = failure_record(spec, "timeout" if hung else "error", (why or "the ranks wrote no record")[:4000])
     return Outcome(record, f"{world} ranks through Ray Train ({why or 'all ok'}); logs in Ray's session directory",
                    wall)
