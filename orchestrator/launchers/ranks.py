@@ -131,7 +131,8 @@ def one_record(records: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
 def run_ranks(spec: dict[str, Any], env: dict[str, str], use_gpu: bool, cpu_per_rank: float, storage_path: str,
               name: str, timeout_s: float | None = None) -> Outcome:
     """Run ``spec`` on ``spec['world_size']`` Ray Train workers; the trial's one record, or why there is none.
-    ``timeout_s`` (the sweep's trial timeout) also bounds how long one collective may wait."""
+    ``timeout_s`` (the sweep's trial timeout) bounds how long one collective may wait and, with Ray Train's
+    start-up allowance, the whole trial."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
