@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 LAUNCH_BOUND_RATIO = 0.8  # host issue time >= 80% of device step time -> the GPU waits on the host
-HOST_PROBE_STEPS = 10
+HOST_PROBE_STEPS = 10  # untimed steps that measure the host's issue time (CUDA only: on CPU a step is synchronous)
 
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -29,7 +29,7 @@ Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 class BenchResult:
     step_ms: list[float]  # every timed step, repeat after repeat
     repeat_medians_ms: list[float]
-    host_ms_per_step: float
+    host_ms_per_step: float | None  # None on CPU, where issuing a step is running it
     launch_bound: bool | None
     last_loss: float
     timer: str  # "cuda_event" or "perf_counter"
@@ -42,7 +42,7 @@ def benchmark(step: Step, batches: list[tuple[torch.Tensor, torch.Tensor]], devi
     loss = None
     for i in range(warmup_steps):
         loss = step(*batches[i % len(batches)])
-    host_ms = _host_issue_ms(step, batches, cuda)
+    host_ms = _host_issue_ms(step, batches) if cuda else None
     all_ms: list[float] = []
     medians: list[float] = []
     for _ in range(repeats):
@@ -55,22 +55,20 @@ def benchmark(step: Step, batches: list[tuple[torch.Tensor, torch.Tensor]], devi
         step_ms=all_ms,
         repeat_medians_ms=medians,
         host_ms_per_step=host_ms,
-        launch_bound=(host_ms >= LAUNCH_BOUND_RATIO * p50) if cuda else None,
+        launch_bound=(host_ms >= LAUNCH_BOUND_RATIO * p50) if host_ms is not None else None,
         last_loss=last_loss,
         timer="cuda_event" if cuda else "perf_counter",
     )
 
 
-def _host_issue_ms(step: Step, batches: list, cuda: bool) -> float:
+def _host_issue_ms(step: Step, batches: list) -> float:
     samples = []
     for i in range(HOST_PROBE_STEPS):
-        if cuda:
-            torch.cuda.synchronize()
+        torch.cuda.synchronize()
         t0 = time.perf_counter()
         step(*batches[i % len(batches)])
         samples.append((time.perf_counter() - t0) * 1000.0)
-    if cuda:
-        torch.cuda.synchronize()
+    torch.cuda.synchronize()
     return statistics.median(samples)
 
 

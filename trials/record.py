@@ -124,7 +124,7 @@ FIELDS: list[Field] = [
     _f("peak_tflops_precision", "float", "Dense datasheet peak of the precision used (null if unknown)."),
     _f("mfu_bf16_peak", "float", "model_tflops / (peak_tflops_bf16 * world_size)."),
     _f("mfu_precision_peak", "float", "model_tflops / (peak_tflops_precision * world_size)."),
-    _f("host_ms_per_step", "float", "Host time to issue one step from an idle GPU, ms."),
+    _f("host_ms_per_step", "float", "Host time to issue one step from an idle GPU, ms (null on CPU)."),
     _f("launch_bound", "bool", "GPU waits on the host: host_ms_per_step >= 0.8 * step_ms_p50 (null on CPU)."),
     # -- energy, power and clocks (trials/energy.py): a window of its own right after timing
     _f("energy_window_s", "float", "Length of the energy window: the timed step (infer: a whole generation) repeated "
