@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -79,6 +80,7 @@ def run_context(sweep: Sweep, storage: str, launcher: str | None = None) -> Cont
 @contextmanager
 def ray_session(address: str | None, dashboard: bool = False, verbose: bool = False) -> Iterator[Any]:
     """Connect to ``address`` (or RAY_ADDRESS), else start a local embedded Ray; shut it down after."""
+    given = bool(address)
     address = address or os.environ.get("RAY_ADDRESS") or None
     if not address:
         # Ray turns token authentication on for a new local cluster and warns each time unless the mode is
@@ -90,7 +92,7 @@ def ray_session(address: str | None, dashboard: bool = False, verbose: bool = Fa
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     kwargs: dict[str, Any] = {"log_to_driver": verbose, "logging_level": logging.INFO if verbose else logging.WARNING}
     if address:
-        ray.init(address=address, **kwargs)
+        _connect(ray, address, "--address" if given else "RAY_ADDRESS", kwargs)
     else:
         pythonpath = os.pathsep.join(p for p in (PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)
         # address="local": always a new embedded instance, never some cluster started earlier on this host.
@@ -103,6 +105,32 @@ def ray_session(address: str | None, dashboard: bool = False, verbose: bool = Fa
         if before is not None:
             signal.signal(signal.SIGTERM, before)
         ray.shutdown()
+
+
+CONNECT_PROBE_S = 5.0  # how long the cluster's GCS port may take to accept a TCP connection
+
+
+def _connect(ray: Any, address: str, origin: str, kwargs: dict[str, Any]) -> None:
+    """``ray.init(address)``, or one line (:class:`SweepInputError`) when no cluster can be joined there.
+    Ray retries a GCS that does not answer for many minutes, printing a warning every few seconds, and
+    raises a traceback on a wrong token; a mistyped address or a stopped cluster is bad input."""
+    host, _, port = address.rpartition(":")
+    if "://" not in address and host and port.isdigit():  # host:port (not "auto", not a ray:// client URI)
+        try:
+            socket.create_connection((host, int(port)), timeout=CONNECT_PROBE_S).close()
+        except OSError as exc:
+            raise SweepInputError(f"{origin} {address}: no Ray cluster answers there ({exc.strerror or exc}); "
+                                  "start one (ray start --head) or leave the address out for a local Ray") from None
+    try:
+        ray.init(address=address, **kwargs)
+    except ConnectionError as exc:  # Ray wraps what went wrong (a wrong token is an AuthenticationError)
+        causes = [exc]
+        while causes[-1].__cause__ is not None:
+            causes.append(causes[-1].__cause__)
+        if any("InvalidAuthToken" in str(c) or isinstance(c, ray.exceptions.AuthenticationError) for c in causes):
+            raise SweepInputError(f"{origin} {address}: the cluster refused this driver's token; set RAY_AUTH_MODE="
+                                  "token and RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) as the cluster has them") from None
+        raise SweepInputError(f"{origin} {address}: {exc}") from None
 
 
 def _term_like_int() -> Any:
@@ -168,12 +196,6 @@ def check_ranks(ray: Any, world_sizes: list[int], resources: dict[str, float]) -
     return max(1, int(total.get(kind, 0) // (widest * unit)))
 
 
-def _probe_storage(path: str, marker: str) -> tuple[str, bool]:
-    import ray
-
-    return ray.util.get_node_ip_address(), os.path.exists(os.path.join(path, marker))
-
-
 def check_shared_storage(ray: Any, store: Store) -> None:
     """A multi-node sweep needs storage every node sees; a node-local path would lose records."""
     nodes = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) > 0]
@@ -181,10 +203,12 @@ def check_shared_storage(ray: Any, store: Store) -> None:
         return
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    from .storage_probe import sees
+
     marker = f".probe-{os.getpid()}-{int(time.time() * 1000)}"
     Path(store.root, marker).write_text("juicytalk storage probe")
     try:
-        probe = ray.remote(num_cpus=0)(_probe_storage)
+        probe = ray.remote(num_cpus=0)(sees)
         refs = [probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
                 .remote(store.root, marker) for n in nodes]
         blind = [ip for ip, seen in ray.get(refs, timeout=120) if not seen]

@@ -7,7 +7,7 @@ import pytest
 from orchestrator.sweep import SweepError, cell_id, parse_sweep
 from trials import TrialSpec
 
-from .conftest import REPO, juicytalk
+from .conftest import REPO, _free_port, juicytalk
 
 
 def sweep(text: str):
@@ -90,6 +90,17 @@ def test_cli_bad_sweep_exits_2_with_one_line_and_starts_nothing(tmp_path):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "line 4" in lines[0] and "grid.precision" in lines[0] and "fp16" in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_sweep_at_an_address_where_no_ray_answers_is_one_line(tmp_path):
+    """Ray itself retries a GCS that does not answer for many minutes; a stopped cluster is bad input."""
+    address = f"127.0.0.1:{_free_port()}"
+    out = juicytalk("sweep", "examples/quickstart.yaml", "--out", str(tmp_path), "--no-progress", "--address", address,
+                    timeout=120)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+    assert f"--address {address}: no Ray cluster answers there" in lines[0]
+    assert not list(tmp_path.rglob("*.parquet"))
 
 
 def test_cli_dry_run_lists_cells_sizes_and_skips(tmp_path):
