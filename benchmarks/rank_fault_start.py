@@ -2,8 +2,8 @@
 
 A rank SIGSTOPped after its trial started is the fault test's (tests/test_distributed.py): the other rank's
 collective times out. One stopped before (as soon as both Ray Train workers exist, before either wrote its
-pid file) is caught only by the trial's deadline in ``orchestrator/launchers/ranks.py``: trial_timeout_s
-plus Ray Train's start-up allowance. Needs a cluster whose nodes each fit one rank, e.g.
+pid file) is caught only by the start-up bound in ``orchestrator/launchers/ranks.py``: Ray Train's
+worker-group start timeout plus the process group's (min(300 s, trial_timeout_s)). Needs a cluster whose nodes each fit one rank, e.g.
     ray start --head --num-cpus 1 --port 6399 && ray start --address 127.0.0.1:6399 --num-cpus 1
     python benchmarks/rank_fault_start.py --address 127.0.0.1:6399
 Prints when the rank was stopped, when the sweep ended, its summary, and the Ray Train processes left.
@@ -30,7 +30,7 @@ SWEEP = """
     fixed: {n_layers: 2, seq_len: 32, batch_size: 4, train_steps: 50, warmup_steps: 1, bench_steps: 3,
             gen_len: 4, backend: torch, precision: fp32, profile: false}
     resources: {cpu: 1, gpu: 0}
-    trial_timeout_s: %g
+    trial_timeout_s: %s
 """
 
 
@@ -42,7 +42,7 @@ def train_processes() -> list[psutil.Process]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--address", required=True)
-    parser.add_argument("--trial-timeout-s", type=float, default=12.0)
+    parser.add_argument("--trial-timeout-s", default="12", help="seconds, or null (no limit)")
     parser.add_argument("--give-up-s", type=float, default=300.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -56,7 +56,9 @@ def main() -> None:
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         stopped = None
         while driver.poll() is None and time.time() - t0 < args.give_up_s:
-            workers = [p for p in train_processes() if "RayTrainWorker" in " ".join(p.info["cmdline"])]
+            # this sweep's ranks: a run just before may leave a worker that is still exiting
+            workers = [p for p in train_processes()
+                       if "RayTrainWorker" in " ".join(p.info["cmdline"]) and p.create_time() >= t0]
             if stopped is None and len(workers) == 2:
                 stopped = max(workers, key=lambda p: p.pid)
                 stopped.send_signal(signal.SIGSTOP)

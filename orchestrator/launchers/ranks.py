@@ -18,8 +18,11 @@ ok; otherwise the root cause: a rank's ``oom``, else rank 0's ``timeout`` or ``e
 makes the others' collectives time out after the group's timeout, at most the sweep's
 ``trial_timeout_s``), else an ``error`` naming what Ray Train saw (a rank killed before anyone wrote).
 A rank stopped before its trial starts is caught by neither (Ray Train makes the process group first and
-waits on every rank): the trial's own deadline, ``trial_timeout_s`` plus Ray Train's start-up, ends it
-as ``timeout`` (``benchmarks/rank_fault_start.py`` measures it).
+waits on every rank without a timeout): every rank must have started its trial (written its pid) within
+Ray Train's start-up, its worker-group start timeout plus the process group's, else the trial ends as
+``timeout`` (``benchmarks/rank_fault_start.py`` measures it). Once all have started, ``trial_timeout_s``
+(plus a grace for the ranks to write and Ray Train to tear down) bounds the trial; null means no limit, as
+for one-rank trials, and a rank that stops still ends it through the collectives' timeout.
 """
 
 from __future__ import annotations
@@ -38,8 +41,8 @@ from .base import Outcome, failure_record
 log = logging.getLogger(__name__)
 
 RANKS_DRIVER_CPU = 0.01  # what the Tune trial of a multi-rank cell holds itself (Ray needs some resource)
-START_ALLOWANCE_S = 60.0  # Ray Train's own start-up on top of the trial's timeout (its worker group start timeout)
-DEFAULT_DEADLINE_S = 3600.0  # the trial's deadline when the sweep sets no trial_timeout_s
+END_GRACE_S = 60.0  # past trial_timeout_s: time for the ranks to write their records and Ray Train to tear down
+POLL_S = 0.5  # how often the trial looks for the ranks' pid files while Ray Train starts
 
 
 class RankFailed(RuntimeError):
@@ -114,6 +117,26 @@ def _kill_peers(storage_path: str, name: str, ranks: Any) -> None:
                 pass
 
 
+def _worker_group_start_timeout_s() -> float:
+    """Ray Train's own bound on starting a worker group (its environment variable, else its default)."""
+    from ray.train.v2._internal.constants import (DEFAULT_WORKER_GROUP_START_TIMEOUT_S,
+                                                  WORKER_GROUP_START_TIMEOUT_S_ENV_VAR)
+
+    return float(os.environ.get(WORKER_GROUP_START_TIMEOUT_S_ENV_VAR, DEFAULT_WORKER_GROUP_START_TIMEOUT_S))
+
+
+def _all_started(runner: threading.Thread, storage_path: str, name: str, world: int, deadline: float) -> bool:
+    """True once every rank has written its pid file (it runs the trial), or the run ended before; False at
+    ``deadline`` (time.monotonic) with the run still going."""
+    while runner.is_alive():
+        if all(_read_record(pid_path(storage_path, name, r)) for r in range(world)):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        runner.join(POLL_S)
+    return True
+
+
 def one_record(records: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     """The trial's record from what the ranks wrote: rank 0's if ok, else the root cause (see above)."""
     lead = records.get(0)
@@ -131,8 +154,8 @@ def one_record(records: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
 def run_ranks(spec: dict[str, Any], env: dict[str, str], use_gpu: bool, cpu_per_rank: float, storage_path: str,
               name: str, timeout_s: float | None = None) -> Outcome:
     """Run ``spec`` on ``spec['world_size']`` Ray Train workers; the trial's one record, or why there is none.
-    ``timeout_s`` (the sweep's trial timeout) bounds how long one collective may wait and, with Ray Train's
-    start-up allowance, the whole trial."""
+    ``timeout_s`` (the sweep's trial timeout, None for none) bounds how long one collective may wait and,
+    once every rank has started, the whole trial (see the module's docstring)."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -158,17 +181,24 @@ def run_ranks(spec: dict[str, Any], env: dict[str, str], use_gpu: bool, cpu_per_
             text = str(exc).strip()
             failed.append(f"a rank failed: {type(exc).__name__}: {text.splitlines()[-1] if text else ''}")
 
-    # A deadline of our own: Ray Train makes the process group before any rank runs our code, waiting on
+    # Deadlines of our own: Ray Train makes the process group before any rank runs our code, waiting on
     # every rank without a timeout, so a rank stopped before its trial would hold the trial for good. Past
-    # it, this trial ends; the Train run goes with this process (its controller and workers are owned here).
+    # one, this trial ends; the Train run goes with this process (its controller and workers are owned here).
     runner = threading.Thread(target=fit, name=f"ray-train-{name}", daemon=True)
     runner.start()
-    deadline = (timeout_s or DEFAULT_DEADLINE_S) + START_ALLOWANCE_S
-    runner.join(deadline)
+    start_s = _worker_group_start_timeout_s() + collective_s
+    started = _all_started(runner, storage_path, name, world, time.monotonic() + start_s)
+    if started:
+        runner.join(timeout_s + END_GRACE_S if timeout_s else None)
     hung = runner.is_alive()
-    why = (f"timed out: the ranks did not end within trial_timeout_s + {START_ALLOWANCE_S:g} s of Ray Train "
-           f"start-up ({deadline:g} s); a rank never started its trial or stopped answering"
-           if hung else (failed[0] if failed else ""))
+    if not hung:
+        why = failed[0] if failed else ""
+    elif not started:
+        why = (f"timed out: not every rank started its trial within Ray Train's start-up ({start_s:g} s: the worker "
+               "group's start timeout and the process group's); a rank stopped or could not be placed")
+    else:
+        why = (f"timed out: the ranks did not end within trial_timeout_s + {END_GRACE_S:g} s of starting their trial "
+               f"({timeout_s + END_GRACE_S:g} s)")
     if why:
         log.warning("multi-rank trial %s: %s", name, why)
     wall = time.perf_counter() - t0
