@@ -22,6 +22,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ["RAY_AUTH_MODE"] = "token"
 os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(16))
 os.environ.pop("RAY_ADDRESS", None)
+OOM_VOCAB = 400_000_000  # a 100 GB embedding: the allocator refuses it at once on any CI machine
 
 
 def _ray_bin() -> str:

@@ -28,13 +28,6 @@ def records(out: Path, name: str) -> list[dict]:
     return Store(str(out), name).read_records().to_pylist()
 
 
-def test_quickstart_runs_on_both_nodes(ray_cluster, tmp_path):
-    run = juicytalk("sweep", "examples/quickstart.yaml", "--out", str(tmp_path), "--address", ray_cluster,
-                    "--no-progress", "--no-report")
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    table = pq.read_table(tmp_path / "quickstart" / "results.parquet").to_pylist()
-    assert len(table) == 6
-    assert len({r["node_id"] for r in table}) == 2  # trials ran on the head and on the worker node
 
 
 def test_unschedulable_resources_fail_fast(ray_cluster, tmp_path):
@@ -69,6 +62,16 @@ SMALL = """
             gen_len: 4, precision: fp32, device: cpu, profile: false}
     resources: {cpu: 1, gpu: 0}
 """
+
+
+def test_a_sweep_runs_on_both_nodes(ray_cluster, tmp_path):
+    sweep = write_sweep(tmp_path, "both", SMALL % 3)
+    run = juicytalk("sweep", str(sweep), "--out", str(tmp_path), "--address", ray_cluster, "--no-progress",
+                    "--no-report")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    table = pq.read_table(tmp_path / "both" / "results.parquet").to_pylist()
+    assert len(table) == 4 and all(r["status"] == "ok" for r in table)
+    assert len({r["node_id"] for r in table}) == 2  # trials ran on the head and on the worker node
 
 
 def _start(sweep: Path, out: Path, address: str) -> subprocess.Popen:

@@ -14,12 +14,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from .conftest import REPO, cli_env, juicytalk, running_trial, wait_for
+from .conftest import OOM_VOCAB, REPO, cli_env, juicytalk, running_trial, wait_for
 from .test_cluster import records, write_sweep
 
 CPU_CELL = ("n_layers: 1, seq_len: 32, batch_size: 8, train_steps: %d, bench_steps: 3, warmup_steps: 1, "
             "gen_len: 2, precision: fp32, device: cpu, profile: false")  # no kernel breakdown: not under test here
-OOM_VOCAB = 400_000_000  # a 100 GB embedding: the allocator refuses it at once on any CI machine
 
 
 def _sweep(out: Path, name: str, *extra: str, address: str | None = None, timeout: float = 600):

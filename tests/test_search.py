@@ -163,8 +163,8 @@ def test_bad_search_blocks_name_key_and_line(block, key, line):
     assert exc.value.key == key and exc.value.line == line, str(exc.value)
 
 
-def test_a_real_search_on_cpu_writes_grid_records_answers_and_resumes(tmp_path):
-    """Through Ray Tune's Searcher API on an embedded Ray: the twin in fp32 against bf16 on CPU."""
+def test_a_real_search_on_cpu_writes_grid_records_answers_and_resumes(tmp_path, ray_cluster):
+    """Through Ray Tune's Searcher API on the test cluster: the twin in fp32 against bf16 on CPU."""
     sweep = tmp_path / "s.yaml"
     sweep.write_text(textwrap.dedent("""
         name: cpu-search
@@ -181,14 +181,14 @@ def test_a_real_search_on_cpu_writes_grid_records_answers_and_resumes(tmp_path):
         resources: {cpu: 1, gpu: 0}
     """))
     out = tmp_path / "out"
-    first = juicytalk("sweep", str(sweep), "--out", str(out), "--no-progress", "--no-report")
+    first = juicytalk("sweep", str(sweep), "--out", str(out), "--no-progress", "--no-report", "--address", ray_cluster)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     answer = json.loads((out / "cpu-search" / "search.json").read_text())
     assert answer["done"] and 4 <= answer["trials"] <= 8
     assert f"search: {answer['statement']}" in " ".join(first.stdout.split())  # found or not: timing decides
     records = list((out / "cpu-search" / "trials").glob("*.parquet"))
     assert len(records) == answer["trials"]
-    again = juicytalk("sweep", str(sweep), "--out", str(out), "--no-progress", "--no-report")
+    again = juicytalk("sweep", str(sweep), "--out", str(out), "--no-progress", "--no-report", "--address", ray_cluster)
     assert again.returncode == 0 and f"{answer['trials']} already done, 0 run now" in " ".join(again.stdout.split())
     report = juicytalk("report", str(out / "cpu-search"))
     assert report.returncode == 0, report.stderr[-2000:]
@@ -197,6 +197,6 @@ def test_a_real_search_on_cpu_writes_grid_records_answers_and_resumes(tmp_path):
     # A cell that cannot run here (no CUDA device) ends the search with its reason, not a crash.
     sweep.write_text(sweep.read_text().replace("name: cpu-search", "name: cpu-cuda").replace(
         "variant: {precision: fp32}", "variant: {precision: fp32, device: cuda}"))
-    cannot = juicytalk("sweep", str(sweep), "--out", str(out), "--no-progress", "--no-report")
+    cannot = juicytalk("sweep", str(sweep), "--out", str(out), "--no-progress", "--no-report", "--address", ray_cluster)
     said = " ".join(cannot.stdout.split())
     assert cannot.returncode == 0 and "search: cannot probe d_model=" in said and "unsupported" in said, said[-3000:]
