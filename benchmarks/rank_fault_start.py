@@ -3,9 +3,11 @@
 A rank SIGSTOPped after its trial started is the fault test's (tests/test_distributed.py): the other rank's
 collective times out. One stopped before (as soon as both Ray Train workers exist, before either wrote its
 pid file) is caught only by the start-up bound in ``orchestrator/launchers/ranks.py``: Ray Train's
-worker-group start timeout plus the process group's (min(300 s, trial_timeout_s)). Needs a cluster whose nodes each fit one rank, e.g.
+worker-group start timeout plus the process group's (min(300 s, trial_timeout_s)). ``--cells 2`` adds a
+second cell after it: whether it still runs says whether the first one's Train run let go of its ranks.
+Needs a cluster whose nodes each fit one rank, e.g.
     ray start --head --num-cpus 1 --port 6399 && ray start --address 127.0.0.1:6399 --num-cpus 1
-    python benchmarks/rank_fault_start.py --address 127.0.0.1:6399
+    python benchmarks/rank_fault_start.py --address 127.0.0.1:6399 [--cells 2] [--trial-timeout-s null]
 Prints when the rank was stopped, when the sweep ended, its summary, and the Ray Train processes left.
 """
 
@@ -26,7 +28,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 SWEEP = """
     name: stopped-early
-    grid: {world_size: [2], parallel: [ddp], d_model: [32]}
+    grid: {world_size: [2], parallel: [ddp], d_model: %s}
     fixed: {n_layers: 2, seq_len: 32, batch_size: 4, train_steps: 50, warmup_steps: 1, bench_steps: 3,
             gen_len: 4, backend: torch, precision: fp32, profile: false}
     resources: {cpu: 1, gpu: 0}
@@ -44,10 +46,11 @@ def main() -> None:
     parser.add_argument("--address", required=True)
     parser.add_argument("--trial-timeout-s", default="12", help="seconds, or null (no limit)")
     parser.add_argument("--give-up-s", type=float, default=300.0)
+    parser.add_argument("--cells", type=int, default=1, help="two-rank cells; the first one's rank is stopped")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         sweep = Path(tmp, "s.yaml")
-        sweep.write_text(textwrap.dedent(SWEEP % args.trial_timeout_s))
+        sweep.write_text(textwrap.dedent(SWEEP % ([32 + 8 * i for i in range(args.cells)], args.trial_timeout_s)))
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
         env.setdefault("RAY_AUTH_MODE", "token")
         t0 = time.time()
