@@ -231,7 +231,7 @@ def param_space(items: list[WorkItem]) -> dict[str, Any]:
     rows = {it.key: it.config() for it in items}
     space: dict[str, Any] = {"trial": tune.grid_search(list(rows))}
     for name in (k for k in next(iter(rows.values())) if k != "trial"):
-        space[name] = tune.sample_from(lambda s, name=name: rows[s.config["trial"]][name])
+        space[name] = tune.sample_from(lambda config, name=name: rows[config["trial"]][name])
     return space
 
 
