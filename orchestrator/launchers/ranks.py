@@ -118,10 +118,13 @@ def _kill_peers(storage_path: str, name: str, ranks: Any) -> None:
 
 
 def _worker_group_start_timeout_s() -> float:
-    """Ray Train's own bound on starting a worker group (its environment variable, else its default)."""
-    from ray.train.v2._internal.constants import (DEFAULT_WORKER_GROUP_START_TIMEOUT_S,
-                                                  WORKER_GROUP_START_TIMEOUT_S_ENV_VAR)
-
+    """Ray Train's own bound on starting a worker group (its environment variable, else its default; 60 s in
+    Ray 2.60, and that figure if a Ray without these constants is installed)."""
+    try:
+        from ray.train.v2._internal.constants import (DEFAULT_WORKER_GROUP_START_TIMEOUT_S,
+                                                      WORKER_GROUP_START_TIMEOUT_S_ENV_VAR)
+    except ImportError:
+        return float(os.environ.get("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", 60.0))
     return float(os.environ.get(WORKER_GROUP_START_TIMEOUT_S_ENV_VAR, DEFAULT_WORKER_GROUP_START_TIMEOUT_S))
 
 
@@ -183,7 +186,8 @@ def run_ranks(spec: dict[str, Any], env: dict[str, str], use_gpu: bool, cpu_per_
 
     # Deadlines of our own: Ray Train makes the process group before any rank runs our code, waiting on
     # every rank without a timeout, so a rank stopped before its trial would hold the trial for good. Past
-    # one, this trial ends; the Train run goes with this process (its controller and workers are owned here).
+    # one, this trial ends with its record. Known gap: the Train run itself stays in this worker process,
+    # which owns its controller, until the sweep ends, and holds the ranks' resources (README, Faults).
     runner = threading.Thread(target=fit, name=f"ray-train-{name}", daemon=True)
     runner.start()
     start_s = _worker_group_start_timeout_s() + collective_s
