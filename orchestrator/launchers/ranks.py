@@ -3,7 +3,8 @@
 A cell with ``world_size > 1`` is still one Tune trial; the trial itself holds no GPU and runs a
 ``TorchTrainer`` with ``ScalingConfig(num_workers=world_size, use_gpu=...)`` (the Ray 2.x pattern of
 a Train driver inside a Tune trial), so the ranks can sit on several nodes of the cluster and Tune,
-through Ray, accounts for every GPU they hold. Ray Train makes the process group (NCCL on GPUs, gloo
+through Ray, accounts for every GPU they hold. The ``fit`` runs in a child process of the trial with a
+Ray driver of its own, so that ending the child ends the whole Train run (see :func:`run_ranks`). Ray Train makes the process group (NCCL on GPUs, gloo
 on CPU) and sets torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK); each worker then runs the
 ordinary trial (``trials.run_trial``), whose rank seam (``trials/distributed.py``) finds the group
 made.
@@ -32,8 +33,12 @@ import logging
 import os
 import signal
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from .base import Outcome, failure_record
@@ -128,15 +133,15 @@ def _worker_group_start_timeout_s() -> float:
     return float(os.environ.get(WORKER_GROUP_START_TIMEOUT_S_ENV_VAR, DEFAULT_WORKER_GROUP_START_TIMEOUT_S))
 
 
-def _all_started(runner: threading.Thread, storage_path: str, name: str, world: int, deadline: float) -> bool:
+def _all_started(child: subprocess.Popen, storage_path: str, name: str, world: int, deadline: float) -> bool:
     """True once every rank has written its pid file (it runs the trial), or the run ended before; False at
     ``deadline`` (time.monotonic) with the run still going."""
-    while runner.is_alive():
+    while child.poll() is None:
         if all(_read_record(pid_path(storage_path, name, r)) for r in range(world)):
             return True
         if time.monotonic() >= deadline:
             return False
-        runner.join(POLL_S)
+        time.sleep(POLL_S)
     return True
 
 
@@ -158,51 +163,52 @@ def run_ranks(spec: dict[str, Any], env: dict[str, str], use_gpu: bool, cpu_per_
               name: str, timeout_s: float | None = None) -> Outcome:
     """Run ``spec`` on ``spec['world_size']`` Ray Train workers; the trial's one record, or why there is none.
     ``timeout_s`` (the sweep's trial timeout, None for none) bounds how long one collective may wait and,
-    once every rank has started, the whole trial (see the module's docstring)."""
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    once every rank has started, the whole trial (see the module's docstring).
+
+    The Train run has a Ray driver of its own, a child process (:func:`drive`): Ray Train's controller and
+    ranks belong to the process that called ``fit``, and a run past a deadline must let go of what it holds
+    (a stopped rank's CPU or GPU, its peers') or the sweep's next multi-rank trial waits for it. Killing the
+    child ends its Ray job and with it every actor and placement group of the run."""
+    import ray
 
     from trials.distributed import COLLECTIVE_TIMEOUT_S
 
     t0 = time.perf_counter()
     world = int(spec["world_size"])
     collective_s = min(COLLECTIVE_TIMEOUT_S, timeout_s) if timeout_s else COLLECTIVE_TIMEOUT_S
-    per_rank = {"CPU": cpu_per_rank, **({"GPU": 1} if use_gpu else {})}
-    trainer = TorchTrainer(
-        _rank_main,
-        train_loop_config={"spec": spec, "env": env, "storage_path": storage_path, "name": name},
-        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(max(1, collective_s))),
-        scaling_config=ScalingConfig(num_workers=world, use_gpu=use_gpu, resources_per_worker=per_rank),
-        run_config=RunConfig(name=name, storage_path=storage_path, failure_config=FailureConfig(max_failures=0)),
-    )
-    failed: list[str] = []
-
-    def fit() -> None:
-        try:
-            trainer.fit()
-        except Exception as exc:  # noqa: BLE001 - TrainingFailedError and whatever a worker group raises
-            text = str(exc).strip()
-            failed.append(f"a rank failed: {type(exc).__name__}: {text.splitlines()[-1] if text else ''}")
-
-    # Deadlines of our own: Ray Train makes the process group before any rank runs our code, waiting on
-    # every rank without a timeout, so a rank stopped before its trial would hold the trial for good. Past
-    # one, this trial ends with its record. Known gap: the Train run itself stays in this worker process,
-    # which owns its controller, until the sweep ends, and holds the ranks' resources (README, Faults).
-    runner = threading.Thread(target=fit, name=f"ray-train-{name}", daemon=True)
-    runner.start()
     start_s = _worker_group_start_timeout_s() + collective_s
-    started = _all_started(runner, storage_path, name, world, time.monotonic() + start_s)
-    if started:
-        runner.join(timeout_s + END_GRACE_S if timeout_s else None)
-    hung = runner.is_alive()
-    if not hung:
-        why = failed[0] if failed else ""
-    elif not started:
+    with tempfile.TemporaryDirectory(prefix="juicytalk-ranks-") as tmp:
+        job = {"address": ray.get_runtime_context().gcs_address, "spec": spec, "env": env, "use_gpu": use_gpu,
+               "cpu_per_rank": cpu_per_rank, "storage_path": storage_path, "name": name,
+               "collective_s": collective_s, "result": os.path.join(tmp, "result.json")}
+        Path(tmp, "job.json").write_text(json.dumps(job))
+        with open(os.path.join(tmp, "driver.log"), "wb") as out:
+            child = subprocess.Popen([sys.executable, "-m", __name__, os.path.join(tmp, "job.json")], stdout=out,
+                                     stderr=subprocess.STDOUT)
+        try:
+            started = _all_started(child, storage_path, name, world, time.monotonic() + start_s)
+            if started:
+                try:
+                    child.wait(timeout_s + END_GRACE_S if timeout_s else None)
+                except subprocess.TimeoutExpired:
+                    pass
+            hung = child.poll() is None
+        finally:
+            if child.poll() is None:  # past a deadline, or this trial is being stopped: the Train run goes too
+                child.kill()
+                child.wait()
+        result = json.loads(Path(job["result"]).read_text()) if os.path.exists(job["result"]) else {}
+        driver_log = Path(tmp, "driver.log").read_text(errors="replace").strip()[-800:]
+    if hung and not started:
         why = (f"timed out: not every rank started its trial within Ray Train's start-up ({start_s:g} s: the worker "
                "group's start timeout and the process group's); a rank stopped or could not be placed")
-    else:
+    elif hung:
         why = (f"timed out: the ranks did not end within trial_timeout_s + {END_GRACE_S:g} s of starting their trial "
                f"({timeout_s + END_GRACE_S:g} s)")
+    elif "failed" not in result:
+        why = f"the Ray Train driver exited {child.returncode} without a result: {driver_log}"
+    else:
+        why = result["failed"] or ""
     if why:
         log.warning("multi-rank trial %s: %s", name, why)
     wall = time.perf_counter() - t0
@@ -211,3 +217,47 @@ def run_ranks(spec: dict[str, Any], env: dict[str, str], use_gpu: bool, cpu_per_
         record = failure_record(spec, "timeout" if hung else "error", (why or "the ranks wrote no record")[:4000])
     return Outcome(record, f"{world} ranks through Ray Train ({why or 'all ok'}); logs in Ray's session directory",
                    wall)
+
+
+def drive(job_path: str) -> None:
+    """The child process of :func:`run_ranks`: a Ray driver that runs the ``TorchTrainer`` and writes whether
+    it failed. It exits when its parent (the Tune trial) is gone, so that a killed trial leaves no run."""
+    job = json.loads(Path(job_path).read_text())
+    parent = os.getppid()
+
+    def exit_when_orphaned() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+    threading.Thread(target=exit_when_orphaned, name="parent-watch", daemon=True).start()
+
+    import ray
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    pythonpath = os.environ.get("PYTHONPATH")  # how the ranks import this package where it is not installed
+    ray.init(address=job["address"], log_to_driver=False, logging_level=logging.WARNING,
+             runtime_env={"env_vars": {"PYTHONPATH": pythonpath}} if pythonpath else None)
+    use_gpu = job["use_gpu"]
+    trainer = TorchTrainer(
+        _rank_main,
+        train_loop_config={k: job[k] for k in ("spec", "env", "storage_path", "name")},
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=int(max(1, job["collective_s"]))),
+        scaling_config=ScalingConfig(num_workers=int(job["spec"]["world_size"]), use_gpu=use_gpu,
+                                     resources_per_worker={"CPU": job["cpu_per_rank"], **({"GPU": 1} if use_gpu else {})}),
+        run_config=RunConfig(name=job["name"], storage_path=job["storage_path"],
+                             failure_config=FailureConfig(max_failures=0)),
+    )
+    failed = None
+    try:
+        trainer.fit()
+    except Exception as exc:  # noqa: BLE001 - TrainingFailedError and whatever a worker group raises
+        text = str(exc).strip()
+        failed = f"a rank failed: {type(exc).__name__}: {text.splitlines()[-1] if text else ''}"
+    Path(job["result"]).write_text(json.dumps({"failed": failed}))
+
+
+if __name__ == "__main__":
+    from orchestrator.launchers.ranks import drive as _drive  # by the module's name: the ranks import it so
+
+    _drive(sys.argv[1])
