@@ -4,10 +4,10 @@ A cell with ``world_size > 1`` is still one Tune trial; the trial itself holds n
 ``TorchTrainer`` with ``ScalingConfig(num_workers=world_size, use_gpu=...)`` (the Ray 2.x pattern of
 a Train driver inside a Tune trial), so the ranks can sit on several nodes of the cluster and Tune,
 through Ray, accounts for every GPU they hold. The ``fit`` runs in a child process of the trial with a
-Ray driver of its own, so that ending the child ends the whole Train run (see :func:`run_ranks`). Ray Train makes the process group (NCCL on GPUs, gloo
-on CPU) and sets torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK); each worker then runs the
-ordinary trial (``trials.run_trial``), whose rank seam (``trials/distributed.py``) finds the group
-made.
+Ray driver of its own, so that ending the child ends the whole Train run (see :func:`run_ranks`). Ray
+Train makes the process group (NCCL on GPUs, gloo on CPU) and sets torchrun's variables (RANK,
+WORLD_SIZE, LOCAL_RANK); each worker then runs the ordinary trial (``trials.run_trial``), whose rank seam
+(``trials/distributed.py``) finds the group made.
 
 Records and faults. Rank 0 writes its record as a JSON file beside the run's directory on the sweep's
 storage; a rank whose trial did not end ``ok`` writes its own too, then raises, so that Ray Train fails
@@ -197,7 +197,7 @@ def run_ranks(spec: dict[str, Any], env: dict[str, str], use_gpu: bool, cpu_per_
             if child.poll() is None:  # past a deadline, or this trial is being stopped: the Train run goes too
                 child.kill()
                 child.wait()
-        result = json.loads(Path(job["result"]).read_text()) if os.path.exists(job["result"]) else {}
+        result = _read_record(job["result"]) or {}
         driver_log = Path(tmp, "driver.log").read_text(errors="replace").strip()[-800:]
     if hung and not started:
         why = (f"timed out: not every rank started its trial within Ray Train's start-up ({start_s:g} s: the worker "
@@ -254,7 +254,7 @@ def drive(job_path: str) -> None:
     except Exception as exc:  # noqa: BLE001 - TrainingFailedError and whatever a worker group raises
         text = str(exc).strip()
         failed = f"a rank failed: {type(exc).__name__}: {text.splitlines()[-1] if text else ''}"
-    Path(job["result"]).write_text(json.dumps({"failed": failed}))
+    _write_record(job["result"], {"failed": failed})  # whole or not at all: the trial may kill this process
 
 
 if __name__ == "__main__":
