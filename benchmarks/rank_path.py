@@ -7,6 +7,7 @@
    ``parallel``, for each given stack: the largest difference of their loss curves and both p50s.
 
 Usage: python benchmarks/rank_path.py ray [--rounds 3]   |   python benchmarks/rank_path.py fsdp [--cpu]
+       [--only NAME-PART ...]
 
 ``fsdp --cpu`` runs the torchao cells on CPU in fp32 (gloo, a small shape, each with and without
 ``compile``): whether a difference of the loss curves comes from FSDP2 itself or from compiling the
@@ -36,10 +37,16 @@ FSDP_CELLS = [  # (name, spec fields)
     ("torchao tensorwise, compiled, fp8 all-gather", {"backend": "torchao", "precision": "fp8",
                                                        "recipe": "tensorwise", "compile": True,
                                                        "fp8_all_gather": True}),
+    # TE's FP8 primary weights (quantized_model_init) all-gathered in FP8, FusedAdam's fp32 masters; the
+    # one-process run they are held against is the same recipe with BF16 weights and AdamW
+    *((f"te fp8 {r}, fp8 weights + all-gather", {"backend": "te", "precision": "fp8", "recipe": r,
+                                                 "fp8_all_gather": True}) for r in ("delayed", "current", "block")),
 ]
+RAY_CELLS = [("te bf16", {"backend": "te", "precision": "bf16"}),
+             ("te fp8 delayed", {"backend": "te", "precision": "fp8", "recipe": "delayed"})]
 
 
-def ray_check(rounds: int) -> None:
+def ray_check(rounds: int, cells: list[tuple[str, dict]]) -> None:
     import ray
 
     from orchestrator.launchers import LaunchSettings, make_launcher
@@ -47,7 +54,7 @@ def ray_check(rounds: int) -> None:
     from trials import TrialSpec
 
     ray.init(num_gpus=1, num_cpus=4, include_dashboard=False, log_to_driver=False)
-    for fields in ({"backend": "te", "precision": "bf16"}, {"backend": "te", "precision": "fp8", "recipe": "delayed"}):
+    for _, fields in cells:
         spec = TrialSpec.from_dict({**CELL, **fields}).to_dict()
         launcher = make_launcher(LaunchSettings("warm", 32))
         got: dict[str, list[float]] = {"launcher": [], "ray train": []}
@@ -114,11 +121,15 @@ def main() -> None:
     parser.add_argument("--d-model", type=int, default=CELL["d_model"],
                         help="2048 (default) is launch-bound in eager mode: its p50 moves by ~10%% between runs")
     parser.add_argument("--cpu", action="store_true", help="fsdp: the torchao cells on CPU, fp32, a small shape")
+    parser.add_argument("--only", action="append", default=[],
+                        help="run only the cells whose name contains this (repeatable), e.g. 'fp8 weights'")
     args = parser.parse_args()
     CELL["d_model"] = args.d_model
     if args.cpu:
         CELL.update(CPU_CELL)
-    ray_check(args.rounds) if args.check == "ray" else fsdp_check(CPU_FSDP_CELLS if args.cpu else FSDP_CELLS)
+    cells = RAY_CELLS if args.check == "ray" else CPU_FSDP_CELLS if args.cpu else FSDP_CELLS
+    cells = [c for c in cells if not args.only or any(o in c[0] for o in args.only)]
+    ray_check(args.rounds, cells) if args.check == "ray" else fsdp_check(cells)
 
 
 if __name__ == "__main__":

@@ -57,7 +57,8 @@ def test_ddp_and_fsdp2_on_two_ranks_train_like_one_process_on_the_global_batch(t
     ({"parallel": "ddp", "workload": "infer"}, "parallel"),
     ({"parallel": "ddp", "cuda_graphs": True}, "cuda_graphs"),
     ({"precision": "fp8", "fp8_all_gather": True, "parallel": "ddp"}, "fp8_all_gather"),
-    ({"precision": "fp8", "backend": "te", "fp8_all_gather": True, "parallel": "fsdp"}, "fp8_all_gather"),
+    ({"precision": "fp8", "backend": "te", "recipe": "mxfp8", "fp8_all_gather": True, "parallel": "fsdp"},
+     "fp8_all_gather"),
     ({"precision": "fp8", "backend": "torchao", "recipe": "rowwise", "fp8_all_gather": True, "parallel": "fsdp"},
      "fp8_all_gather"),
 ])
@@ -65,6 +66,13 @@ def test_multi_rank_settings_that_cannot_run_name_their_field(values, field):
     with pytest.raises(SpecError) as exc:
         TrialSpec(**values)
     assert exc.value.field == field, str(exc.value)
+
+
+def test_fp8_all_gather_is_accepted_where_a_stack_builds_it():
+    """TE's FP8 primary weights (delayed, current, block) and torchao tensorwise; the spec says so, once."""
+    for backend, recipe in (("te", "delayed"), ("te", "current"), ("te", "block"), ("torchao", "tensorwise")):
+        spec = TrialSpec(precision="fp8", backend=backend, recipe=recipe, fp8_all_gather=True, parallel="fsdp")
+        assert spec.fp8_all_gather
 
 
 def test_a_sweep_cell_with_ranks_but_no_parallel_is_one_line():

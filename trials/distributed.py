@@ -163,6 +163,17 @@ def _reduce(values: list[float], ranks: Ranks, op: str) -> list[float]:
     return t.tolist()
 
 
+def amax_group(ranks: Ranks) -> Any:
+    """The group TE's delayed scaling reduces its amaxes over: all ranks, so that every rank casts with
+    the same scales (FP8 weight shards all-gathered under FSDP2 carry one scale for the whole weight;
+    Megatron reduces them over data-parallel ranks for the same reason). None for one rank."""
+    if ranks.world == 1:
+        return None
+    import torch.distributed as dist
+
+    return dist.group.WORLD
+
+
 def select_device(world_size: int, parallel: str) -> None:
     """A multi-rank trial's process takes its own GPU before anything touches CUDA."""
     if (world_size > 1 or parallel != "none") and torch.cuda.is_available():

@@ -67,8 +67,10 @@ FIELDS: list[Field] = [
     _f("world_size", "int", "Ranks (GPUs; CPU: processes) the trial spans; batch_size is per rank."),
     _f("parallel", "str", "How the ranks split the model: none, ddp (DistributedDataParallel) or fsdp (FSDP2, one "
        "unit per block and the root)."),
-    _f("fp8_all_gather", "bool", "FSDP2 all-gathers the FP8 weights (torchao tensorwise, "
-       "enable_fsdp_float8_all_gather)."),
+    _f("fp8_all_gather", "bool", "FSDP2 all-gathers the FP8 weights (torchao tensorwise: "
+       "enable_fsdp_float8_all_gather; te: FP8 primary weights from quantized_model_init, trained by FusedAdam's "
+       "fp32 masters)."),
+    _f("optimizer", "str", "The optimizer when not torch's AdamW (te with fp8_all_gather: FusedAdam, fp32 masters)."),
     _f("workload", "str", "train (training steps) or infer (prefill + KV-cached decode)."),
     _f("train_steps", "int", "Training steps before the benchmark."),
     _f("lr", "float", "AdamW learning rate."),

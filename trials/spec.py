@@ -227,9 +227,11 @@ class TrialSpec:
         if self.fp8_all_gather:
             if self.parallel != "fsdp":
                 raise SpecError("fp8_all_gather", "all-gathers FSDP2's weights in FP8: needs parallel: fsdp")
-            if not (self.backend == "torchao" and self.recipe == "tensorwise"):
-                raise SpecError("fp8_all_gather", "is built for backend torchao, recipe tensorwise "
-                                "(enable_fsdp_float8_all_gather); TE's FP8 weights under FSDP2 are not built yet")
+            owner = STACKS.get(recipe_owner(self.recipe) or "")
+            if owner is None or self.recipe not in owner.fp8_all_gather:
+                raise SpecError("fp8_all_gather", "is built for " + "; ".join(
+                    f"backend {s.name}, recipe {' or '.join(s.fp8_all_gather)}" for s in STACKS.values()
+                    if s.fp8_all_gather) + f", not recipe {self.recipe}")
         if self.weights == "fp8":
             if self.workload != "infer":
                 raise SpecError("weights", "fp8 weights are an inference setting; use workload: infer (training keeps "

@@ -102,13 +102,14 @@ def make_recipe(recipe: str, fp8_format: str, amax_history_len: int, amax_comput
     raise ValueError(f"unknown recipe {recipe!r}")
 
 
-def autocast(te: ModuleType | None, recipe_obj: Any) -> contextlib.AbstractContextManager:
-    """FP8 autocast for ``recipe_obj``; a no-op context when there is no recipe."""
+def autocast(te: ModuleType | None, recipe_obj: Any, group: Any = None) -> contextlib.AbstractContextManager:
+    """FP8 autocast for ``recipe_obj``; a no-op context when there is no recipe. ``group``: the process
+    group over which delayed scaling reduces its amaxes (None: this process's own)."""
     if te is None or recipe_obj is None:
         return contextlib.nullcontext()
     if hasattr(te, "autocast"):
-        return te.autocast(enabled=True, recipe=recipe_obj)
-    return te.fp8_autocast(enabled=True, fp8_recipe=recipe_obj)  # older TE compatibility
+        return te.autocast(enabled=True, recipe=recipe_obj, amax_reduction_group=group)
+    return te.fp8_autocast(enabled=True, fp8_recipe=recipe_obj, fp8_group=group)  # older TE compatibility
 
 
 def calibration(te: ModuleType, recipe_obj: Any) -> contextlib.AbstractContextManager:

@@ -1,6 +1,7 @@
 """The training step (optionally CUDA-graphed) and the short training run.
 
-One step = forward (inside FP8 autocast for fp8 cells), fp32 cross-entropy, backward, AdamW.
+One step = forward (inside FP8 autocast for fp8 cells), fp32 cross-entropy, backward, AdamW (or the
+optimizer a stack brings: TE's FP8 primary weights train with FusedAdam's fp32 masters).
 A step returns its loss as a device tensor and never syncs with the host: losses are collected on
 the device and read once at the end, so the loop runs as fast as the GPU allows.
 """
@@ -11,7 +12,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -51,13 +52,15 @@ class _GraphRoot(nn.Module):
 class TrainStep:
     """Callable ``step(x, y) -> loss`` (a 0-d device tensor) for a stack's built model."""
 
-    def __init__(self, built: Built, lr: float, device: str):
+    def __init__(self, built: Built, lr: float, device: str, amax_group: Any = None):
         self.built = built
+        self.amax_group = amax_group  # where TE's delayed scaling reduces amaxes (multi-rank trials)
         self.model: MiniGPT = built.model
         self.te = built.te
         self.recipe = built.recipe
         self.vocab = self.model.cfg.vocab
-        self.optimizer = make_optimizer(self.model, lr, device)
+        self.optimizer = (make_optimizer(self.model, lr, device) if built.make_optimizer is None
+                          else built.make_optimizer(self.model, lr))
         self.forward: Callable[[torch.Tensor], torch.Tensor] = self.model if built.forward is None else built.forward
         self.graphed = False
 
@@ -72,7 +75,7 @@ class TrainStep:
         self.graphed = True
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        with te_compat.autocast(self.te, self.recipe):
+        with te_compat.autocast(self.te, self.recipe, self.amax_group):
             logits = self.forward(x)
         loss = F.cross_entropy(logits.float().view(-1, self.vocab), y.view(-1))
         loss.backward()
@@ -93,7 +96,7 @@ def build_train_step(spec: TrialSpec, backend: str, precision: str, device: str,
     if spec.parallel != "none":
         target = distributed.wrap(built.model, spec.parallel, device, ranks)
         built.forward = torch.compile(target) if spec.compile else target
-    return TrainStep(built, spec.lr, device)
+    return TrainStep(built, spec.lr, device, distributed.amax_group(ranks))
 
 
 @dataclass

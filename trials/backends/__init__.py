@@ -33,6 +33,7 @@ class Stack:
     infer_recipes: tuple[str, ...] | None = None  # FP8 recipes inference serves (None: all of ``recipes``)
     serve_needs_cuda: bool = False  # its FP8 inference runs on CUDA only (torchao's dynamic quantization)
     fp8_rows: int = 8  # FP8 GEMMs need the token count in multiples of this (serving pads its batch to it)
+    fp8_all_gather: tuple[str, ...] = ()  # FP8 recipes whose weights FSDP2 all-gathers in FP8 (``fp8_all_gather``)
 
     def graphs_apply(self, workload: str) -> bool:
         """``cuda_graphs: true`` is a way to run this stack's ``workload`` (every stack graphs its decode)."""
@@ -45,14 +46,18 @@ class Stack:
 STACKS: dict[str, Stack] = {s.name: s for s in (
     # TE: delayed and current scaling on Ada/Hopper, block scaling on Hopper, MXFP8 and NVFP4 on Blackwell.
     Stack("te", {"delayed": "8.9", "current": "8.9", "block": "9.0", "mxfp8": "10.0", "nvfp4": "10.0"}, "te",
-          compiles=False, needs_cuda=True, infer=True, graphs=True),
+          compiles=False, needs_cuda=True, infer=True, graphs=True,
+          # FP8 primary weights (quantized_model_init): TE's Float8Tensor and Float8BlockwiseTensor implement
+          # FSDP2's fsdp_pre/post_all_gather, so the all-gather moves their FP8 data and scales.
+          fp8_all_gather=("delayed", "current", "block")),
     Stack("torch", {}, "torch", compiles=True, needs_cuda=False, infer=True, graphs=True),
     # torchao's recipe names (Float8LinearConfig.from_recipe_name); float8 matmuls need sm_89+ on GPUs.
     # Serving: quantize_ with Float8DynamicActivationFloat8WeightConfig, per tensor or per row
     # (rowwise_with_gw_hp differs from rowwise only in the backward pass).
     Stack("torchao", {"tensorwise": "8.9", "rowwise": "8.9", "rowwise_with_gw_hp": "8.9"}, "torch",
           compiles=True, needs_cuda=False, infer=True, graphs=False, infer_recipes=("tensorwise", "rowwise"),
-          serve_needs_cuda=True, fp8_rows=16),  # cuBLASLt's row-scaled FP8 GEMM refuses 8 rows on H200
+          serve_needs_cuda=True, fp8_rows=16,  # cuBLASLt's row-scaled FP8 GEMM refuses 8 rows on H200
+          fp8_all_gather=("tensorwise",)),  # enable_fsdp_float8_all_gather is tensorwise only
 )}
 BACKENDS = ("auto", *STACKS)  # auto: te where Transformer Engine runs, else torch
 RECIPES = tuple(r for s in STACKS.values() for r in s.recipes)
@@ -87,6 +92,9 @@ class Built:
     forward: Any = None
     info: dict[str, Any] = field(default_factory=dict)
     after_step: Any = None  # called after each optimizer step (torchao: FP8 scales for FSDP's FP8 all-gather)
+    # ``make_optimizer(model, lr)``, called once the model is wrapped or sharded, when the stack needs its own
+    # optimizer (TE's FP8 primary weights: FusedAdam with fp32 master weights); None: AdamW
+    make_optimizer: Any = None
 
 
 def build(spec: Any, backend: str, precision: str, device: str) -> Built:

@@ -1,12 +1,24 @@
-"""Transformer Engine: te.TransformerLayer blocks (or TE's modules), FP8 under ``te.autocast`` with TE's recipe."""
+"""Transformer Engine: te.TransformerLayer blocks (or TE's modules), FP8 under ``te.autocast`` with TE's recipe.
+
+With ``fp8_all_gather`` (FSDP2 only) the blocks' weights exist only in FP8 (``quantized_model_init``):
+FSDP2 then all-gathers their FP8 data and scales instead of BF16 (TE's quantized tensors implement
+``fsdp_pre_all_gather``), and the optimizer is TE's FusedAdam with fp32 master weights, which
+re-quantizes each FP8 weight from its master after every step (an update applied to FP8 itself would
+mostly round away). The masters start from the same seeded init as the BF16-weight cell.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+import torch.nn as nn
+
 from .. import te_compat
-from ..model import build_model
+from ..model import MiniGPT, ModelConfig, build_model, fused_qkv_state
 from . import Built
+
+WEIGHT_DECAY = 0.01  # torch.optim.AdamW's default, which the BF16-weight cells train with
 
 
 def fp8_recipe(spec: Any) -> Any:
@@ -21,4 +33,34 @@ def build(spec: Any, precision: str, device: str) -> Built:
     if precision == "fp8":
         recipe = fp8_recipe(spec)
         info["fp8_recipe_repr"] = repr(recipe)
+    if spec.fp8_all_gather:
+        return _fp8_weights(spec, te, recipe, device, info)
     return Built(build_model(spec, "te", precision, device, te), te=te, recipe=recipe, info=info)
+
+
+def _fp8_weights(spec: Any, te: Any, recipe: Any, device: str, info: dict[str, Any]) -> Built:
+    """The model with FP8 primary weights, loaded from the seeded BF16 init; FusedAdam seeds its masters
+    from that init too (not from the FP8 values, which would start training from quantization noise)."""
+    init = fused_qkv_state(build_model(spec, "te", "fp8", device, te).state_dict())
+    with te_compat.quantized_model_init(te, recipe):
+        model = MiniGPT(ModelConfig.from_spec(spec), torch.bfloat16, device, te, fused_qkv=True)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(init[name])  # into an FP8 parameter: quantized with its quantizer's scale
+    info["optimizer"] = "te FusedAdam, fp32 master weights"
+
+    def make_optimizer(wrapped: nn.Module, lr: float) -> torch.optim.Optimizer:
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        opt = te.optimizers.FusedAdam(wrapped.parameters(), lr=lr, weight_decay=WEIGHT_DECAY, master_weights=True,
+                                      master_weight_dtype=torch.float32)
+        for name, p in wrapped.named_parameters():
+            master = init[name].float()
+            if isinstance(p, DTensor):  # this rank's shard, cut as FSDP2 cut the parameter
+                master = distribute_tensor(master, p.device_mesh, p.placements, src_data_rank=None).to_local()
+            opt.initialize_state(p, store_param_remainders=False)
+            opt.set_scaled_state(p, "master_param", master.contiguous())
+        init.clear()  # the BF16 init copy is not needed once the masters hold it
+        return opt
+
+    return Built(model, te=te, recipe=recipe, info=info, make_optimizer=make_optimizer)
