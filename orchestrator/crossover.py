@@ -140,6 +140,7 @@ class Probe:
     samples: int = 0
     verdict: str = ""  # above, below (straddle counts as below once samples are capped), failed
     why: str = ""
+    launch_bound: bool = False  # a sample of either side was launch-bound: the host's pace set its time
 
 
 @dataclass
@@ -177,6 +178,7 @@ class Outcome:
     wall_s: float = 0.0
     error: str = ""
     gpu_name: str = ""
+    launch_bound: bool = False  # the record's launch_bound: issuing the step's kernels took the host longer than the GPU ran them
 
 
 @dataclass
@@ -271,7 +273,8 @@ class Bisection:
         lo, hi = bootstrap_ratio(base, var, RESAMPLES, np.random.default_rng(SEED))
         ratio = float(np.median(base) / np.median(var))
         verdict = "above" if lo > self.plan.target else "below" if hi < self.plan.target else "straddle"
-        return Probe(x, ratio, lo, hi, n, verdict)
+        return Probe(x, ratio, lo, hi, n, verdict, launch_bound=any(o.launch_bound for side in SIDES
+                                                                        for o in outs[side]))
 
     def _statement(self, x: int, bracket: tuple[int, int] | None) -> str:
         plan = self.plan
@@ -285,6 +288,11 @@ class Bisection:
         wall = sum(o.wall_s for o in self.seen.values())
         trials = len(self.seen)
         statement += (f" on {gpu}" if gpu else "") + f"; {trials} trials, {wall / 60:.1f} {'GPU' if gpu else 'CPU'}-minutes"
+        bound = sorted({x for x in (bracket or ()) if x in probes and probes[x].launch_bound})
+        if found and bound:  # the answer is the host's as much as the GPU's there: say so with it
+            statement += (f"; launch-bound at {self.plan.axis} {' and '.join(map(str, bound))}: the host's pace of issuing kernels, not "
+                          "the GPU, set those steps' times, so the answer can move with the host (CUDA graphs "
+                          "or a larger model take it out)")
         return Answer(found, statement, self.plan.axis, self.plan.target, self.plan.label("variant"),
                       self.plan.label("baseline"), crossover, bracket, sorted(probes.values(), key=lambda p: p.x),
                       trials, wall)

@@ -35,7 +35,7 @@ class Search:
 
     @property
     def columns(self) -> list[str]:
-        return ["cell_id", "sample", "status", self.timing.median, "trial_wall_s", "error", "gpu_name"]
+        return ["cell_id", "sample", "status", self.timing.median, "trial_wall_s", "error", "gpu_name", "launch_bound"]
 
     def refresh(self) -> None:
         """Observe every record on disk that belongs to one of the plan's cells (once, at the start)."""
@@ -58,7 +58,7 @@ class Search:
     def observe(self, where: tuple[str, int], sample: int, r: dict[str, Any]) -> None:
         self.bisection.observe(*where, sample, Outcome(str(r.get("status")), r.get(self.timing.median),
                                                        float(r.get("trial_wall_s") or 0.0), str(r.get("error") or ""),
-                                                       str(r.get("gpu_name") or "")))
+                                                       str(r.get("gpu_name") or ""), bool(r.get("launch_bound"))))
 
     def decide(self, pending: set[tuple[str, int, int]] = frozenset()) -> Decision:
         return self.bisection.decide(pending)

@@ -123,6 +123,22 @@ def test_a_point_whose_interval_straddles_the_target_gets_more_samples():
     assert top.samples == p.max_samples and "straddles" in top.why
 
 
+def test_an_answer_whose_bracket_was_launch_bound_says_so():
+    """Eager steps of small models are the host's time: the answer carries that, for the bracket's ends only."""
+    p = plan(max_trials=60)
+    clean, _ = run(Bisection(p))
+    lo, hi = clean.bracket
+    b = Bisection(p)
+    while (d := b.decide()).answer is None:
+        for side, x, sample in d.need:
+            ms = 10.0 * JITTER[sample % 4] * (1.0 if side == "baseline" else 1.0 / speedup(x))
+            b.observe(side, x, sample, Outcome("ok", ms, launch_bound=x <= hi and side == "variant"))
+    answer = d.answer
+    assert answer.bracket == clean.bracket and f"launch-bound at d_model {lo} and {hi}:" in answer.statement
+    assert "launch-bound" not in clean.statement
+    assert [pr.x for pr in answer.probes if pr.launch_bound] == [pr.x for pr in answer.probes if pr.x <= hi]
+
+
 def test_an_unsupported_cell_ends_the_search_with_its_reason():
     b = Bisection(plan())
     x = b.decide().need[0][1]  # the first point it probes
