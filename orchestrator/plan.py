@@ -13,6 +13,9 @@ from .store import Store, trial_key
 from .sweep import Sweep
 
 
+MASTER_AND_MOMENTS_BYTES = 12  # per parameter: an fp32 master weight and Adam's two fp32 moments
+
+
 def estimate_memory_bytes(spec: TrialSpec) -> int:
     """Rough device-memory need of a training step (an estimate for planning, not a promise).
 
@@ -21,7 +24,8 @@ def estimate_memory_bytes(spec: TrialSpec) -> int:
     Q/K/V, the attention output and the residual (7 * d_model + 2 * kv width), fc1's output and the
     activation's (fc1_out + ffn), in the activation dtype, about 34 * d_model bytes for the gpt block
     (Korthikanti et al.; flash attention keeps no seq x seq scores); and the logits in the activation
-    dtype plus their fp32 copy and its gradient for the loss.
+    dtype plus their fp32 copy and its gradient for the loss. TE cells with FP8 primary weights
+    (``fp8_all_gather``) train with FusedAdam: an fp32 master and two fp32 moments per parameter instead.
     """
     cfg = ModelConfig.from_spec(spec)
     n = param_count(cfg)
@@ -30,7 +34,8 @@ def estimate_memory_bytes(spec: TrialSpec) -> int:
     per_token_layer = 7 * cfg.d_model + 2 * cfg.kv_dim + cfg.fc1_out + cfg.ffn
     activations = tokens * spec.n_layers * per_token_layer * width
     logits = tokens * spec.vocab * (width + 8)
-    return 4 * n * width + activations + logits
+    state = MASTER_AND_MOMENTS_BYTES if spec.fp8_all_gather and spec.backend == "te" else 2 * width
+    return n * (2 * width + state) + activations + logits
 
 
 def unsupported_here(sweep: Sweep) -> dict[str, str]:
