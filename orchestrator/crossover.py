@@ -178,7 +178,7 @@ class Outcome:
     wall_s: float = 0.0
     error: str = ""
     gpu_name: str = ""
-    launch_bound: bool = False  # the record's launch_bound: issuing the step's kernels took the host longer than the GPU ran them
+    launch_bound: bool = False  # the record's: issuing the step's kernels took the host as long as running them
 
 
 @dataclass
@@ -290,9 +290,10 @@ class Bisection:
         statement += (f" on {gpu}" if gpu else "") + f"; {trials} trials, {wall / 60:.1f} {'GPU' if gpu else 'CPU'}-minutes"
         bound = sorted({x for x in (bracket or ()) if x in probes and probes[x].launch_bound})
         if found and bound:  # the answer is the host's as much as the GPU's there: say so with it
-            statement += (f"; launch-bound at {self.plan.axis} {' and '.join(map(str, bound))}: the host's pace of issuing kernels, not "
-                          "the GPU, set those steps' times, so the answer can move with the host (CUDA graphs "
-                          "or a larger model take it out)")
+            where = f"{self.plan.axis} {' and '.join(map(str, bound))}"
+            statement += (f"; launch-bound at {where}: the host's pace of issuing kernels, not the GPU, set those "
+                          "steps' times, so the answer can move with the host (CUDA graphs or a larger model take "
+                          "it out)")
         return Answer(found, statement, self.plan.axis, self.plan.target, self.plan.label("variant"),
                       self.plan.label("baseline"), crossover, bracket, sorted(probes.values(), key=lambda p: p.x),
                       trials, wall)
