@@ -68,6 +68,35 @@ def test_multi_rank_settings_that_cannot_run_name_their_field(values, field):
     assert exc.value.field == field, str(exc.value)
 
 
+SHARD_CHECK = """
+import torch, torch.distributed as dist, torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+from trials.distributed import local_shard
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 5), nn.Linear(5, 7))  # 5 and 7 rows: uneven shards over 2 ranks
+full = {k: v.detach().clone() for k, v in model.state_dict().items()}
+for block in model:
+    fully_shard(block)
+fully_shard(model)
+for name, p in model.named_parameters():
+    mine = local_shard(full[name], p)
+    assert mine.shape[0] < full[name].shape[0] and torch.equal(mine, p.to_local()), name
+print("rank", dist.get_rank(), "ok")
+"""
+
+
+def test_a_whole_tensor_is_cut_as_fsdp2_cut_the_parameter(tmp_path):
+    """TE's FP8-weight cells seed FusedAdam's masters, shard by shard, from the whole BF16 init: each
+    rank's part must be the rows FSDP2 gave that rank's parameter (uneven shards included)."""
+    script = tmp_path / "shard.py"
+    script.write_text(SHARD_CHECK)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                          f"--master-port={_free_port()}", str(script)], cwd=REPO, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0 and "rank 0 ok" in run.stdout and "rank 1 ok" in run.stdout, run.stderr[-3000:]
+
+
 def test_fp8_all_gather_is_accepted_where_a_stack_builds_it():
     """TE's FP8 primary weights (delayed, current, block) and torchao tensorwise; the spec says so, once."""
     for backend, recipe in (("te", "delayed"), ("te", "current"), ("te", "block"), ("torchao", "tensorwise")):

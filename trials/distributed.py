@@ -163,6 +163,16 @@ def _reduce(values: list[float], ranks: Ranks, op: str) -> list[float]:
     return t.tolist()
 
 
+def local_shard(full: torch.Tensor, param: Any) -> torch.Tensor:
+    """This rank's part of ``full`` (a whole tensor every rank holds), cut as FSDP2 cut ``param`` (a DTensor;
+    a plain tensor is returned whole): what an optimizer state seeded from a whole tensor needs."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not isinstance(param, DTensor):
+        return full
+    return distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
+
+
 def amax_group(ranks: Ranks) -> Any:
     """The group TE's delayed scaling reduces its amaxes over: all ranks, so that every rank casts with
     the same scales (FP8 weight shards all-gathered under FSDP2 carry one scale for the whole weight;

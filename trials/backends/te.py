@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .. import te_compat
+from .. import distributed, te_compat
 from ..model import MiniGPT, ModelConfig, build_model, fused_qkv_state
 from . import Built
 
@@ -50,14 +50,10 @@ def _fp8_weights(spec: Any, te: Any, recipe: Any, device: str, info: dict[str, A
     info["optimizer"] = "te FusedAdam, fp32 master weights"
 
     def make_optimizer(wrapped: nn.Module, lr: float) -> torch.optim.Optimizer:
-        from torch.distributed.tensor import DTensor, distribute_tensor
-
         opt = te.optimizers.FusedAdam(wrapped.parameters(), lr=lr, weight_decay=WEIGHT_DECAY, master_weights=True,
                                       master_weight_dtype=torch.float32)
         for name, p in wrapped.named_parameters():
-            master = init[name].float()
-            if isinstance(p, DTensor):  # this rank's shard, cut as FSDP2 cut the parameter
-                master = distribute_tensor(master, p.device_mesh, p.placements, src_data_rank=None).to_local()
+            master = distributed.local_shard(init[name].float(), p)  # this rank's shard of the init
             opt.initialize_state(p, store_param_remainders=False)
             opt.set_scaled_state(p, "master_param", master.contiguous())
         init.clear()  # the BF16 init copy is not needed once the masters hold it
