@@ -6,6 +6,7 @@ from typing import Any
 
 from rich.table import Table
 
+from trials.backends import STACKS, recipe_owner
 from trials.model import ModelConfig, param_count
 from trials.spec import TrialSpec
 
@@ -24,8 +25,9 @@ def estimate_memory_bytes(spec: TrialSpec) -> int:
     Q/K/V, the attention output and the residual (7 * d_model + 2 * kv width), fc1's output and the
     activation's (fc1_out + ffn), in the activation dtype, about 34 * d_model bytes for the gpt block
     (Korthikanti et al.; flash attention keeps no seq x seq scores); and the logits in the activation
-    dtype plus their fp32 copy and its gradient for the loss. TE cells with FP8 primary weights
-    (``fp8_all_gather``) train with FusedAdam: an fp32 master and two fp32 moments per parameter instead.
+    dtype plus their fp32 copy and its gradient for the loss. Cells whose weights exist only in FP8
+    (``fp8_all_gather`` on a stack with ``fp8_all_gather_masters``: TE) keep an fp32 master and two fp32
+    moments per parameter instead.
     """
     cfg = ModelConfig.from_spec(spec)
     n = param_count(cfg)
@@ -34,7 +36,9 @@ def estimate_memory_bytes(spec: TrialSpec) -> int:
     per_token_layer = 7 * cfg.d_model + 2 * cfg.kv_dim + cfg.fc1_out + cfg.ffn
     activations = tokens * spec.n_layers * per_token_layer * width
     logits = tokens * spec.vocab * (width + 8)
-    state = MASTER_AND_MOMENTS_BYTES if spec.fp8_all_gather and spec.backend == "te" else 2 * width
+    stack = STACKS.get(recipe_owner(spec.recipe) or "")
+    masters = spec.fp8_all_gather and stack is not None and stack.fp8_all_gather_masters
+    state = MASTER_AND_MOMENTS_BYTES if masters else 2 * width
     return n * (2 * width + state) + activations + logits
 
 

@@ -34,6 +34,7 @@ class Stack:
     serve_needs_cuda: bool = False  # its FP8 inference runs on CUDA only (torchao's dynamic quantization)
     fp8_rows: int = 8  # FP8 GEMMs need the token count in multiples of this (serving pads its batch to it)
     fp8_all_gather: tuple[str, ...] = ()  # FP8 recipes whose weights FSDP2 all-gathers in FP8 (``fp8_all_gather``)
+    fp8_all_gather_masters: bool = False  # there, weights exist only in FP8: the optimizer keeps fp32 masters
 
     def graphs_apply(self, workload: str) -> bool:
         """``cuda_graphs: true`` is a way to run this stack's ``workload`` (every stack graphs its decode)."""
@@ -49,7 +50,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           compiles=False, needs_cuda=True, infer=True, graphs=True,
           # FP8 primary weights (quantized_model_init): TE's Float8Tensor and Float8BlockwiseTensor implement
           # FSDP2's fsdp_pre/post_all_gather, so the all-gather moves their FP8 data and scales.
-          fp8_all_gather=("delayed", "current", "block")),
+          fp8_all_gather=("delayed", "current", "block"), fp8_all_gather_masters=True),
     Stack("torch", {}, "torch", compiles=True, needs_cuda=False, infer=True, graphs=True),
     # torchao's recipe names (Float8LinearConfig.from_recipe_name); float8 matmuls need sm_89+ on GPUs.
     # Serving: quantize_ with Float8DynamicActivationFloat8WeightConfig, per tensor or per row
