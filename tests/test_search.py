@@ -40,7 +40,7 @@ def speedup(x: int) -> float:
     return 0.8 + 0.1 * math.log2(x / 512)
 
 
-def run(bisection: Bisection, f=speedup) -> tuple[object, int]:
+def run(bisection: Bisection, f=speedup, launch_bound=lambda side, x: False) -> tuple[object, int]:
     """Feed the bisection what it asks for until it answers; returns (answer, trials run)."""
     ran = 0
     while True:
@@ -49,7 +49,8 @@ def run(bisection: Bisection, f=speedup) -> tuple[object, int]:
             return d.answer, ran
         for side, x, sample in d.need:
             ms = 10.0 * JITTER[sample % 4] * (1.0 if side == "baseline" else 1.0 / f(x))
-            bisection.observe(side, x, sample, Outcome("ok", ms, wall_s=3.0, gpu_name="NVIDIA H200"))
+            bisection.observe(side, x, sample, Outcome("ok", ms, wall_s=3.0, gpu_name="NVIDIA H200",
+                                                       launch_bound=launch_bound(side, x)))
             ran += 1
 
 
@@ -128,12 +129,7 @@ def test_an_answer_whose_bracket_was_launch_bound_says_so():
     p = plan(max_trials=60)
     clean, _ = run(Bisection(p))
     lo, hi = clean.bracket
-    b = Bisection(p)
-    while (d := b.decide()).answer is None:
-        for side, x, sample in d.need:
-            ms = 10.0 * JITTER[sample % 4] * (1.0 if side == "baseline" else 1.0 / speedup(x))
-            b.observe(side, x, sample, Outcome("ok", ms, launch_bound=x <= hi and side == "variant"))
-    answer = d.answer
+    answer, _ = run(Bisection(p), launch_bound=lambda side, x: x <= hi and side == "variant")
     assert answer.bracket == clean.bracket and f"launch-bound at d_model {lo} and {hi}:" in answer.statement
     assert "launch-bound" not in clean.statement
     assert [pr.x for pr in answer.probes if pr.launch_bound] == [pr.x for pr in answer.probes if pr.x <= hi]
