@@ -178,7 +178,7 @@ class Outcome:
     wall_s: float = 0.0
     error: str = ""
     gpu_name: str = ""
-    launch_bound: bool = False  # the record's: issuing the step's kernels took the host as long as running them
+    launch_bound: bool = False  # the record's: issuing a step took the host >= 80% of its GPU time (trials.bench)
 
 
 @dataclass

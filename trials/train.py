@@ -27,11 +27,14 @@ from .spec import TrialSpec
 log = logging.getLogger(__name__)
 
 
+WEIGHT_DECAY = 0.01  # AdamW's decoupled weight decay (torch's default), for every stack's optimizer
+
+
 def make_optimizer(model: nn.Module, lr: float, device: str) -> torch.optim.Optimizer:
     """AdamW; the fused CUDA kernel on GPUs (one launch for all parameters), foreach elsewhere."""
     if device == "cuda":
-        return torch.optim.AdamW(model.parameters(), lr=lr, fused=True)
-    return torch.optim.AdamW(model.parameters(), lr=lr, foreach=True)
+        return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=WEIGHT_DECAY, fused=True)
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=WEIGHT_DECAY, foreach=True)
 
 
 class _GraphRoot(nn.Module):

@@ -18,9 +18,6 @@ from .. import distributed, te_compat
 from ..model import MiniGPT, ModelConfig, build_model, fused_qkv_state
 from . import Built
 
-WEIGHT_DECAY = 0.01  # torch.optim.AdamW's default, which the BF16-weight cells train with
-
-
 def fp8_recipe(spec: Any) -> Any:
     """TE's recipe object for an fp8 cell's recipe, format and amax settings."""
     return te_compat.make_recipe(spec.recipe, spec.fp8_format, spec.amax_history_len, spec.amax_compute_algo)
@@ -50,6 +47,8 @@ def _fp8_weights(spec: Any, te: Any, recipe: Any, device: str, info: dict[str, A
     info["optimizer"] = "te FusedAdam, fp32 master weights"
 
     def make_optimizer(wrapped: nn.Module, lr: float) -> torch.optim.Optimizer:
+        from ..train import WEIGHT_DECAY  # the BF16-weight cells' AdamW decay (train imports this package)
+
         opt = te.optimizers.FusedAdam(wrapped.parameters(), lr=lr, weight_decay=WEIGHT_DECAY, master_weights=True,
                                       master_weight_dtype=torch.float32)
         for name, p in wrapped.named_parameters():
