@@ -65,7 +65,28 @@ def ray_cluster(tmp_path_factory):
                             text=True, env=env, timeout=120)
     assert worker.returncode == 0, worker.stderr[-2000:]
     yield address
-    subprocess.run([_ray_bin(), "stop", "--force"], capture_output=True, env=env, timeout=120)
+    stop_cluster(str(temp))
+
+
+def stop_cluster(temp_dir: str) -> None:
+    """Kill the processes of the cluster whose temp dir is ``temp_dir``, and theirs. Not ``ray stop``, which
+    kills every Ray on the host: a user's, a concurrent test run's, an embedded sweep's."""
+    import psutil
+
+    roots = [p for p in psutil.process_iter(["cmdline"])
+             if p.pid != os.getpid() and any(temp_dir in a for a in (p.info["cmdline"] or []))]
+    procs = {}
+    for root in roots:
+        try:
+            procs.update({p.pid: p for p in (root, *root.children(recursive=True))})
+        except psutil.Error:
+            pass
+    for p in procs.values():
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(list(procs.values()), timeout=10)
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.2):
