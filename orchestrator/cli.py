@@ -39,6 +39,7 @@ def _quiet_ray_logs(verbose: bool) -> None:
 
 # -- sweep --------------------------------------------------------------------------------------
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from .embedded_ray import RayStartError
     from .lock import SweepLocked
     from .runner import MAX_FAILURES, SweepInputError, run_sweep
     from .store import StorageFull, Store
@@ -89,6 +90,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                             progress=None if args.no_progress else SweepProgress(), launcher=args.launcher)
     except (SweepInputError, SweepLocked) as exc:
         return _fail(str(exc))
+    except RayStartError as exc:  # not the user's input: the machine's; one line, with Ray's own reason
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
     except StorageFull as exc:  # one line; what was written stays, and the same command resumes
         store = Store(storage, sweep.name)
         done = len(store.final_keys()) if Path(store.root).exists() else 0
@@ -180,18 +184,25 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     cap = probe("auto", want_te=True, want_torchao=True)
     info = {"capability": cap.as_dict(), "fingerprint": fingerprint(cap.device_type), "power": power_and_clocks()}
     info["peaks_tflops"] = {p: peak_tflops(cap.gpu_name, p) for p in ("bf16", "fp8", "fp32")}
+    from importlib import metadata
+
     try:
-        import ray
+        info["ray_version"] = metadata.version("ray")  # not ``import ray``: a local Ray is configured before that
+    except metadata.PackageNotFoundError:
+        info["ray_version"] = "not installed"
+    if args.ray:
+        from .embedded_ray import RayStartError
+        from .runner import SweepInputError, ray_session
 
-        info["ray_version"] = ray.__version__
-        if args.ray:
-            from .runner import ray_session
-
+        try:
             with ray_session(args.address) as r:
                 info["cluster_resources"] = r.cluster_resources()
                 info["nodes"] = [n["NodeManagerAddress"] for n in r.nodes() if n.get("Alive")]
-    except ImportError as exc:
-        info["ray_version"] = f"not importable: {exc}"
+        except SweepInputError as exc:
+            return _fail(str(exc))
+        except RayStartError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 1
     if args.json:
         print(json.dumps(info, indent=2, default=str))
         return 0

@@ -24,6 +24,7 @@ from typing import Any, Iterator
 
 from trials.record import FINAL_STATUSES
 
+from . import embedded_ray
 from .launchers.base import PACKAGE_ROOT
 from .launchers.ranks import RANKS_DRIVER_CPU
 from .lock import sweep_lock
@@ -82,22 +83,16 @@ def ray_session(address: str | None, dashboard: bool = False, verbose: bool = Fa
     """Connect to ``address`` (or RAY_ADDRESS), else start a local embedded Ray; shut it down after."""
     given = bool(address)
     address = address or os.environ.get("RAY_ADDRESS") or None
-    if not address:
-        # Ray turns token authentication on for a new local cluster and warns each time unless the mode is
-        # explicit: this embedded instance takes Ray's default, said explicitly (a user's own setting stands).
-        # Set before Ray is imported, which reads its configuration once.
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
+    embedded_ray.configure(local=not address)  # before Ray is imported: it reads its auth mode once, at import
     import ray
 
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     kwargs: dict[str, Any] = {"log_to_driver": verbose, "logging_level": logging.INFO if verbose else logging.WARNING}
     if address:
         _connect(ray, address, "--address" if given else "RAY_ADDRESS", kwargs)
     else:
         pythonpath = os.pathsep.join(p for p in (PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)
-        # address="local": always a new embedded instance, never some cluster started earlier on this host.
-        ray.init(address="local", include_dashboard=dashboard, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
-                 **kwargs)
+        embedded_ray.start(ray, include_dashboard=dashboard, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
+                           **kwargs)
     before = _term_like_int()
     try:
         yield ray

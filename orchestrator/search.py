@@ -2,26 +2,19 @@
 
 :class:`Search` keeps the plan's :class:`~orchestrator.crossover.Bisection` in step with the store:
 every record whose cell id is one the plan could probe is an observation, whoever ran it (this search,
-an interrupted earlier run of it, a grid of the same sweep). :class:`CrossoverSearcher` is the
-``ray.tune.search.Searcher`` Tune asks for the next trial: it returns the config of a (cell, sample)
-the bisection needs, ``None`` while the trials it waits on are still running, and ``FINISHED`` once
-the answer is known or ``max_trials`` is spent. Each config is an ordinary work item
-(:class:`~orchestrator.work.WorkItem`), so each probe writes the record a grid cell would.
+an interrupted earlier run of it, a grid of the same sweep). :func:`Search.searcher` gives Tune
+its view of it (:mod:`orchestrator.searcher`). This module does not import Ray, so the CLI can load it
+before the sweep decides how Ray starts (:mod:`orchestrator.embedded_ray`).
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
-
-from ray.tune.search import Searcher
 
 from .crossover import SIDES, Answer, Bisection, CrossoverPlan, Decision, Outcome
 from .report.analysis import DECODE_STEP, TRAIN_STEP
 from .store import Store
 from .work import WorkItem
-
-log = logging.getLogger(__name__)
 
 
 class Search:
@@ -83,33 +76,8 @@ class Search:
         ans.done = False
         return ans
 
-    def searcher(self) -> "CrossoverSearcher":
+    def searcher(self) -> Any:
+        """Tune's searcher over this search (imports Ray: call it inside the sweep's Ray session)."""
+        from .searcher import CrossoverSearcher
+
         return CrossoverSearcher(self)
-
-
-class CrossoverSearcher(Searcher):
-    """Tune's view of the search: ``suggest`` a trial the bisection needs, learn from each completed one."""
-
-    def __init__(self, search: Search):
-        # No metric for Tune: the search reads each trial's record, and Tune's strict check of a searcher's
-        # metric would end the sweep at the first record without a time (an unsupported or failed cell).
-        super().__init__()
-        self.search = search
-        self.pending: dict[str, tuple[str, int, int]] = {}  # Tune trial id -> (side, x, sample)
-
-    def suggest(self, trial_id: str) -> dict[str, Any] | None:
-        decision = self.search.decide(set(self.pending.values()))
-        if decision.answer is not None:
-            return Searcher.FINISHED
-        if not decision.need:
-            return None  # waiting for a running trial of the same point
-        want = decision.need[0]
-        self.pending[trial_id] = want
-        log.info("search: %s at %s=%d, sample %d", want[0], self.search.plan.axis, want[1], want[2])
-        return self.search.item(*want).config()
-
-    def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
-        want = self.pending.pop(trial_id, None)
-        if want is None:
-            return
-        self.search.observe_trial(*want)

@@ -44,6 +44,15 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def user_env(home: Path, **extra: str) -> dict[str, str]:
+    """A new user's shell: this machine's environment less every RAY_* variable (conftest's token auth among
+    them) and PYTHONPATH, with an empty ``home`` (so no ~/.ray). What the README's commands must pass in."""
+    home.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != "PYTHONPATH"}
+    env.update(HOME=str(home), **extra)
+    return env
+
+
 def juicytalk(*args: str, env: dict | None = None, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess, as a user would."""
     return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,

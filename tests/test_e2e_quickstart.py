@@ -1,5 +1,6 @@
-"""The README's first command, end to end: quickstart sweep through a local embedded Ray, Parquet
-records, an HTML report that renders in a real headless Chromium, PNGs, and a resuming rerun."""
+"""The README's first command, end to end, in a new user's shell (no RAY_* variables, an empty HOME):
+quickstart sweep through a local embedded Ray, Parquet records, an HTML report that renders in a real
+headless Chromium, PNGs, and a resuming rerun."""
 
 from __future__ import annotations
 
@@ -13,15 +14,21 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from .conftest import juicytalk
+from .conftest import juicytalk, user_env
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @pytest.fixture(scope="module")
-def quickstart(tmp_path_factory):
+def shell(tmp_path_factory):
+    """The environment every command here runs in: a new user's (conftest's Ray settings stripped)."""
+    return user_env(tmp_path_factory.mktemp("home"))
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory, shell):
     out = tmp_path_factory.mktemp("qs")
-    run = juicytalk("sweep", "examples/quickstart.yaml", "--out", str(out), "--no-progress", timeout=900)
+    run = juicytalk("sweep", "examples/quickstart.yaml", "--out", str(out), "--no-progress", timeout=900, env=shell)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return out / "quickstart", run
 
@@ -69,10 +76,10 @@ def test_tune_sees_each_trial_spec_and_metrics(quickstart):
     assert sorted(str(t) for t in analysis.trials) == sorted(f"{r['cell_label']}-s0" for r in records.values())
 
 
-def test_rerun_resumes_without_running_anything(quickstart):
+def test_rerun_resumes_without_running_anything(quickstart, shell):
     root, _ = quickstart
     before = {p.name: p.stat().st_mtime_ns for p in (root / "trials").iterdir()}
-    run = juicytalk("sweep", "examples/quickstart.yaml", "--out", str(root.parent), "--no-progress", "--no-report")
+    run = juicytalk("sweep", "examples/quickstart.yaml", "--out", str(root.parent), "--no-progress", "--no-report", env=shell)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "6 already done, 0 run now" in " ".join(run.stdout.split()) and "busy fraction" not in run.stdout
     assert {p.name: p.stat().st_mtime_ns for p in (root / "trials").iterdir()} == before
@@ -84,9 +91,9 @@ def _png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-def test_report_outputs_from_real_sweep(quickstart, tmp_path):
+def test_report_outputs_from_real_sweep(quickstart, tmp_path, shell):
     root, _ = quickstart
-    run = juicytalk("report", str(root), "--out", str(tmp_path / "r.html"), "--png", str(tmp_path / "png"))
+    run = juicytalk("report", str(root), "--out", str(tmp_path / "r.html"), "--png", str(tmp_path / "png"), env=shell)
     assert run.returncode == 0, run.stderr[-2000:]
     md = (tmp_path / "results.md").read_text()
     assert "Unpaired cells" in md and "te-fp8-delayed is unsupported" in md
@@ -162,18 +169,18 @@ def test_chromium_check_catches_a_broken_page(quickstart, tmp_path):
     assert any("CONSOLE" in line and "undefinedFunctionCall" in line for line in console)
 
 
-def test_collect_rebuilds_results(quickstart, tmp_path):
+def test_collect_rebuilds_results(quickstart, tmp_path, shell):
     root, _ = quickstart
     (root / "results.parquet").unlink()
-    run = juicytalk("collect", str(root))
+    run = juicytalk("collect", str(root), env=shell)
     assert run.returncode == 0 and "6 records" in run.stdout
     assert pq.read_table(root / "results.parquet").num_rows == 6
     bad = juicytalk("collect", str(tmp_path))
     assert bad.returncode == 2 and "not a sweep directory" in bad.stderr
 
 
-def test_doctor_on_cpu():
-    run = juicytalk("doctor")
+def test_doctor_on_cpu(shell):
+    run = juicytalk("doctor", env=shell)
     assert run.returncode == 0, run.stderr
     assert "device        cpu" in run.stdout and "ray           2." in run.stdout
     lines = {line.split()[2]: line for line in run.stdout.splitlines() if line.startswith("fp8 ")}

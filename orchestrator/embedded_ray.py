@@ -1,0 +1,96 @@
+"""The local Ray a sweep starts when it is given no cluster: how it is configured, and what a user is told
+when it does not come up.
+
+Ray reads its authentication mode (``RAY_AUTH_MODE``) once, when ``ray`` is first imported, while the GCS
+and raylet it starts read it from the environment they inherit. Setting the variable after the import
+splits the two: the driver skips making a token, the GCS looks for one, finds none and dies, and
+``ray.init`` times out 30 s later. So the mode is decided here, before the import, and never after it:
+no module of ``orchestrator`` imports Ray at import time (tests/test_clean_start.py fails when one does),
+and :func:`configure` leaves the environment alone once Ray is in the process, which keeps the driver and
+its GCS agreeing (``ray.init`` then sets up the token itself).
+
+Token authentication is Ray's default for a new local cluster; the mode is only made explicit (unless the
+user set one) so that Ray does not warn about it at every start. A token file left in ``~/.ray`` by an
+earlier Ray is fine: the new cluster and the driver both use it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+AUTH_MODE = "token"  # Ray's own default for new local clusters, said explicitly
+LOGS = ("gcs_server.err", "raylet.err", "gcs_server.out", "raylet.out")  # where a process that died says why
+FATAL = re.compile(r"^\[[^\]]* [CEF] \d+ \d+\]\s*(?:\([^)]*\)\s*)?(.*)$")  # a glog line of severity C, E or F
+
+
+class RayStartError(RuntimeError):
+    """The local Ray did not come up; the message is one line: what failed, Ray's own first error line,
+    and the log it came from."""
+
+
+def configure(local: bool) -> None:
+    """Set, before ``import ray``, what this driver and the Ray it starts (``local``) must agree on.
+    Joining a cluster, the cluster's mode is the user's to give (RAY_AUTH_MODE, RAY_AUTH_TOKEN)."""
+    if local and "ray" not in sys.modules:
+        os.environ.setdefault("RAY_AUTH_MODE", AUTH_MODE)
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's classic progress output, read when Tune is imported
+
+
+def start(ray, **kwargs) -> None:
+    """``ray.init`` of a new local instance, or :class:`RayStartError` in one line when it fails."""
+    since = time.time()
+    try:
+        # address="local": always a new embedded instance, never some cluster started earlier on this host
+        ray.init(address="local", **kwargs)
+    except Exception as exc:  # noqa: BLE001 - whatever Ray raised, the user gets one line
+        raise RayStartError(start_failure(exc, since)) from None
+
+
+def start_failure(exc: BaseException, since: float) -> str:
+    """One line for a failed local start: the exception's first line, and the first fatal line of the
+    session's logs with the log's path."""
+    what = (str(exc).strip().splitlines() or [""])[0]
+    line = f"Ray could not start here ({type(exc).__name__}: {_clip(what)})"
+    session = _session_dir(str(exc), since)
+    found = _first_fatal(session) if session else None
+    if found:
+        log, text = found
+        line += f"; {log.name}: {_clip(text)} (log: {log})"
+    elif session:
+        line += f" (logs: {session / 'logs'})"
+    return line
+
+
+def _session_dir(message: str, since: float) -> Path | None:
+    """The session directory of the failed start: named in Ray's message, else the newest one begun since."""
+    named = re.search(r"(/\S*/session_[^/\s]+)", message)
+    if named and Path(named.group(1)).is_dir():
+        return Path(named.group(1))
+    root = Path(os.environ.get("RAY_TMPDIR") or "/tmp") / "ray"
+    fresh = [p for p in root.glob("session_2*") if p.is_dir() and p.stat().st_mtime >= since - 1]
+    return max(fresh, key=lambda p: p.stat().st_mtime) if fresh else None
+
+
+def _first_fatal(session: Path) -> tuple[Path, str] | None:
+    for name in LOGS:
+        log = session / "logs" / name
+        try:
+            lines = log.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for text in lines:
+            m = FATAL.match(text)
+            if m:
+                body = m.group(1)
+                # Ray prefixes a failed check with a paragraph about reporting bugs; what failed follows it
+                return log, body[body.index("Check failed"):] if "Check failed" in body else body
+    return None
+
+
+def _clip(text: str, width: int = 240) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"

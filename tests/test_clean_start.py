@@ -1,0 +1,83 @@
+"""A sweep starts its own Ray in whatever shell a user has: no RAY_* variables, a token file left by an
+earlier Ray, RAY_AUTH_MODE=disabled. The README's own first command runs in a stripped shell in
+test_e2e_quickstart.py; here the variants, the rule that keeps it so, and a Ray that cannot start."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pyarrow.parquet as pq
+import pytest
+
+from .conftest import REPO, juicytalk, user_env
+
+# A one-cell sweep: what differs between the shells below is Ray's start, not the trial.
+TINY = """name: clean
+grid: {precision: [fp32]}
+fixed: {d_model: 64, n_layers: 2, device: cpu, backend: torch, train_steps: 5, warmup_steps: 1, bench_steps: 3}
+resources: {gpu: 0, cpu: 1}
+"""
+
+# Modules Ray runs (Tune's trainable, its searcher, trackers built on Tune callbacks): imported only inside
+# the sweep's Ray session, after orchestrator.embedded_ray.configure.
+RAY_SIDE = {"orchestrator.trainable", "orchestrator.searcher", "orchestrator.trackers.mlflow_tracker",
+            "orchestrator.trackers.tensorboard_tracker", "orchestrator.trackers.wandb_tracker"}
+
+
+def test_no_orchestrator_module_imports_ray_at_import_time():
+    """Ray reads RAY_AUTH_MODE once, at import: a module that imports it before a sweep configures its local
+    Ray (the CLI importing search.py did) leaves the driver and the GCS it starts disagreeing."""
+    code = textwrap.dedent(f"""
+        import importlib, pkgutil, sys
+        import orchestrator
+        names = [m.name for m in pkgutil.walk_packages(orchestrator.__path__, "orchestrator.")]
+        for name in names:
+            if name not in {sorted(RAY_SIDE)!r}:
+                importlib.import_module(name)
+                assert "ray" not in sys.modules, name + " imports ray at import time"
+        print(len(names))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr[-1500:]
+    assert int(out.stdout) > 30  # it walked the package, not nothing
+
+
+@pytest.mark.parametrize("shell", ["stale token file", "RAY_AUTH_MODE=disabled"])
+def test_a_sweep_starts_its_own_ray_whatever_the_users_shell_holds(tmp_path, shell):
+    home = tmp_path / "home"
+    extra = {}
+    if shell == "stale token file":  # left by some earlier Ray on this machine
+        (home / ".ray").mkdir(parents=True)
+        (home / ".ray" / "auth_token").write_text("0123456789abcdef" * 4)
+    else:
+        extra["RAY_AUTH_MODE"] = "disabled"
+    (tmp_path / "s.yaml").write_text(TINY)
+    run = juicytalk("sweep", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "out"), "--no-progress",
+                    env=user_env(home, **extra), timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    [record] = pq.read_table(tmp_path / "out" / "clean" / "results.parquet").to_pylist()
+    assert record["status"] == "ok" and (tmp_path / "out" / "clean" / "report.html").exists()
+
+
+def test_a_ray_that_cannot_start_is_one_line_with_rays_own_reason(tmp_path):
+    """The GCS dies at start (here the very split the auth fix prevents, made on purpose: this process
+    imports Ray, then turns token auth on for the processes it starts, with no token anywhere)."""
+    (tmp_path / "s.yaml").write_text(TINY)
+    code = textwrap.dedent(f"""
+        import os, sys
+        import ray
+        os.environ["RAY_AUTH_MODE"] = "token"
+        from orchestrator.cli import main
+        sys.exit(main(["sweep", {str(tmp_path / "s.yaml")!r}, "--out", {str(tmp_path / "out")!r}, "--no-progress"]))
+    """)
+    # Ray waits 30 s for a GCS that already died; its own knob shortens the wait, not what is reported after
+    env = user_env(tmp_path / "home", RAY_gcs_server_port_wait_time_s="4")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=180)
+    assert out.returncode == 1, out.stdout[-1500:] + out.stderr[-1500:]
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("juicytalk: error: Ray could not start here"), line
+    assert "gcs_server.err: Check failed" in line and "token" in line, line
+    log = line.rsplit("(log: ", 1)[1].rstrip(")")
+    assert log.endswith("gcs_server.err") and "Check failed" in open(log).read()
