@@ -90,9 +90,7 @@ def ray_session(address: str | None, dashboard: bool = False, verbose: bool = Fa
     if address:
         _connect(ray, address, "--address" if given else "RAY_ADDRESS", kwargs)
     else:
-        pythonpath = os.pathsep.join(p for p in (PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)
-        embedded_ray.start(ray, include_dashboard=dashboard, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
-                           **kwargs)
+        embedded_ray.start(ray, PACKAGE_ROOT, include_dashboard=dashboard, **kwargs)
     before = _term_like_int()
     try:
         yield ray
