@@ -9,8 +9,8 @@ for BF16), FP32 cross-entropy on the next tokens, backward, fused AdamW (``trial
 ``zero_grad(set_to_none=True)``. Two CUDA events around each block of ``--steps`` steps, after ``--warmup``
 untimed steps; it prints each cell's median ms per step over ``--repeats`` blocks, and the spread.
 
-Usage (several cells in one process, TE imported once):
-    python benchmarks/te_hf_loop.py --model llama --d-model 4096 --n-layers 2 --n-heads 32 --n-kv-heads 8 \\
+Usage (repository root; several cells in one process, TE imported once):
+    PYTHONPATH=. python benchmarks/te_hf_loop.py --model llama --d-model 4096 --n-layers 2 --n-heads 32 --n-kv-heads 8 \\
         --ffn 14336 --vocab 128256 --seq-len 4096 --batch-size 4 \\
         --cells none:bf16 swap:bf16 swap:fp8:delayed swap:fp8:current transformer_layer:bf16 transformer_layer:fp8:delayed
 """

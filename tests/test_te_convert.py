@@ -158,6 +158,8 @@ def test_transformer_layer_applies_to_the_llama_family_only(models):
         tc.plan(tiny("gemma"), "transformer_layer")
     with pytest.raises(tc.ConvertError, match="not a transformers model"):
         tc.plan(TinyPy(), "transformer_layer")
+    assert tc.layer_refusal("transformer_layer", "qwen2") == tc.layer_refusal("swap", "gemma") == ""
+    assert "one of swap, transformer_layer" in tc.layer_refusal("modules", "llama")
     yarn = tiny("llama", rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
                                           "original_max_position_embeddings": 32})
     with pytest.raises(tc.ConvertError, match="rope type 'yarn'"):

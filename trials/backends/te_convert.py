@@ -71,11 +71,11 @@ def plan(model: nn.Module, te_layer: str = "swap", logits_layer: str | None = No
     """What :func:`convert` would do to ``model`` (nothing is changed). ``logits_layer``: the qualified name of
     the module that makes the logits, when the model's source knows it (else it is found, see
     :func:`find_logits_layer`). Raises ConvertError when ``te_layer`` does not apply to this model."""
-    if te_layer == "swap":
-        return swap_plan(model, logits_layer)
     if te_layer == "transformer_layer":
         return decoder_plan(model)
-    raise ConvertError(f"te_layer {te_layer!r}: a model that is not TE's own converts with one of {TE_LAYERS}")
+    if why := layer_refusal(te_layer, None):
+        raise ConvertError(why)
+    return swap_plan(model, logits_layer)
 
 
 def convert(model: nn.Module, te: Any, te_layer: str = "swap", logits_layer: str | None = None) -> list[Step]:
@@ -244,15 +244,24 @@ def hf_model(model: nn.Module) -> nn.Module | None:
                 None)
 
 
+def layer_refusal(te_layer: str, model_type: str | None) -> str:
+    """Why ``te_layer`` cannot convert a model of this transformers ``model_type`` (None: not a transformers
+    model), in one line; '' when it can. A spec can ask before any trial starts; :func:`plan` raises it."""
+    if te_layer not in TE_LAYERS:
+        return f"te_layer {te_layer!r}: a model that is not TE's own converts with one of {', '.join(TE_LAYERS)}"
+    if te_layer == "transformer_layer" and model_type not in LLAMA_FAMILY:
+        what = f"a transformers {model_type!r} model" if model_type else "not a transformers model"
+        return (f"te_layer transformer_layer applies to transformers' {', '.join(LLAMA_FAMILY)} models; "
+                f"this one is {what}: use te_layer swap")
+    return ""
+
+
 def _decoder_layers(model: nn.Module) -> tuple[nn.Module, nn.Module, str]:
     """(the transformers model, its decoder layers ModuleList, that list's qualified name); ConvertError where
     transformer_layer does not apply."""
     hf = hf_model(model)
-    kind = getattr(getattr(hf, "config", None), "model_type", None)
-    if kind not in LLAMA_FAMILY:
-        what = f"a transformers {kind!r} model" if kind else "not a transformers model"
-        raise ConvertError(f"te_layer transformer_layer applies to transformers' {', '.join(LLAMA_FAMILY)} models; "
-                           f"this one is {what}: use te_layer swap")
+    if why := layer_refusal("transformer_layer", getattr(getattr(hf, "config", None), "model_type", None)):
+        raise ConvertError(why)
     cfg = hf.config
     if getattr(cfg, "hidden_act", None) != "silu":
         raise ConvertError(f"te_layer transformer_layer: hidden_act {cfg.hidden_act!r}, TE's swiglu is silu-gated")
