@@ -6,8 +6,8 @@ converted model, on the same GPU, in one call. This is that loop: the model is t
 ``trials/backends/te_convert.py`` (``swap`` or ``transformer_layer``; ``none`` times the HF model itself), and
 each step is the harness's step without the harness: forward under ``te.autocast`` with the cell's recipe (none
 for BF16), FP32 cross-entropy on the next tokens, backward, fused AdamW (``trials.train.WEIGHT_DECAY``),
-``zero_grad(set_to_none=True)``. Two CUDA events around each block of ``--steps`` steps, after ``--warmup``
-untimed steps; it prints each cell's median ms per step over ``--repeats`` blocks, and the spread.
+``zero_grad(set_to_none=True)``. After ``--warmup`` untimed steps, each of ``--steps`` steps is timed with its
+own pair of CUDA events, as the harness times its steps; it prints each cell's median ms per step and the spread.
 
 Usage (repository root; several cells in one process, TE imported once):
     PYTHONPATH=. python benchmarks/te_hf_loop.py --model llama --d-model 4096 --n-layers 2 --n-heads 32 --n-kv-heads 8 \\
@@ -69,16 +69,15 @@ def time_cell(args: argparse.Namespace, te, cell: str) -> dict:
     first = step().item()
     for _ in range(args.warmup - 1):
         step()
-    torch.cuda.synchronize()
-    per_step = []
-    for _ in range(args.repeats):
+    events = []
+    for _ in range(args.steps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(args.steps):
-            loss = step()
+        loss = step()
         end.record()
-        end.synchronize()
-        per_step.append(start.elapsed_time(end) / args.steps)
+        events.append((start, end))
+    torch.cuda.synchronize()
+    per_step = [s.elapsed_time(e) for s, e in events]
     out = {"cell": cell, "model": args.model, "ms_p50": round(statistics.median(per_step), 3),
            "ms_min": round(min(per_step), 3), "ms_max": round(max(per_step), 3), "loss_first": round(first, 4),
            "loss_last": round(loss.item(), 4), "converted": sum(s.converts for s in steps),
@@ -100,8 +99,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--steps", type=int, default=20)
     p.add_argument("--cells", nargs="+", default=["none:bf16", "swap:bf16", "swap:fp8:delayed"],
                    help="te_layer:precision[:recipe], te_layer one of none, swap, transformer_layer")
     args = p.parse_args()
