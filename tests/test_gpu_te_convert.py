@@ -1,0 +1,113 @@
+"""GPU tests (-m gpu) of TE on transformers models (trials/backends/te_convert.py): the swapped and the
+transformer_layer models compute the HF model's logits within BF16 tolerance, and train in FP8.
+
+Tolerance, said once: the relative error ||a - b|| / ||b|| of the logits. BF16 keeps 8 significant bits (unit
+roundoff 2^-9 = 2e-3); TE and transformers round at different places (HF's RMSNorm rounds twice, its RoPE and
+SwiGLU run in BF16, TE's fused kernels compute those in FP32 and round once), which over two layers of random
+weights leaves differences of a few 1e-3. So: TE vs HF, both BF16, within REL_TOL = 2e-2; and TE's BF16 model
+no further from the FP32 HF model (same weights) than HF's own BF16 model is, within a factor 2.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from trials.backends import te_convert as tc
+from trials.te_compat import make_recipe
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.gpu
+
+REL_TOL = 2e-2
+SHAPE = dict(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=512, max_position_embeddings=256)
+SEQ, BATCH = 128, 4
+
+
+@pytest.fixture(scope="module")
+def te():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from trials.te_compat import import_te
+
+    try:
+        return import_te()
+    except ImportError as exc:
+        pytest.skip(f"Transformer Engine not importable: {exc}")
+
+
+def hf(model_type: str, **overrides) -> torch.nn.Module:
+    cfg = transformers.AutoConfig.for_model(model_type, **{**SHAPE, **overrides})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
+    return model.cuda()
+
+
+def tokens(seed: int = 0, length: int = SEQ) -> torch.Tensor:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randint(0, SHAPE["vocab_size"], (BATCH, length), device="cuda", generator=g)
+
+
+def logits(model: torch.nn.Module, idx: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(idx, use_cache=False).logits.float()
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+CASES = [("llama", "swap", {}), ("qwen2", "swap", {}), ("mistral", "swap", {}),
+         ("llama", "transformer_layer", {}), ("qwen2", "transformer_layer", {}),
+         ("mistral", "transformer_layer", {}),
+         # a window shorter than the sequence: TE gets window_size where HF masks the window
+         ("mistral", "transformer_layer", {"sliding_window": 48})]
+
+
+@pytest.mark.parametrize("model_type,te_layer,extra", CASES,
+                         ids=[f"{m}-{t}{'-window' if e else ''}" for m, t, e in CASES])
+def test_converted_logits_equal_hf_within_bf16_tolerance(te, model_type, te_layer, extra):
+    ref = hf(model_type, **extra).eval()
+    exact = copy.deepcopy(ref).float()  # the same weights in FP32 (BF16 values are exact in FP32)
+    model = copy.deepcopy(ref)
+    steps = tc.convert(model, te, te_layer)
+    assert sum(s.converts for s in steps) == (2 if te_layer == "transformer_layer" else 2 * 9 + 1)
+    if te_layer == "swap":
+        assert isinstance(model.model.layers[0].self_attn.q_proj, te.Linear)
+        assert isinstance(model.model.norm, te.RMSNorm) and type(model.lm_head) is torch.nn.Linear
+    else:
+        assert isinstance(model.model.layers[1], tc.TEDecoderLayer)
+    idx = tokens()
+    out, base, truth = logits(model, idx), logits(ref, idx), logits(exact, idx)
+    err, te_err, hf_err = rel(out, base), rel(out, truth), rel(base, truth)
+    print(f"{model_type} {te_layer} {extra}: TE vs HF (bf16) {err:.2e}; vs FP32 HF: TE {te_err:.2e}, HF bf16 {hf_err:.2e}")
+    assert err < REL_TOL
+    assert te_err <= 2 * hf_err + 1e-4
+
+
+@pytest.mark.parametrize("model_type,te_layer", [("llama", "swap"), ("llama", "transformer_layer"),
+                                                 ("qwen2", "transformer_layer")])
+def test_fp8_delayed_trains_the_converted_model(te, model_type, te_layer):
+    """FP8 (delayed scaling) steps on a fixed batch: the loss falls; qwen2's zero biases that HF lacks stay zero."""
+    model = hf(model_type).train()
+    tc.convert(model, te, te_layer)
+    recipe = make_recipe("delayed", "hybrid", 16, "max")
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3, fused=True)
+    idx = tokens(1, SEQ + 1)  # inputs of SEQ tokens: FP8 GEMMs need the token count in multiples of 16
+    losses = []
+    for _ in range(30):
+        with te.autocast(enabled=True, recipe=recipe):
+            out = model(idx[:, :-1], use_cache=False).logits
+        loss = F.cross_entropy(out.float().reshape(-1, out.shape[-1]), idx[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    print(f"{model_type} {te_layer} fp8 delayed: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < 0.8 * losses[0]
+    frozen = [p for n, p in model.named_parameters() if not p.requires_grad]
+    assert (len(frozen) == 3 * 2) == (model_type == "qwen2") and all(not p.any() for p in frozen)

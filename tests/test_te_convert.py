@@ -1,0 +1,181 @@
+"""TE on any model, without TE: the converters' plans (which modules swap, which stay and why) and the
+transformer_layer weight mapping, on tiny transformers llama / qwen2 / mistral / gemma models and a plain module.
+The GPU side (logits equal HF's, FP8 trains) is tests/test_gpu_te_convert.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+
+from trials.backends import te_convert as tc
+
+transformers = pytest.importorskip("transformers")
+
+SHAPE = dict(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=128, max_position_embeddings=64)
+
+
+def tiny(model_type: str, dtype: torch.dtype = torch.bfloat16, **overrides) -> nn.Module:
+    cfg = transformers.AutoConfig.for_model(model_type, **{**SHAPE, **overrides})
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
+
+
+@pytest.fixture(scope="module")
+def models() -> dict[str, nn.Module]:
+    return {"llama": tiny("llama"), "qwen2": tiny("qwen2"), "mistral": tiny("mistral"),
+            # k/v out 2 heads x 20 = 40: not a multiple of 16, while q (80) and o (80 -> 64) are
+            "llama_odd": tiny("llama", head_dim=20)}
+
+
+def by_name(steps: list[tc.Step]) -> dict[str, tc.Step]:
+    return {s.name: s for s in steps}
+
+
+BLOCK_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
+def test_swap_plan_converts_every_block_linear_and_rmsnorm_but_not_the_logits_layer(models, kind):
+    steps = by_name(tc.plan(models[kind]))
+    for i in range(2):
+        for lin in BLOCK_LINEARS:
+            assert steps[f"model.layers.{i}.{lin}"] == tc.Step(f"model.layers.{i}.{lin}", "linear", "convert")
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            assert steps[f"model.layers.{i}.{norm}"].kind == "rmsnorm" and steps[f"model.layers.{i}.{norm}"].converts
+    assert steps["model.norm"].kind == "rmsnorm" and steps["model.norm"].converts
+    assert not steps["lm_head"].converts and "logits" in steps["lm_head"].reason
+    rec = tc.record(list(steps.values()))
+    assert rec["fp8_converted_modules"] == 2 * 9 + 1 and json.loads(rec["fp8_skipped_modules"]) == ["lm_head"]
+    assert len(json.loads(rec["fp8_converted_names"])) == rec["fp8_converted_modules"]
+
+
+def test_swap_plan_keeps_a_non_multiple_linear_and_goes_on_with_its_siblings(models):
+    """accelerate's convert_model returned at the first such Linear; here k/v stay BF16 and v's later siblings
+    (o_proj, the MLP) and the next layer are still converted."""
+    steps = by_name(tc.plan(models["llama_odd"]))
+    for i in range(2):
+        for lin in ("k_proj", "v_proj"):
+            s = steps[f"model.layers.{i}.self_attn.{lin}"]
+            assert not s.converts and "out_features 40 not a multiple of 16" in s.reason
+        for lin in ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+            assert steps[f"model.layers.{i}.{lin}"].converts, lin
+
+
+class TinyPy(nn.Module):
+    """A user's own module (``py:``): no transformers, a logits Linear found by its vocab, a LayerNorm, a
+    torch RMSNorm, a mean-subtracting norm that is no RMSNorm, and an odd bottleneck between convertible Linears."""
+
+    def __init__(self, vocab: int = 100, d: int = 64):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.a = nn.Linear(d, d)
+        self.down = nn.Linear(d, 24)  # 24: not a multiple of 16
+        self.up = nn.Linear(24, d)
+        self.b = nn.Linear(d, d)
+        self.ln = nn.LayerNorm(d)
+        self.rms = nn.RMSNorm(d, eps=1e-6)
+        self.centred = MeanNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = self.a(self.emb(idx))
+        h = self.b(h + self.up(self.down(h)))
+        return self.head(self.centred(self.rms(self.ln(h))))
+
+
+class MeanNorm(nn.Module):
+    """Looks like an RMSNorm (one 1-D weight, an eps) but subtracts the mean: a LayerNorm without bias."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = 1e-5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.layer_norm(x, x.shape[-1:], self.weight, None, self.eps)
+
+
+def test_swap_plan_on_a_plain_module():
+    model = TinyPy()
+    assert tc.find_logits_layer(model) == "head"
+    steps = by_name(tc.plan(model))
+    assert [n for n, s in steps.items() if s.converts] == ["a", "b", "ln", "rms"]
+    assert steps["ln"].kind == "layernorm" and steps["rms"].kind == "rmsnorm"
+    assert "out_features 24" in steps["down"].reason and "in_features 24" in steps["up"].reason
+    assert steps["centred"].kind == "rmsnorm" and "neither" in steps["centred"].reason
+    assert "logits" in steps["head"].reason
+    assert not by_name(tc.plan(model, logits_layer="b"))["b"].converts  # the source's word for it wins
+
+
+def test_rmsnorm_is_recognised_by_what_it_computes():
+    """transformers' Llama RMSNorm gains by w, Gemma's by 1 + w (TE's zero_centered_gamma); neither is told by name."""
+    llama, gemma = tiny("llama", torch.float32), tiny("gemma", torch.float32)
+    assert tc.rmsnorm_spec(llama.model.norm) == tc.RMSNormSpec(llama.config.rms_norm_eps, False)
+    assert tc.rmsnorm_spec(gemma.model.norm) == tc.RMSNormSpec(gemma.config.rms_norm_eps, True)
+    assert tc.rmsnorm_spec(nn.RMSNorm(64)).eps == torch.finfo(torch.float32).eps
+    assert tc.rmsnorm_spec(nn.Linear(4, 4)) is None and tc.rmsnorm_spec(nn.Embedding(4, 4)) is None
+
+
+def test_tied_linear_stays_bf16():
+    model = TinyPy(vocab=64)
+    model.b.weight = model.a.weight  # a tied pair: swapping either would untie them
+    steps = by_name(tc.plan(model))
+    assert "tied to b" in steps["a"].reason and "tied to a" in steps["b"].reason
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
+def test_transformer_layer_plan_and_weight_mapping(models, kind):
+    model = models[kind]
+    assert tc.plan(model, "transformer_layer") == [tc.Step(f"model.layers.{i}", "decoder_layer", "convert")
+                                                   for i in range(2)]
+    layer = model.model.layers[1]
+    state, frozen = tc.decoder_state(layer)
+    ffn, d = SHAPE["intermediate_size"], SHAPE["hidden_size"]
+    fc1 = state["layernorm_mlp.fc1_weight"]
+    assert fc1.shape == (2 * ffn, d)
+    assert torch.equal(fc1[:ffn], layer.mlp.gate_proj.weight) and torch.equal(fc1[ffn:], layer.mlp.up_proj.weight)
+    assert state["self_attention.layernorm_qkv.key_weight"] is layer.self_attn.k_proj.weight
+    assert state["self_attention.layernorm_qkv.layer_norm_weight"] is layer.input_layernorm.weight
+    assert state["layernorm_mlp.layer_norm_weight"] is layer.post_attention_layernorm.weight
+    assert state["layernorm_mlp.fc2_weight"] is layer.mlp.down_proj.weight
+    if kind == "qwen2":  # q/k/v biases are HF's; TE's other biases are zero and frozen
+        assert state["self_attention.layernorm_qkv.value_bias"] is layer.self_attn.v_proj.bias
+        assert frozen == ("self_attention.proj.bias", "layernorm_mlp.fc1_bias", "layernorm_mlp.fc2_bias")
+        assert all(not state[n].any() for n in frozen) and state["layernorm_mlp.fc1_bias"].shape == (2 * ffn,)
+    else:
+        assert frozen == () and not any(n.endswith("bias") for n in state)
+
+
+def test_transformer_layer_applies_to_the_llama_family_only(models):
+    odd = tc.plan(models["llama_odd"], "transformer_layer")
+    assert [s.action for s in odd] == ["keep", "keep"] and "head_dim 20" in odd[0].reason
+    with pytest.raises(tc.ConvertError, match="llama, mistral, qwen2 models; this one is a transformers 'gemma'"):
+        tc.plan(tiny("gemma"), "transformer_layer")
+    with pytest.raises(tc.ConvertError, match="not a transformers model"):
+        tc.plan(TinyPy(), "transformer_layer")
+    assert tc.layer_refusal("transformer_layer", "qwen2") == tc.layer_refusal("swap", "gemma") == ""
+    assert "one of swap, transformer_layer" in tc.layer_refusal("modules", "llama")
+    yarn = tiny("llama", rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
+                                          "original_max_position_embeddings": 32})
+    with pytest.raises(tc.ConvertError, match="rope type 'yarn'"):
+        tc.plan(yarn, "transformer_layer")
+
+
+def test_rotary_angles_are_transformers_own_in_rotate_half_layout():
+    """cos/sin of the table TE gets equal the ones transformers' rotary embedding gives the attention."""
+    model = tiny("llama", torch.float32, rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0,
+                                                          "factor": 8.0, "low_freq_factor": 1.0,
+                                                          "high_freq_factor": 4.0,
+                                                          "original_max_position_embeddings": 32})
+    rotary = model.model.rotary_emb
+    t = 48
+    cos, sin = rotary(torch.zeros(1, t, 64), torch.arange(t)[None])  # (1, t, head_dim)
+    table = tc.RotaryAngles(rotary.inv_freq)(t, torch.device("cpu"))
+    assert table.shape == (t, 1, 1, 16)
+    torch.testing.assert_close(table[:, 0, 0].cos(), cos[0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(table[:, 0, 0].sin(), sin[0], rtol=0, atol=1e-6)
