@@ -53,6 +53,17 @@ def variant_of(row: Any) -> str:
     return variant_name(values)
 
 
+# What variant_of, backend_of and execution_label read: rows are turned into dicts of these columns only.
+_VARIANT_COLUMNS = list(dict.fromkeys([*axis_fields("variant", "execution"), "effective_backend",
+                                       "effective_precision", "effective_recipe"]))
+
+
+def _rows(df: pd.DataFrame, columns: list[str]) -> list[dict[str, Any]]:
+    """Each row as a dict of ``columns`` (those the frame has): a dict of all ~100 record columns per row costs
+    seconds at 10k records."""
+    return df[[c for c in columns if c in df]].to_dict("records")
+
+
 def varying_keys(df: pd.DataFrame) -> list[str]:
     """Pairing fields that take several values in this result set and are not already shown by the
     x-axis, the series name or its style: each becomes part of series names and a table column."""
@@ -74,7 +85,7 @@ def prepare(records: pd.DataFrame) -> pd.DataFrame:
         df["variant"] = pd.Series(dtype=str)
         df["series"] = pd.Series(dtype=str)
         return df
-    df["variant"] = [variant_of(r) for r in df.to_dict("records")]
+    df["variant"] = [variant_of(r) for r in _rows(df, _VARIANT_COLUMNS)]
     df["cuda_graphs"] = df["cuda_graphs"].fillna(False).astype(bool)
     df["workload"] = df["workload"].fillna("train")  # records from before the workload field trained
     keys = varying_keys(df)
@@ -98,6 +109,17 @@ class CellStats:
 def shape_key(values: Any, keys: list[str] = SHAPE_KEYS) -> tuple:
     """A cell's identity across tables: its ``keys`` fields, missing values (None or NaN) as None."""
     return tuple(None if v is None or v != v else v for v in (values[k] for k in keys))
+
+
+def shape_keys(df: pd.DataFrame, keys: list[str] = SHAPE_KEYS) -> pd.Series:
+    """:func:`shape_key` of every row, a column at a time (a row-wise apply costs seconds at 10k records)."""
+    columns = []
+    for k in keys:
+        values = df[k].tolist()
+        if df[k].hasnans:
+            values = [None if missing else v for v, missing in zip(values, df[k].isna().tolist())]
+        columns.append(values)
+    return pd.Series(list(zip(*columns)) if len(df) else [], index=df.index, dtype=object)
 
 
 def _median(values: list[float]) -> float:
@@ -129,19 +151,29 @@ PREFILL = Timing("prefill_ms_p50", "prefill_times_ms")
 
 
 def cell_table(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> dict[tuple, dict[str, CellStats]]:
-    """(shape key) -> variant -> stats, over all samples of that cell."""
+    """(shape key) -> variant -> stats, over all samples of that cell (cells in order of first appearance)."""
     out: dict[tuple, dict[str, CellStats]] = {}
     if df.empty:
         return out
-    for (shape, variant), group in df.groupby([df[SHAPE_KEYS].apply(tuple, axis=1), "variant"], sort=False):
-        ok = group[group["status"] == "ok"]
-        samples = [float(v) for v in ok[timing.median].dropna()]
-        steps = list(ok[timing.steps].iloc[0]) if len(ok) and ok[timing.steps].iloc[0] is not None else []
-        status = "ok" if len(ok) else str(group["status"].iloc[0])
-        first = (ok if len(ok) else group).iloc[0].to_dict()
-        losses = [float(v) for v in ok["loss_final"].dropna()]
-        out.setdefault(shape, {})[variant] = CellStats(variant, status, _median(samples) if samples else None,
-                                                        samples, steps, losses, first.get("n_params"), first)
+    # Rows are grouped by hand over plain lists: a pandas groupby slices every one of the ~100 record columns
+    # for each of thousands of cells.
+    groups: dict[tuple, list[int]] = {}
+    for i, key in enumerate(zip(shape_keys(df), df["variant"])):
+        groups.setdefault(key, []).append(i)
+    status, median, losses = df["status"].tolist(), df[timing.median].tolist(), df["loss_final"].tolist()
+    steps = df[timing.steps].tolist()
+    present = lambda values, rows: [float(values[i]) for i in rows if values[i] is not None and values[i] == values[i]]
+    cells = []
+    for (shape, variant), rows in groups.items():
+        ok = [i for i in rows if status[i] == "ok"]
+        samples = present(median, ok)
+        cells.append((shape, variant, ok[0] if ok else rows[0], CellStats(
+            variant, "ok" if ok else str(status[rows[0]]), _median(samples) if samples else None, samples,
+            list(steps[ok[0]]) if ok and steps[ok[0]] is not None else [], present(losses, ok), None)))
+    firsts = df.iloc[[first for _, _, first, _ in cells]].to_dict("records")  # one take for every cell's record
+    for (shape, variant, _, stats), record in zip(cells, firsts):
+        stats.n_params, stats.record = record.get("n_params"), record
+        out.setdefault(shape, {})[variant] = stats
     return out
 
 
@@ -241,7 +273,7 @@ def ways_that_ran(df: pd.DataFrame) -> int:
     """How many (stack, execution mode) combinations have a cell that ran ok: with one, every cell's fastest
     BF16 is its own stack's and the cross-stack comparison adds nothing."""
     ok = df[df["status"] == "ok"]
-    return len({(backend_of(r), execution_label(r)) for r in ok.to_dict("records")})
+    return len({(backend_of(r), execution_label(r)) for r in _rows(ok, _VARIANT_COLUMNS)})
 
 
 def against_fastest_bf16(df: pd.DataFrame, timing: Timing = TRAIN_STEP,
@@ -383,7 +415,9 @@ def knob_effects(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             context = f"d_model {where['d_model']} x {where['n_layers']} layers" + (
                 " (CUDA graphs)" if where["cuda_graphs"] else "") + (f", {g['series'].iloc[0]}" if g["series"].iloc[0] else "")
             base = g.iloc[0]
-            for r in g.itertuples():
+            shown = [knob, "d_model", "n_layers", "cuda_graphs", "series", "ratio", "ci_low", "ci_high", "loss_pct",
+                     "loss_lo", "loss_hi", "n_candidate"]
+            for r in g[shown].itertuples():  # only the columns read: itertuples over ~50 costs seconds
                 table.append({"knob": knob, "value": getattr(r, knob), "d_model": r.d_model, "n_layers": r.n_layers,
                               "graphs": r.cuda_graphs, "series": r.series, "speedup": r.ratio, "CI low": r.ci_low,
                               "CI high": r.ci_high, "loss vs BF16 %": r.loss_pct, "loss CI low %": r.loss_lo,

@@ -76,7 +76,7 @@ SERIES = ["variant", "series", "cuda_graphs", "n_layers"]
 
 def _lines(df: pd.DataFrame, y: str, y_title: str, title: str, y_log: bool = False) -> go.Figure:
     fig = go.Figure()
-    ok = df[df["status"] == "ok"]
+    ok = df.loc[df["status"] == "ok", list(dict.fromkeys([*SERIES, *HOVER_COLUMNS, y]))]  # slicing ~100 columns per series is slow
     for (variant, series, graphs, layers), g in ok.groupby(SERIES, sort=True):
         med = g.groupby("n_params")[y].median()
         g = g.sort_values("n_params").drop_duplicates("n_params").assign(**{y: lambda d: d["n_params"].map(med)})
@@ -169,7 +169,8 @@ def decode_chart(df: pd.DataFrame) -> go.Figure:
 
 def mfu_chart(df: pd.DataFrame) -> go.Figure:
     fig = _lines(df, "mfu_bf16_peak", "MFU (model FLOP/s / dense peak)", "MFU vs scale: solid/dashed vs BF16 peak, dotted vs FP8 peak")
-    fp8 = df[(df["status"] == "ok") & (df["effective_precision"] == "fp8")]
+    fp8 = df.loc[(df["status"] == "ok") & (df["effective_precision"] == "fp8"),
+                 list(dict.fromkeys([*SERIES, *HOVER_COLUMNS, "mfu_precision_peak"]))]
     for (variant, series, graphs, layers), g in fp8.groupby(SERIES, sort=True):
         g = g.sort_values("n_params")
         fig.add_trace(go.Scatter(x=g["n_params"], y=g["mfu_precision_peak"], mode="lines+markers",

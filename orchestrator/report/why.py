@@ -26,7 +26,7 @@ import pandas as pd
 
 from trials.kernels import CLASSES
 
-from .analysis import BOOTSTRAP_SEED, Timing, _median, bootstrap_ratio, shape_key
+from .analysis import BOOTSTRAP_SEED, Timing, _median, bootstrap_ratio, shape_keys
 
 KERNEL_FIELDS = [f"kernel_ms_{c}" for c in CLASSES]
 GEMM_FIELDS = ["kernel_ms_gemm_bf16", "kernel_ms_gemm_fp8"]
@@ -40,14 +40,17 @@ RESAMPLES = 2000
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
     ok = df[df["status"] == "ok"]
-    return ok.assign(_shape=ok.apply(shape_key, axis=1)) if not ok.empty else ok.assign(_shape=[])
+    return ok.assign(_shape=shape_keys(ok))
 
 
 def _samples(ok: pd.DataFrame, field: str) -> dict[tuple, list[float]]:
     """(shape, variant) -> the field's value in every ok sample that has it."""
     out: dict[tuple, list[float]] = {}
-    for (shape, variant), g in ok.groupby(["_shape", "variant"], sort=False):
-        out[(shape, variant)] = [float(v) for v in g[field].dropna()] if field in g else []
+    values = ok[field].tolist() if field in ok else [None] * len(ok)
+    for key, v in zip(zip(ok["_shape"], ok["variant"]), values):
+        out.setdefault(key, [])
+        if v is not None and v == v:
+            out[key].append(float(v))
     return out
 
 
@@ -78,8 +81,7 @@ def bounds(df: pd.DataFrame, pair_rows: pd.DataFrame, timing: Timing) -> pd.Data
     energy = _samples(ok, "energy_j_per_step")
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     rows = []
-    for _, r in sp.iterrows():
-        shape = shape_key(r)
+    for shape, (_, r) in zip(shape_keys(sp), sp.iterrows()):
         ref, cand = (shape, r["reference"]), (shape, r["candidate"])
         try:
             t_ref = med[timing.median][ref]
