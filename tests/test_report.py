@@ -5,8 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from orchestrator.report import build_report
+from orchestrator.report import build_report, side_names
 from orchestrator.report.analysis import compare_runs, prepare
+from orchestrator.report.charts import compare_chart
 from orchestrator.store import Store
 from trials import TrialSpec
 from trials.model import ModelConfig, param_count
@@ -39,21 +40,22 @@ def _rec(d_model, backend, precision, recipe, base_ms, status="ok", sample=0):
     return rec
 
 
-def synthetic(root, slow_cell: str | None = None):
+def synthetic(root, slow_cell: str | None = None, samples: int = 1, scale: float = 1.0):
+    """The known grid; ``samples`` records per cell, every time times ``scale`` (another run of it)."""
     store = Store(str(root), "synth")
     store.ensure()
-    for d in (256, 512, 1024):
-        bf16 = 10.0 * d / 256
-        store.write_record(_rec(d, "te", "bf16", None, bf16))
-        store.write_record(_rec(d, "torch", "bf16", None, bf16 * TE_GAIN))
+    for d, s in ((d, s) for d in (256, 512, 1024) for s in range(samples)):
+        bf16 = 10.0 * d / 256 * scale
+        store.write_record(_rec(d, "te", "bf16", None, bf16, sample=s))
+        store.write_record(_rec(d, "torch", "bf16", None, bf16 * TE_GAIN, sample=s))
         for recipe in ("delayed", "current"):
             ms = bf16 / FP8_SPEEDUP[(recipe, d)]
             if slow_cell == f"te-fp8-{recipe}-{d}":
                 ms *= 1.5
-            store.write_record(_rec(d, "te", "fp8", recipe, ms))
+            store.write_record(_rec(d, "te", "fp8", recipe, ms, sample=s))
     store.write_record(_rec(2048, "te", "bf16", None, 80.0, status="oom"))  # partner oom
-    store.write_record(_rec(2048, "te", "fp8", "delayed", 60.0))
-    store.write_record(_rec(4096, "te", "fp8", "delayed", 90.0))  # partner never ran
+    store.write_record(_rec(2048, "te", "fp8", "delayed", 60.0 * scale))
+    store.write_record(_rec(4096, "te", "fp8", "delayed", 90.0 * scale))  # partner never ran
     return store
 
 
@@ -82,16 +84,34 @@ def test_report_numbers_equal_the_known_ones(tmp_path):
 
 
 def test_compare_flags_only_changes_beyond_noise(tmp_path):
-    a = prepare(synthetic(tmp_path / "a").read_records().to_pandas())
-    b = prepare(synthetic(tmp_path / "b", slow_cell="te-fp8-current-512").read_records().to_pandas())
+    a = prepare(synthetic(tmp_path / "a", samples=2).read_records().to_pandas())
+    b = prepare(synthetic(tmp_path / "b", slow_cell="te-fp8-current-512", samples=2).read_records().to_pandas())
     cmp = compare_runs(a, b)
     changed = cmp[cmp["changed"]]
     assert changed["cell_id"].tolist() == ["te-fp8-current-512"]
     assert changed["ratio_b_over_a"].iloc[0] == pytest.approx(1.5)
+    assert set(cmp.loc[cmp["n_a"] == 2, "verdict"]) == {"changed", "within noise"}
     report = build_report(str(tmp_path / "a" / "synth"), out_html=str(tmp_path / "cmp.html"),
                           compare_dir=str(tmp_path / "b" / "synth"))
     assert "Comparison" in open(report.md_path).read()
     assert (pd.read_csv(report.csv_path)["kind"] == "compare").sum() == len(cmp)
+    # both sides are folders named "synth": the chart names them by path, and says which is A and which B
+    names = side_names(str(tmp_path / "a" / "synth"), str(tmp_path / "b" / "synth"))
+    assert names == (str(tmp_path / "a" / "synth"), str(tmp_path / "b" / "synth"))
+    assert f"A = {names[0]}, B = {names[1]}" in compare_chart(cmp, *names).layout.title.text
+
+
+def test_compare_of_two_one_sample_runs_calls_no_change(tmp_path):
+    """Two runs of one 1-sample sweep, the second 3% slower throughout (another process, another clock):
+    the steps of one trial are tight around that 3%, but say nothing of run-to-run noise."""
+    a = prepare(synthetic(tmp_path / "a").read_records().to_pandas())
+    b = prepare(synthetic(tmp_path / "b", scale=1.03).read_records().to_pandas())
+    cmp = compare_runs(a, b)
+    assert not cmp["changed"].any() and (cmp["verdict"] == "one sample: run-to-run noise unknown, use samples >= 2").all()
+    assert cmp["ratio_b_over_a"].tolist() == pytest.approx([1.03] * len(cmp))
+    report = build_report(str(tmp_path / "a" / "synth"), out_html=str(tmp_path / "cmp.html"),
+                          compare_dir=str(tmp_path / "b" / "synth"))
+    assert any("use samples >= 2" in w for w in report.warnings)
 
 
 def test_implausible_speedup_is_flagged(tmp_path):

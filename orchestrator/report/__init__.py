@@ -19,7 +19,7 @@ import pyarrow as pa
 from trials.atomic import write_text_atomic
 
 from ..store import read_results
-from .analysis import (DECODE_STEP, TRAIN_STEP, Pairs, against_fastest_bf16, compare_runs, crossover, pair_cells,
+from .analysis import (DECODE_STEP, ONE_SAMPLE, TRAIN_STEP, Pairs, against_fastest_bf16, compare_runs, crossover, pair_cells,
                        prepare, ways_that_ran)
 from .headline import headline
 from .inference import inference_pairs, split
@@ -52,6 +52,14 @@ class Report:
     @property
     def other_paths(self) -> list[str]:
         return [self.md_path, self.csv_path, *self.png_paths]
+
+
+def side_names(a: str, b: str) -> tuple[str, str]:
+    """Names that tell the two sides of a comparison apart: the folders' names, or their whole paths when
+    the names are the same (two runs of one sweep file, in different output folders)."""
+    left, right = (Path(p).expanduser().resolve() for p in (a, b))
+    left, right = (p.parent if p.is_file() else p for p in (left, right))
+    return (left.name, right.name) if left.name != right.name else (str(left), str(right))
 
 
 def _load(path: str) -> pd.DataFrame:
@@ -115,7 +123,11 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
         if comparison.empty:
             warnings.append(f"--compare: {src} and {compare_dir} share no cells (no cell id in both); "
                             "the report has no comparison")
-        figures.append(("compare", charts.compare_chart(comparison, base_dir.name, Path(compare_dir).name)))
+        unjudged = int((comparison["verdict"] == ONE_SAMPLE).sum())
+        if unjudged:
+            warnings.append(f"--compare: {unjudged} of {len(comparison)} cells have one sample on a side, so no change "
+                            f"is called for them ({ONE_SAMPLE})")
+        figures.append(("compare", charts.compare_chart(comparison, *side_names(str(src), compare_dir))))
 
     lines = headline(train, pairs) if not train.empty or infer.empty else []
     sections = summary_sections(df, pairs, comparison, inference, fastest)

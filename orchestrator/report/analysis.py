@@ -354,13 +354,19 @@ def _condition(group: pd.DataFrame, name: str) -> float | None:
     return float(np.median(values)) if len(values) else None
 
 
+ONE_SAMPLE = "one sample: run-to-run noise unknown, use samples >= 2"
+
+
 def compare_runs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
-    """Per cell present in both: time ratio B/A with a bootstrap interval; 'changed' when it excludes 1."""
+    """Per cell present in both: time ratio B/A with a bootstrap interval over samples; 'changed' when it
+    excludes 1. A cell with one sample on a side is never called changed: the spread of one trial's steps
+    says nothing of how two runs differ (a new process, another clock, another allocator state), so
+    its verdict says so instead."""
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     rows = []
     a_ok, b_ok = a[a["status"] == "ok"], b[b["status"] == "ok"]
     columns = ["cell_id", "cell_label", "variant", "n_params", "a_ms", "b_ms", "ratio_b_over_a", "ci_low", "ci_high",
-               "changed", *[f"{side}_{c}" for side in "ab" for c in CONDITIONS]]
+               "changed", "verdict", "n_a", "n_b", *[f"{side}_{c}" for side in "ab" for c in CONDITIONS]]
     for cid, ga in a_ok.groupby("cell_id"):
         gb = b_ok[b_ok["cell_id"] == cid]
         if gb.empty:
@@ -368,13 +374,16 @@ def compare_runs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
         sa, sb = list(ga["step_ms_p50"]), list(gb["step_ms_p50"])
         if len(sa) >= 2 and len(sb) >= 2:
             lo, hi = bootstrap_ratio(sb, sa, 1000, rng)
+            changed = bool(lo > 1.0 or hi < 1.0)
+            verdict = "changed" if changed else "within noise"
         else:
-            lo, hi = bootstrap_ratio(list(gb["step_times_ms"].iloc[0]), list(ga["step_times_ms"].iloc[0]), 1000, rng)
+            lo, hi, changed, verdict = float("nan"), float("nan"), False, ONE_SAMPLE
         ratio = _median(sb) / _median(sa)
         first = ga.iloc[0]
         rows.append({"cell_id": cid, "cell_label": first["cell_label"], "variant": first["variant"],
                      "n_params": first["n_params"], "a_ms": _median(sa), "b_ms": _median(sb), "ratio_b_over_a": ratio,
-                     "ci_low": lo, "ci_high": hi, "changed": bool(lo > 1.0 or hi < 1.0),
+                     "ci_low": lo, "ci_high": hi, "changed": changed, "verdict": verdict, "n_a": len(sa),
+                     "n_b": len(sb),
                      **{f"{side}_{c}": _condition(g, c) for side, g in (("a", ga), ("b", gb)) for c in CONDITIONS}})
     return pd.DataFrame(rows, columns=columns)
 

@@ -251,11 +251,12 @@ def compare_chart(cmp: pd.DataFrame, label_a: str, label_b: str) -> go.Figure:
                             line=dict(width=[2 if c else 0 for c in g["changed"]], color="black")),
                 error_y=dict(type="data", symmetric=False, array=(g["ci_high"] - g["ratio_b_over_a"]).fillna(0),
                              arrayminus=(g["ratio_b_over_a"] - g["ci_low"]).fillna(0)),
-                hovertext=[f"{r.cell_label}: {r.a_ms:.2f} -> {r.b_ms:.2f} ms ({r.ratio_b_over_a:.3f}, "
-                           f"{'changed' if r.changed else 'within noise'})" for r in g.itertuples()],
+                hovertext=[f"{r.cell_label}: {r.a_ms:.2f} -> {r.b_ms:.2f} ms ({r.ratio_b_over_a:.3f}, {r.verdict})"
+                           for r in g.itertuples()],
                 hoverinfo="text"))
     fig.add_hline(y=1.0, line=dict(color="black", width=1, dash="dot"))
-    fig.update_layout(title=f"Step time {label_b} / {label_a} per cell (large outlined markers: beyond noise)", **LAYOUT)
+    fig.update_layout(title=f"Step time B / A per cell (large outlined markers: beyond noise)<br><sup>A = {label_a}, "
+                            f"B = {label_b}</sup>", **LAYOUT)
     fig.update_xaxes(title_text="Cell", type="category")
     fig.update_yaxes(title_text="Step-time ratio (B / A; < 1 means B is faster)")
     return note_if_empty(fig, f"{label_a} and {label_b} share no cells: nothing to compare")

@@ -183,7 +183,9 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
         c = comparison.copy()
         for col in ("a_ms", "b_ms", "ratio_b_over_a", "ci_low", "ci_high"):
             c[col] = c[col].round(3)
-        sections.append(("Comparison", "step-time ratio B/A per cell; changed = the 95% interval excludes 1",
+        sections.append(("Comparison", "step-time ratio B/A per cell; changed = the 95% interval over samples "
+                         "excludes 1; a cell with one sample on either side is not judged (the spread of one trial's "
+                         "steps is not the spread between runs)",
                          c.drop(columns=["cell_id"])))
     return sections
 
