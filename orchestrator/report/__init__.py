@@ -23,7 +23,7 @@ from .analysis import (DECODE_STEP, ONE_SAMPLE, TRAIN_STEP, Pairs, against_faste
                        prepare, ways_that_ran)
 from .headline import headline
 from .inference import inference_pairs, split
-from .why import breakdown
+from .why import breakdown, gap_name
 
 
 def search_table(found: Any) -> pd.DataFrame:
@@ -92,10 +92,11 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
 
     steps, tokens = breakdown(train, TRAIN_STEP), breakdown(infer, DECODE_STEP)  # empty where nothing was profiled
     figures = [] if train.empty else [
-        ("fp8_speedup", charts.speedup_chart(pairs)),
+        speedup_figure(pairs, train),
         *([("vs_fastest_bf16", charts.fastest_chart(fastest[0]))] if not fastest[0].empty else []),
         *([("step_breakdown", charts.breakdown_chart(steps, "Where the training step goes: ms per step by kernel "
-                                                     "class, and the GPU idle"))] if not steps.empty else []),
+                                                     f"class, and the {gap_name(steps).split(' (')[0]}"))]
+          if not steps.empty else []),
         ("step_time", charts.step_time_chart(train)),
         ("throughput", charts.throughput_chart(train)),
         ("mfu", charts.mfu_chart(train)),
@@ -110,7 +111,8 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
                                                     "bootstrap intervals)", "BF16 ms per token / FP8 ms per token")),
             ("decode_throughput", charts.decode_chart(infer)),
             *([("decode_breakdown", charts.breakdown_chart(tokens, "Where the decode step goes: ms per token by "
-                                                           "kernel class, and the GPU idle"))] if not tokens.empty else []),
+                                                           f"kernel class, and the {gap_name(tokens).split(' (')[0]}"))]
+              if not tokens.empty else []),
             ("prefill_speedup", charts.speedup_chart(inference.prefill, "FP8 prefill speedup over BF16 of the same stack vs "
                                                      "model scale",
                                                      "BF16 prefill ms / FP8 prefill ms")),
@@ -150,6 +152,23 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
     pngs = export_pngs(figures, png_dir) if png_dir else []
     log.info("report built in %.2fs", time.perf_counter() - t0)
     return Report(str(out_html), str(md_path), str(csv_path), pngs, pairs, lines, warnings)
+
+
+def speedup_figure(pairs: Pairs, train: pd.DataFrame) -> tuple[str, Any]:
+    """The report's first chart: FP8 over BF16; in a run without FP8 pairs but with BF16 and FP32 cells, BF16
+    over FP32; else the empty FP8 chart, saying why it is empty."""
+    from . import charts
+
+    kinds = set(pairs.rows["kind"]) if not pairs.rows.empty else set()
+    if "fp8_speedup" not in kinds and "bf16_speedup" in kinds:
+        return "bf16_speedup", charts.speedup_chart(
+            pairs, "BF16 speedup over FP32 of the same stack vs model scale (95% bootstrap intervals)",
+            "Speedup (FP32 step time / BF16 step time)", kind="bf16_speedup")
+    has_fp8 = (train["precision"] == "fp8").any()
+    unpaired = not pairs.unpaired.empty
+    why = ("this run has no FP8 cells" if not has_fp8 else
+           "no BF16 / FP8 pairs that both ran ok" + (" (see 'Unpaired cells')" if unpaired else ""))
+    return "fp8_speedup", charts.speedup_chart(pairs, empty=why)
 
 
 def answer(path: str) -> list[str]:

@@ -104,6 +104,13 @@ class CellStats:
     losses: list[float]  # per-sample final training loss
     n_params: int | None
     record: dict[str, Any] = field(default_factory=dict)
+    launch_bound: bool = False  # a sample that ran ok was launch-bound: the host's pace set its time
+
+
+def launch_bound_note(where: str) -> str:
+    """What every answer that rests on launch-bound steps says with it (the headline, the crossover search)."""
+    return (f"launch-bound at {where}: the host's pace of issuing kernels, not the GPU (nor FP8), set those steps' "
+            "times, so the answer can move with the host (cuda_graphs: true or a larger model takes it out)")
 
 
 def shape_key(values: Any, keys: list[str] = SHAPE_KEYS) -> tuple:
@@ -162,6 +169,7 @@ def cell_table(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> dict[tuple, dic
         groups.setdefault(key, []).append(i)
     status, median, losses = df["status"].tolist(), df[timing.median].tolist(), df["loss_final"].tolist()
     steps = df[timing.steps].tolist()
+    bound = df["launch_bound"].tolist() if "launch_bound" in df else [None] * len(df)
     present = lambda values, rows: [float(values[i]) for i in rows if values[i] is not None and values[i] == values[i]]
     cells = []
     for (shape, variant), rows in groups.items():
@@ -173,6 +181,8 @@ def cell_table(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> dict[tuple, dic
     firsts = df.iloc[[first for _, _, first, _ in cells]].to_dict("records")  # one take for every cell's record
     for (shape, variant, _, stats), record in zip(cells, firsts):
         stats.n_params, stats.record = record.get("n_params"), record
+        stats.launch_bound = any(isinstance(bound[i], (bool, np.bool_)) and bool(bound[i])
+                                 for i in groups[(shape, variant)] if status[i] == "ok")
         out.setdefault(shape, {})[variant] = stats
     return out
 
@@ -190,7 +200,8 @@ def _pair_row(kind: str, shape: tuple, base: CellStats, other: CellStats, resamp
     row.update(series=series_label(row, series), kind=kind, reference=base.variant, candidate=other.variant,
                n_params=base.n_params, reference_ms=base.median_ms, candidate_ms=other.median_ms,
                ratio=base.median_ms / other.median_ms, ci_low=lo, ci_high=hi, ci_method=method,
-               n_reference=len(base.samples), n_candidate=len(other.samples))
+               n_reference=len(base.samples), n_candidate=len(other.samples),
+               launch_bound=base.launch_bound or other.launch_bound)
     # the candidate's variant settings (what a knob comparison groups by) and its final loss against the
     # reference's: the ratio of medians over samples, with an interval where both have two or more
     row.update({k: _get(other.record, k) for k in KNOBS})
@@ -216,6 +227,11 @@ def bf16_partner(cell: CellStats) -> str:
     return variant_name({**{k: _get(cell.record, k) for k in KNOBS}, "backend": partner, "precision": "bf16"})
 
 
+def fp32_partner(cell: CellStats) -> str:
+    """The FP32 variant of a BF16 cell's own stack, built the same way."""
+    return variant_name({**{k: _get(cell.record, k) for k in KNOBS}, "backend": stack_of(cell), "precision": "fp32"})
+
+
 TE_GAIN_REFERENCE = variant_name({"backend": "torch", "precision": "bf16"})
 
 
@@ -227,7 +243,8 @@ class Pairs:
 
 
 def pair_cells(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> Pairs:
-    """FP8 speedups (te-bf16 / te-fp8-*) and TE kernel gains (torch-bf16 / te-bf16), by ``timing``."""
+    """FP8 speedups (te-bf16 / te-fp8-*), TE kernel gains (torch-bf16 / te-bf16) and BF16 speedups over FP32
+    of the same stack (torch-fp32 / torch-bf16), by ``timing``."""
     cells = cell_table(df, timing)
     series = varying_keys(df)
     n_pairs = sum(len(v) for v in cells.values())
@@ -257,6 +274,13 @@ def pair_cells(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> Pairs:
                 pair("fp8_speedup", shape, ref_name, cell, variants.get(ref_name))
             elif stack_of(cell) == "te" and precision_of(cell) == "bf16":
                 pair("te_gain", shape, TE_GAIN_REFERENCE, cell, variants.get(TE_GAIN_REFERENCE))
+    # What BF16 buys over FP32 on the same stack, where both ran (a run without FP8 compares nothing else).
+    # After the others, so that their intervals (one generator) are the same with or without FP32 cells.
+    for shape, variants in cells.items():
+        for name, cell in variants.items():
+            ref = variants.get(fp32_partner(cell)) if precision_of(cell) == "bf16" else None
+            if ref is not None:
+                pair("bf16_speedup", shape, ref.variant, cell, ref)
     return Pairs(pd.DataFrame(rows), pd.DataFrame(unpaired), resamples)
 
 

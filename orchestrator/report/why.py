@@ -54,17 +54,38 @@ def _samples(ok: pd.DataFrame, field: str) -> dict[tuple, list[float]]:
     return out
 
 
+# What the gap (timed p50 - the classes' sum) is, by where the cells ran.
+GAP_MEANING = {"GPU": "GPU idle (timed - kernels)", "CPU": "host outside aten operators (timed - operators)"}
+
+
+def gap_name(table: pd.DataFrame) -> str:
+    """The gap's name for a breakdown table's cells: GPU idle only where every cell ran on a GPU."""
+    devices = sorted(set(table["device"])) if "device" in table and not table.empty else ["GPU"]
+    return GAP_MEANING[devices[0]] if len(devices) == 1 else "gap: GPU idle (GPU cells), outside operators (CPU cells)"
+
+
 def breakdown(df: pd.DataFrame, timing: Timing) -> pd.DataFrame:
-    """Per profiled cell: each class's ms per step, the sum, the gap to the timed p50 (medians over samples)."""
+    """Per profiled cell (by size, then variant): each class's ms per step, the sum, the gap to the timed p50
+    (medians over samples), and where it ran. GEMMs not in FP8 are named by the precision they ran in:
+    ``gemm_fp32`` for fp32 cells (the record's ``kernel_ms_gemm_bf16`` holds them)."""
     ok = _ok(df)
     if ok.empty or "kernel_ms_total" not in ok or ok["kernel_ms_total"].isna().all():
         return pd.DataFrame()
     ok = ok[ok["kernel_ms_total"].notna()]
+    ok = ok.assign(_device=np.where(ok["gpu_name"].notna(), "GPU", "CPU") if "gpu_name" in ok else "GPU",
+                   _fp32=(ok["effective_precision"] == "fp32") if "effective_precision" in ok else False)
     fields = [*KERNEL_FIELDS, "kernel_ms_total", "kernel_gap_ms", timing.median]
-    g = ok.groupby(["cell_label", "variant", "d_model", "n_layers", "batch_size", "cuda_graphs", "compile"],
-                   dropna=False, sort=True)
+    keys = ["d_model", "n_layers", "batch_size", "cuda_graphs", "compile", "variant", "cell_label"]
+    g = ok.groupby(keys, dropna=False, sort=True)
     table = g[fields].median().reset_index()
     table.insert(len(table.columns) - len(fields), "samples", g.size().values)
+    table.insert(len(table.columns) - len(fields), "device", g["_device"].first().values)
+    fp32 = g["_fp32"].any().values
+    if fp32.any():
+        at = table.columns.get_loc("kernel_ms_gemm_bf16")
+        table.insert(at, "gemm_fp32", np.where(fp32, table["kernel_ms_gemm_bf16"], np.nan))
+        table["kernel_ms_gemm_bf16"] = np.where(fp32, np.nan, table["kernel_ms_gemm_bf16"])
+    table = table[["cell_label", "variant", *keys[:5], *table.columns[len(keys):]]]  # the label first, as before
     return table.rename(columns={f: f.removeprefix("kernel_ms_") for f in KERNEL_FIELDS}
                         | {"kernel_ms_total": "kernels", "kernel_gap_ms": "gap", timing.median: "timed"})
 
