@@ -399,6 +399,7 @@ def test_run_without_fp8_reports_bf16_over_fp32_with_its_own_titles(tmp_path):
     assert "GPU idle" not in html and "GPU idle" not in md
     assert "Unpaired cells" not in html  # no such section here, so nothing points to it
     assert "Training loss per size, FP32 vs BF16" in html and "BF16 vs FP8" not in html
+    assert html.count('id="chart-bf16_speedup"') == 1 and 'id="chart-fp8_speedup"' not in html
     steps = md[md.index("## Where the training step goes"):].split("\n## ")[0]
     assert steps.index("d64-L2") < steps.index("d128-L2")  # by size, not by label text
     header = [c.strip() for c in next(l for l in steps.splitlines() if l.startswith("| cell_label")).split("|")]

@@ -155,16 +155,16 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
 
 
 def speedup_figure(pairs: Pairs, train: pd.DataFrame) -> tuple[str, Any]:
-    """The report's first chart: FP8 over BF16; in a run without FP8 pairs but with BF16 and FP32 cells, BF16
-    over FP32; else the empty FP8 chart, saying why it is empty."""
+    """The report's first chart: FP8 over BF16; in a run without FP8 cells but with BF16 and FP32 cells, BF16
+    over FP32 (what such a run compares); an FP8 chart with nothing to show says why."""
     from . import charts
 
     kinds = set(pairs.rows["kind"]) if not pairs.rows.empty else set()
-    if "fp8_speedup" not in kinds and "bf16_speedup" in kinds:
+    has_fp8 = (train["precision"] == "fp8").any()
+    if not has_fp8 and "bf16_speedup" in kinds:
         return "bf16_speedup", charts.speedup_chart(
             pairs, "BF16 speedup over FP32 of the same stack vs model scale (95% bootstrap intervals)",
             "Speedup (FP32 step time / BF16 step time)", kind="bf16_speedup")
-    has_fp8 = (train["precision"] == "fp8").any()
     unpaired = not pairs.unpaired.empty
     why = ("this run has no FP8 cells" if not has_fp8 else
            "no BF16 / FP8 pairs that both ran ok" + (" (see 'Unpaired cells')" if unpaired else ""))
