@@ -53,15 +53,10 @@ def variant_of(row: Any) -> str:
     return variant_name(values)
 
 
-# What variant_of, backend_of and execution_label read: rows are turned into dicts of these columns only.
+# What variant_of, backend_of and execution_label read: rows are turned into dicts of these columns only
+# (a dict of all ~100 record columns per row costs seconds at 10k records).
 _VARIANT_COLUMNS = list(dict.fromkeys([*axis_fields("variant", "execution"), "effective_backend",
                                        "effective_precision", "effective_recipe"]))
-
-
-def _rows(df: pd.DataFrame, columns: list[str]) -> list[dict[str, Any]]:
-    """Each row as a dict of ``columns`` (those the frame has): a dict of all ~100 record columns per row costs
-    seconds at 10k records."""
-    return df[[c for c in columns if c in df]].to_dict("records")
 
 
 def varying_keys(df: pd.DataFrame) -> list[str]:
@@ -85,7 +80,10 @@ def prepare(records: pd.DataFrame) -> pd.DataFrame:
         df["variant"] = pd.Series(dtype=str)
         df["series"] = pd.Series(dtype=str)
         return df
-    df["variant"] = [variant_of(r) for r in _rows(df, _VARIANT_COLUMNS)]
+    columns = [c for c in _VARIANT_COLUMNS if c in df]
+    names: dict[tuple, str] = {}  # a few distinct variants among thousands of records: name each once
+    df["variant"] = [names.get(v) or names.setdefault(v, variant_of(dict(zip(columns, v))))
+                     for v in _tuples(df, columns)]
     df["cuda_graphs"] = df["cuda_graphs"].fillna(False).astype(bool)
     df["workload"] = df["workload"].fillna("train")  # records from before the workload field trained
     keys = varying_keys(df)
@@ -118,15 +116,20 @@ def shape_key(values: Any, keys: list[str] = SHAPE_KEYS) -> tuple:
     return tuple(None if v is None or v != v else v for v in (values[k] for k in keys))
 
 
-def shape_keys(df: pd.DataFrame, keys: list[str] = SHAPE_KEYS) -> pd.Series:
-    """:func:`shape_key` of every row, a column at a time (a row-wise apply costs seconds at 10k records)."""
+def _tuples(df: pd.DataFrame, keys: list[str]) -> list[tuple]:
+    """Every row's ``keys`` values as a tuple, missing ones (None, NaN) as None, built a column at a time."""
     columns = []
     for k in keys:
         values = df[k].tolist()
         if df[k].hasnans:
             values = [None if missing else v for v, missing in zip(values, df[k].isna().tolist())]
         columns.append(values)
-    return pd.Series(list(zip(*columns)) if len(df) else [], index=df.index, dtype=object)
+    return list(zip(*columns)) if len(df) else []
+
+
+def shape_keys(df: pd.DataFrame, keys: list[str] = SHAPE_KEYS) -> pd.Series:
+    """:func:`shape_key` of every row, a column at a time (a row-wise apply costs seconds at 10k records)."""
+    return pd.Series(_tuples(df, keys), index=df.index, dtype=object)
 
 
 def _median(values: list[float]) -> float:
@@ -297,7 +300,9 @@ def ways_that_ran(df: pd.DataFrame) -> int:
     """How many (stack, execution mode) combinations have a cell that ran ok: with one, every cell's fastest
     BF16 is its own stack's and the cross-stack comparison adds nothing."""
     ok = df[df["status"] == "ok"]
-    return len({(backend_of(r), execution_label(r)) for r in _rows(ok, _VARIANT_COLUMNS)})
+    columns = [c for c in _VARIANT_COLUMNS if c in ok]
+    rows = (dict(zip(columns, v)) for v in set(_tuples(ok, columns)))  # each distinct combination once
+    return len({(backend_of(r), execution_label(r)) for r in rows})
 
 
 def against_fastest_bf16(df: pd.DataFrame, timing: Timing = TRAIN_STEP,

@@ -248,7 +248,7 @@ def sanity_flags(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
                            "cuda_graphs" + ("" if not getattr(r, "compile", False) else
                                             " (compiled cells: torch.compile mode reduce-overhead)")})
     neighbours = concurrent_trials(df)[ok.index]  # failed trials shared the host too
-    for r, n in zip(ok.itertuples(), neighbours):
+    for r, n in zip(ok[["cell_label", "timer", "launch_bound", "cuda_graphs"]].itertuples(), neighbours):
         if n and r.timer == "perf_counter":  # timed on the host's cores, which the other trials used too
             out.append({"cell": r.cell_label, "check": "shared host", "value": int(n),
                         "why": f"timed on CPU while {n} other trial(s) ran on the same host: they shared its "

@@ -43,14 +43,17 @@ def _ok(df: pd.DataFrame) -> pd.DataFrame:
     return ok.assign(_shape=shape_keys(ok))
 
 
-def _samples(ok: pd.DataFrame, field: str) -> dict[tuple, list[float]]:
-    """(shape, variant) -> the field's value in every ok sample that has it."""
-    out: dict[tuple, list[float]] = {}
-    values = ok[field].tolist() if field in ok else [None] * len(ok)
-    for key, v in zip(zip(ok["_shape"], ok["variant"]), values):
-        out.setdefault(key, [])
-        if v is not None and v == v:
-            out[key].append(float(v))
+def _samples(ok: pd.DataFrame, fields: list[str]) -> dict[str, dict[tuple, list[float]]]:
+    """field -> (shape, variant) -> the field's value in every ok sample that has it."""
+    keys = list(zip(ok["_shape"], ok["variant"]))
+    out: dict[str, dict[tuple, list[float]]] = {}
+    for field in fields:
+        per: dict[tuple, list[float]] = out.setdefault(field, {})
+        values = ok[field].tolist() if field in ok else [None] * len(ok)
+        for key, v in zip(keys, values):
+            per.setdefault(key, [])
+            if v is not None and v == v:
+                per[key].append(float(v))
     return out
 
 
@@ -97,9 +100,9 @@ def bounds(df: pd.DataFrame, pair_rows: pd.DataFrame, timing: Timing) -> pd.Data
     ok = _ok(df)
     if sp.empty or ok.empty:
         return pd.DataFrame()
-    med = {f: {k: _median(v) for k, v in _samples(ok, f).items() if v}
-           for f in [*KERNEL_FIELDS, timing.median]}
-    energy = _samples(ok, "energy_j_per_step")
+    samples = _samples(ok, [*KERNEL_FIELDS, timing.median, "energy_j_per_step"])
+    med = {f: {k: _median(v) for k, v in samples[f].items() if v} for f in [*KERNEL_FIELDS, timing.median]}
+    energy = samples["energy_j_per_step"]
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     rows = []
     for shape, (_, r) in zip(shape_keys(sp), sp.iterrows()):
