@@ -434,3 +434,16 @@ def test_numbers_keep_three_significant_figures_everywhere():
     assert [round_sig(v) for v in (0.054, 0.12987, float("nan"))][:2] == [0.054, 0.13]
     rec = empty_record() | {"model_tflops": 0.0412, "tokens_per_s": 1234.5, "n_params": 1000}
     assert "0.0412 TFLOP/s" in summary(rec) and "1230 tok/s" in summary(rec)
+
+
+def test_per_layer_cost_with_unset_shape_fields(tmp_path):
+    """Found while vectorising shape keys: n_kv_heads and tokens_per_step unset (null, read as NaN) kept the
+    per-layer section out, since NaN never equals NaN and no shape was found at two depths."""
+    store = Store(str(tmp_path), "plain")
+    store.ensure()
+    for layers in (2, 4):
+        for precision, layer in (("bf16", 4.0), ("fp8", 3.0)):
+            store.write_record(_knob_rec(TrialSpec(d_model=256, n_layers=layers, backend="te", precision=precision),
+                                         10.0 + layers * layer))
+    md = open(build_report(store.root).md_path).read()
+    assert "## Per-layer cost" in md and "per-layer FP8 speedup 1.33x" in md
