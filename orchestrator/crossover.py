@@ -34,7 +34,7 @@ import numpy as np
 
 from trials.spec import SpecError, TrialSpec, variant_name
 
-from .report.analysis import bootstrap_ratio
+from .report.analysis import bootstrap_ratio, launch_bound_note
 
 FINDS = ("crossover",)
 OVER_AXES = ("d_model", "n_layers", "tokens_per_step", "ffn")
@@ -291,9 +291,7 @@ class Bisection:
         bound = sorted({x for x in (bracket or ()) if x in probes and probes[x].launch_bound})
         if found and bound:  # the answer is the host's as much as the GPU's there: say so with it
             where = f"{self.plan.axis} {' and '.join(map(str, bound))}"
-            statement += (f"; launch-bound at {where}: the host's pace of issuing kernels, not the GPU, set those "
-                          "steps' times, so the answer can move with the host (CUDA graphs or a larger model take "
-                          "it out)")
+            statement += "; " + launch_bound_note(where)
         return Answer(found, statement, self.plan.axis, self.plan.target, self.plan.label("variant"),
                       self.plan.label("baseline"), crossover, bracket, sorted(probes.values(), key=lambda p: p.x),
                       trials, wall)

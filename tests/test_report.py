@@ -5,8 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from orchestrator.report import build_report
+from orchestrator.report import build_report, side_names
 from orchestrator.report.analysis import compare_runs, prepare
+from orchestrator.report.charts import compare_chart
 from orchestrator.store import Store
 from trials import TrialSpec
 from trials.model import ModelConfig, param_count
@@ -39,21 +40,22 @@ def _rec(d_model, backend, precision, recipe, base_ms, status="ok", sample=0):
     return rec
 
 
-def synthetic(root, slow_cell: str | None = None):
+def synthetic(root, slow_cell: str | None = None, samples: int = 1, scale: float = 1.0):
+    """The known grid; ``samples`` records per cell, every time times ``scale`` (another run of it)."""
     store = Store(str(root), "synth")
     store.ensure()
-    for d in (256, 512, 1024):
-        bf16 = 10.0 * d / 256
-        store.write_record(_rec(d, "te", "bf16", None, bf16))
-        store.write_record(_rec(d, "torch", "bf16", None, bf16 * TE_GAIN))
+    for d, s in ((d, s) for d in (256, 512, 1024) for s in range(samples)):
+        bf16 = 10.0 * d / 256 * scale
+        store.write_record(_rec(d, "te", "bf16", None, bf16, sample=s))
+        store.write_record(_rec(d, "torch", "bf16", None, bf16 * TE_GAIN, sample=s))
         for recipe in ("delayed", "current"):
             ms = bf16 / FP8_SPEEDUP[(recipe, d)]
             if slow_cell == f"te-fp8-{recipe}-{d}":
                 ms *= 1.5
-            store.write_record(_rec(d, "te", "fp8", recipe, ms))
+            store.write_record(_rec(d, "te", "fp8", recipe, ms, sample=s))
     store.write_record(_rec(2048, "te", "bf16", None, 80.0, status="oom"))  # partner oom
-    store.write_record(_rec(2048, "te", "fp8", "delayed", 60.0))
-    store.write_record(_rec(4096, "te", "fp8", "delayed", 90.0))  # partner never ran
+    store.write_record(_rec(2048, "te", "fp8", "delayed", 60.0 * scale))
+    store.write_record(_rec(4096, "te", "fp8", "delayed", 90.0 * scale))  # partner never ran
     return store
 
 
@@ -82,16 +84,34 @@ def test_report_numbers_equal_the_known_ones(tmp_path):
 
 
 def test_compare_flags_only_changes_beyond_noise(tmp_path):
-    a = prepare(synthetic(tmp_path / "a").read_records().to_pandas())
-    b = prepare(synthetic(tmp_path / "b", slow_cell="te-fp8-current-512").read_records().to_pandas())
+    a = prepare(synthetic(tmp_path / "a", samples=2).read_records().to_pandas())
+    b = prepare(synthetic(tmp_path / "b", slow_cell="te-fp8-current-512", samples=2).read_records().to_pandas())
     cmp = compare_runs(a, b)
     changed = cmp[cmp["changed"]]
     assert changed["cell_id"].tolist() == ["te-fp8-current-512"]
     assert changed["ratio_b_over_a"].iloc[0] == pytest.approx(1.5)
+    assert set(cmp.loc[cmp["n_a"] == 2, "verdict"]) == {"changed", "within noise"}
     report = build_report(str(tmp_path / "a" / "synth"), out_html=str(tmp_path / "cmp.html"),
                           compare_dir=str(tmp_path / "b" / "synth"))
     assert "Comparison" in open(report.md_path).read()
     assert (pd.read_csv(report.csv_path)["kind"] == "compare").sum() == len(cmp)
+    # both sides are folders named "synth": the chart names them by path, and says which is A and which B
+    names = side_names(str(tmp_path / "a" / "synth"), str(tmp_path / "b" / "synth"))
+    assert names == (str(tmp_path / "a" / "synth"), str(tmp_path / "b" / "synth"))
+    assert f"A = {names[0]}, B = {names[1]}" in compare_chart(cmp, *names).layout.title.text
+
+
+def test_compare_of_two_one_sample_runs_calls_no_change(tmp_path):
+    """Two runs of one 1-sample sweep, the second 3% slower throughout (another process, another clock):
+    the steps of one trial are tight around that 3%, but say nothing of run-to-run noise."""
+    a = prepare(synthetic(tmp_path / "a").read_records().to_pandas())
+    b = prepare(synthetic(tmp_path / "b", scale=1.03).read_records().to_pandas())
+    cmp = compare_runs(a, b)
+    assert not cmp["changed"].any() and (cmp["verdict"] == "one sample: run-to-run noise unknown, use samples >= 2").all()
+    assert cmp["ratio_b_over_a"].tolist() == pytest.approx([1.03] * len(cmp))
+    report = build_report(str(tmp_path / "a" / "synth"), out_html=str(tmp_path / "cmp.html"),
+                          compare_dir=str(tmp_path / "b" / "synth"))
+    assert any("use samples >= 2" in w for w in report.warnings)
 
 
 def test_implausible_speedup_is_flagged(tmp_path):
@@ -333,3 +353,97 @@ def test_two_stacks_pair_within_their_stack_and_mode_and_against_the_fastest_bf1
     [head] = heads.to_dict("records")
     assert (head["a"], head["b"]) == ("te-fp8-delayed eager", "torchao-fp8-tensorwise compiled")
     assert head["a/b time"] == pytest.approx(8.0 / 7.5) and head["CI low"] <= head["a/b time"] <= head["CI high"]
+
+
+BF16_OVER_FP32 = {64: 1.25, 128: 1.6}  # fp32 step time / bf16 step time built into the CPU records below
+
+
+def _cpu_rec(d_model: int, precision: str, sample: int) -> dict:
+    """A CPU trial (no GPU name) of a run without FP8, with a kernel breakdown that sums to its step."""
+    spec = TrialSpec(d_model=d_model, n_layers=2, backend="torch", precision=precision, device="cpu")
+    ms = d_model / 10 * (BF16_OVER_FP32[d_model] if precision == "fp32" else 1.0)
+    rec = empty_record()
+    rec.update(spec.to_dict())
+    steps = [ms * j * (1 + 0.01 * sample) for j in JITTER]
+    rec.update(status="ok", effective_backend="torch", effective_precision=precision, effective_device="cpu",
+               cell_id=f"torch-{precision}-{d_model}", cell_label=f"d{d_model}-L2-torch-{precision}", sample=sample,
+               n_params=param_count(ModelConfig.from_spec(spec)), step_times_ms=steps,
+               step_ms_p50=float(pd.Series(steps).median()), loss_curve=[4.0, 2.0], loss_final=2.0,
+               tokens_per_s=1e5 / ms, model_tflops={64: 0.054, 128: 0.130}[d_model] * (1 + 0.01 * sample),
+               kernel_ms_gemm_bf16=0.6 * ms, kernel_ms_elementwise=0.2 * ms, kernel_ms_total=0.8 * ms,
+               kernel_gap_ms=0.2 * ms)
+    return rec
+
+
+def test_run_without_fp8_reports_bf16_over_fp32_with_its_own_titles(tmp_path):
+    """34.8, 34.13, 34.14: the comparison a bf16/fp32 run makes is in the csv, the headline and a table;
+    charts say what they show; small numbers keep their significant figures; nothing says GPU on CPU."""
+    store = Store(str(tmp_path), "nofp8")
+    store.ensure()
+    for d, precision, s in ((d, p, s) for d in (128, 64) for p in ("fp32", "bf16") for s in range(2)):
+        store.write_record(_cpu_rec(d, precision, s))
+    report = build_report(store.root)
+    csv = pd.read_csv(report.csv_path)
+    bf16 = csv[csv["kind"] == "bf16_speedup"].sort_values("d_model")
+    assert bf16["d_model"].tolist() == [64, 128] and set(bf16["candidate"]) == {"torch-bf16"}
+    assert bf16["ratio"].tolist() == pytest.approx([BF16_OVER_FP32[64], BF16_OVER_FP32[128]], rel=1e-9)
+    assert (bf16["ci_low"] <= bf16["ratio"]).all() and (bf16["ratio"] <= bf16["ci_high"]).all()
+    assert (bf16["ci_method"] == "samples").all()
+    assert "compare bf16 and fp32" in " ".join(report.headline)
+    assert any(line.startswith("torch-bf16 vs torch-fp32: best 1.60x [") for line in report.headline)
+    md = open(report.md_path).read()
+    assert "## BF16 speedup over FP32 of the same stack" in md
+    cells = md[md.index("## All cells"):]
+    assert "| 0.0543 |" in cells and "| 0.131 |" in cells  # was 0.1 for both
+    html = open(report.html_path).read()
+    assert "GPU idle" not in html and "GPU idle" not in md
+    assert "Unpaired cells" not in html  # no such section here, so nothing points to it
+    assert "Training loss per size, FP32 vs BF16" in html and "BF16 vs FP8" not in html
+    assert html.count('id="chart-bf16_speedup"') == 1 and 'id="chart-fp8_speedup"' not in html
+    steps = md[md.index("## Where the training step goes"):].split("\n## ")[0]
+    assert steps.index("d64-L2") < steps.index("d128-L2")  # by size, not by label text
+    header = [c.strip() for c in next(l for l in steps.splitlines() if l.startswith("| cell_label")).split("|")]
+    fp32 = dict(zip(header, (c.strip() for c in next(l for l in steps.splitlines()
+                                                      if l.startswith("| d64-L2-torch-fp32 |")).split("|"))))
+    assert (fp32["gemm_fp32"], fp32["gemm_bf16"], fp32["device"]) == ("4.8", "-", "CPU")  # fp32 GEMMs named so
+
+
+def test_fp8_headline_says_when_launch_bound_steps_set_the_ratio(tmp_path):
+    """31.4d: a launch-bound FP8 comparison is the host's pace, not FP8's, and the headline says what takes it out."""
+    store = Store(str(tmp_path), "bound")
+    store.ensure()
+    for d in (256, 512):
+        for backend, precision, recipe, ms in (("te", "bf16", None, 10.0), ("te", "fp8", "delayed", 13.0)):
+            rec = _rec(d, backend, precision, recipe, ms)
+            rec.update(launch_bound=d == 256, host_ms_per_step=9.5 if d == 256 else 2.0)
+            store.write_record(rec)
+    lines = build_report(store.root).headline
+    line = next(l for l in lines if l.startswith("te-fp8-delayed vs te-bf16: best 0.769x"))
+    assert "launch-bound at d_model 256 x 2 layers:" in line and "d_model 512" not in line.split("launch-bound")[1]
+    assert "not the GPU (nor FP8)" in line and "cuda_graphs: true or a larger model" in line
+    assert sum("launch-bound" in l for l in lines) == 1
+
+
+def test_numbers_keep_three_significant_figures_everywhere():
+    """34.14: one helper rounds every number shown; fixed decimals read 0.054..0.130 as 0.1, a CPU trial's 0.0."""
+    from trials.cli import summary
+    from trials.numbers import fmt_sig, round_sig
+
+    assert [fmt_sig(v) for v in (0.054, 0.12987, 12.79, 1.5, 12345.6, None)] == ["0.0540", "0.130", "12.8", "1.50",
+                                                                                "12300", "-"]
+    assert [round_sig(v) for v in (0.054, 0.12987, float("nan"))][:2] == [0.054, 0.13]
+    rec = empty_record() | {"model_tflops": 0.0412, "tokens_per_s": 1234.5, "n_params": 1000}
+    assert "0.0412 TFLOP/s" in summary(rec) and "1230 tok/s" in summary(rec)
+
+
+def test_per_layer_cost_with_unset_shape_fields(tmp_path):
+    """Found while vectorising shape keys: n_kv_heads and tokens_per_step unset (null, read as NaN) kept the
+    per-layer section out, since NaN never equals NaN and no shape was found at two depths."""
+    store = Store(str(tmp_path), "plain")
+    store.ensure()
+    for layers in (2, 4):
+        for precision, layer in (("bf16", 4.0), ("fp8", 3.0)):
+            store.write_record(_knob_rec(TrialSpec(d_model=256, n_layers=layers, backend="te", precision=precision),
+                                         10.0 + layers * layer))
+    md = open(build_report(store.root).md_path).read()
+    assert "## Per-layer cost" in md and "per-layer FP8 speedup 1.33x" in md

@@ -107,3 +107,21 @@ def test_scaling_across_gpus_is_the_one_rank_time_over_the_n_rank_time(tmp_path)
     section = md.split("## Scaling across GPUs")[1].split("\n## ")[0]
     row = next(line for line in section.splitlines() if "| fsdp | 2 |" in line)
     assert "| 0.909 |" in row, row
+
+
+def test_cpu_breakdown_adds_up_to_the_wall_clock_step():
+    """34.7: on CPU the profiler slows the step; operator times are scaled to the timed step, so the classes
+    never exceed it (was: 15.85 ms of operators on a 12.79 ms step, a gap of -3.06 ms)."""
+    import torch
+
+    from trials.kernels import Breakdown, Kernel, profile
+
+    found = Breakdown(3, 0.1, [Kernel("aten::mm", "gemm_bf16", 10.0, 4), Kernel("aten::add", "elementwise", 5.85, 9)],
+                      wall_ms=17.0)  # the profiled step's own wall clock, profiler included
+    f = found.fields(12.79)
+    assert f["kernel_ms_total"] == pytest.approx(15.85 * 12.79 / 17.0) and f["kernel_gap_ms"] > 0
+    assert f["kernel_ms_gemm_bf16"] + f["kernel_ms_elementwise"] + f["kernel_gap_ms"] == pytest.approx(12.79)
+    a = torch.randn(64, 64)
+    real = profile(lambda: a @ a, 2, "cpu")
+    assert real.wall_ms is not None and real.wall_ms > 0
+    assert real.fields(real.wall_ms)["kernel_gap_ms"] >= 0

@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 from .atomic import write_text_atomic
+from .numbers import DIGITS, fmt_sig
 from .spec import TrialSpec, SpecError, spec_field_types
 
 EXIT_OK_STATUSES = ("ok", "oom", "unsupported", "diverged")
@@ -66,11 +66,10 @@ def write_json_atomic(path: Path, record: dict[str, Any]) -> None:
     write_text_atomic(path, json.dumps(record, allow_nan=True))
 
 
-def _fmt(value: Any, unit: str = "", digits: int = 2) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}{unit}"
+def _fmt(value: Any, unit: str = "", digits: int = DIGITS) -> str:
+    """Floats to ``digits`` significant figures (a CPU trial's 0.0412 TFLOP/s is not '0.0')."""
+    if isinstance(value, float) or value is None:
+        return fmt_sig(value, digits, unit)
     return f"{value}{unit}"
 
 
@@ -88,15 +87,15 @@ def summary(record: dict[str, Any]) -> str:
         f"loss          first {_fmt(r['loss_first'], digits=4)}  final {_fmt(r['loss_final'], digits=4)}",
         f"step          p50 {_fmt(r['step_ms_p50'], ' ms')}  p90 {_fmt(r['step_ms_p90'], ' ms')}  "
         f"mean {_fmt(r['step_ms_mean'], ' ms')}  std {_fmt(r['step_ms_std'], ' ms')}  [{r['timer'] or '-'}]",
-        f"throughput    {_fmt(r['tokens_per_s'], ' tok/s', 0)}  {_fmt(r['model_tflops'], ' TFLOP/s', 1)}  "
-        f"MFU(bf16 peak) {_fmt(r['mfu_bf16_peak'], '', 3)}  MFU(own peak) {_fmt(r['mfu_precision_peak'], '', 3)}",
+        f"throughput    {_fmt(r['tokens_per_s'], ' tok/s')}  {_fmt(r['model_tflops'], ' TFLOP/s')}  "
+        f"MFU(bf16 peak) {_fmt(r['mfu_bf16_peak'])}  MFU(own peak) {_fmt(r['mfu_precision_peak'])}",
         f"host          {_fmt(r['host_ms_per_step'], ' ms/step to issue')}  launch_bound={r['launch_bound']}",
         f"memory        allocated {_fmt(r['peak_mem_allocated_bytes'])} B  reserved {_fmt(r['peak_mem_reserved_bytes'])} B",
-        f"generation    stride accuracy {_fmt(r['gen_stride_accuracy'], '', 3)}",
+        f"generation    stride accuracy {_fmt(r['gen_stride_accuracy'])}",
         *([f"inference     prefill p50 {_fmt(r['prefill_ms_p50'], ' ms')}  decode p50 "
-           f"{_fmt(r['decode_ms_per_token_p50'], ' ms/token', 3)}  {_fmt(r['decode_tokens_per_s'], ' tok/s', 0)}  "
+           f"{_fmt(r['decode_ms_per_token_p50'], ' ms/token')}  {_fmt(r['decode_tokens_per_s'], ' tok/s')}  "
            f"weights {_fmt(r['weight_bytes'])} B  kv {_fmt(r['kv_cache_bytes'])} B  "
-           f"FP8 token agreement {_fmt(r['gen_match_rate'], '', 3)}"] if r.get("workload") == "infer" else []),
+           f"FP8 token agreement {_fmt(r['gen_match_rate'])}"] if r.get("workload") == "infer" else []),
         f"device        {r['gpu_name'] or 'cpu'} cc={r['compute_capability']} torch={r['torch_version']} te={r['te_version']}",
         f"time          {_fmt(r['duration_s'], ' s')} (setup {_fmt(r['setup_s'], ' s')}, train {_fmt(r['train_s'], ' s')}, "
         f"bench {_fmt(r['bench_s'], ' s')})",

@@ -4,7 +4,10 @@ A speedup says how much faster; the breakdown says why not more. After the timed
 inside them) :func:`profile` runs a few more steps under ``torch.profiler`` and sums every GPU
 kernel's device time, then :func:`classify` puts each kernel in one class by its name. Their sum
 beside the timed p50 is the step's GPU busy time; the rest is the GPU waiting (on the host, on a
-sync). On CPU the same is done with aten operators' self time, so every trial fills the same fields.
+sync). On CPU the same is done with aten operators' self time, so every trial fills the same fields; but
+the profiler slows a CPU step (it runs on the same cores), so the operators' times are scaled by the
+timed step over the profiled step's own wall clock: the classes and the gap then add up to the timed
+step, the gap being host time outside aten operators (Python, the optimizer's loop), never GPU idle.
 
 The rules are declared once, here, in the order they are tried (the first match wins): an FP8 GEMM
 is a GEMM whose name carries an FP8 type, and is tried before the cast rules that also match FP8
@@ -23,7 +26,8 @@ from typing import Any, Callable
 
 # Class -> what it holds. The record has one ``kernel_ms_<class>`` field per class (trials/record.py).
 CLASSES: dict[str, str] = {
-    "gemm_bf16": "GEMMs in BF16/FP16/FP32 (cuBLAS, CUTLASS, Triton templates; the LM head of FP8 models)",
+    "gemm_bf16": "GEMMs not in FP8, in the cell's own higher precision: BF16/FP16, or FP32 in an fp32 cell (the "
+                 "report names those gemm_fp32) (cuBLAS, CUTLASS, Triton templates; the LM head of FP8 models)",
     "gemm_fp8": "GEMMs with FP8 operands",
     "fp8_cast": "FP8 quantize, cast, transpose, amax and scale updates",
     "attention": "fused attention (flash, cuDNN, memory-efficient SDPA)",
@@ -88,6 +92,7 @@ class Breakdown:
     steps: int
     profile_s: float
     kernels: list[Kernel] = field(default_factory=list)
+    wall_ms: float | None = None  # CPU: wall clock per profiled step, profiler included; None on GPUs
 
     def ms(self) -> dict[str, float]:
         out = dict.fromkeys(CLASSES, 0.0)
@@ -109,14 +114,20 @@ class Breakdown:
             ms, calls = (k.ms - o.ms, k.calls - o.calls) if o else (k.ms, k.calls)
             if ms > 0:
                 out.append(Kernel(k.name, k.cls, ms / per, calls / per))
-        return Breakdown(self.steps, self.profile_s + other.profile_s, sorted(out, key=lambda k: -k.ms))
+        wall = (self.wall_ms - other.wall_ms) / per if self.wall_ms is not None and other.wall_ms is not None else None
+        return Breakdown(self.steps, self.profile_s + other.profile_s, sorted(out, key=lambda k: -k.ms), wall)
 
     def fields(self, timed_ms: float) -> dict[str, Any]:
-        """The record's breakdown fields; ``timed_ms`` is the timed p50 the kernels are set against."""
-        out: dict[str, Any] = {f"kernel_ms_{c}": v for c, v in self.ms().items()}
-        table = [{"name": k.name[:240], "class": k.cls, "ms": round(k.ms, 5), "calls": round(k.calls, 2)}
+        """The record's breakdown fields; ``timed_ms`` is the timed p50 the kernels are set against.
+
+        On CPU (``wall_ms`` known) every operator time is scaled by timed_ms / wall_ms: the profiled step ran
+        slower than the timed one, and only shares of it compare with the wall-clock step."""
+        scale = timed_ms / self.wall_ms if self.wall_ms and timed_ms == timed_ms else 1.0
+        out: dict[str, Any] = {f"kernel_ms_{c}": v * scale for c, v in self.ms().items()}
+        table = [{"name": k.name[:240], "class": k.cls, "ms": round(k.ms * scale, 5), "calls": round(k.calls, 2)}
                  for k in self.kernels[:TABLE_ROWS]]
-        out.update(kernel_ms_total=self.total_ms, kernel_gap_ms=timed_ms - self.total_ms, profile_steps=self.steps,
+        total = self.total_ms * scale
+        out.update(kernel_ms_total=total, kernel_gap_ms=timed_ms - total, profile_steps=self.steps,
                    profile_s=self.profile_s, kernel_table=json.dumps(table))
         return out
 
@@ -139,10 +150,12 @@ def profile(run: Callable[[], Any], steps: int, device: str, host_ops: bool = Fa
     t0 = time.perf_counter()
     activities = ([ProfilerActivity.CPU] if host_ops or not cuda else []) + ([ProfilerActivity.CUDA] if cuda else [])
     with torch_profile(activities=activities) as prof:
+        t_steps = time.perf_counter()
         for _ in range(steps):
             run()
         if cuda:
             torch.cuda.synchronize()
+        wall_ms = None if cuda else (time.perf_counter() - t_steps) * 1e3 / steps
     kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
     kernels = []
     for e in prof.key_averages():
@@ -152,7 +165,7 @@ def profile(run: Callable[[], Any], steps: int, device: str, host_ops: bool = Fa
         if us > 0:
             kernels.append(Kernel(e.key, classify(e.key), us / 1e3 / steps, e.count / steps))
     kernels.sort(key=lambda k: -k.ms)
-    return Breakdown(steps, time.perf_counter() - t0, kernels)
+    return Breakdown(steps, time.perf_counter() - t0, kernels, wall_ms)
 
 
 def breakdown_fields(enabled: bool, run: Callable[[], Any], device: str, timed_ms: float,

@@ -146,11 +146,13 @@ FIELDS: list[Field] = [
     _f("energy_gpu_shared", "bool", "Another process used the GPU at the end of the window (energy is board-wide)."),
     _f("energy_why", "str", "Why the energy fields are null (CPU trial, NVML or its counter missing)."),
     # -- where the step goes (trials/kernels.py): a few steps profiled after timing (infer: per decode step)
-    *[_f(f"kernel_ms_{c}", "float", f"Kernel time per step in class {c}: {doc}, ms (CPU: aten operators' self time).")
+    *[_f(f"kernel_ms_{c}", "float", f"Kernel time per step in class {c}: {doc}, ms (CPU: aten operators' self time "
+         "scaled to the timed step by the profiled step's wall clock).")
       for c, doc in CLASSES.items()],
     _f("kernel_ms_total", "float", "All kernel time per step (the classes' sum), ms."),
-    _f("kernel_gap_ms", "float", "step_ms_p50 (infer: decode_ms_per_token_p50) - kernel_ms_total: the GPU idle "
-       "within a step (waiting on the host); negative within the profiler's noise."),
+    _f("kernel_gap_ms", "float", "step_ms_p50 (infer: decode_ms_per_token_p50) - kernel_ms_total: on GPUs the GPU "
+       "idle within a step (waiting on the host), negative within the profiler's noise; on CPU host time outside "
+       "aten operators (Python, the optimizer's loop)."),
     _f("profile_steps", "int", "Steps profiled (infer: generations, and as many prefills)."),
     _f("profile_s", "float", "Wall time of the profiled steps, profiler start-up included, s."),
     _f("kernel_table", "str", "JSON list of the step's largest kernels: name, class, ms per step, calls per step."),

@@ -19,11 +19,11 @@ import pyarrow as pa
 from trials.atomic import write_text_atomic
 
 from ..store import read_results
-from .analysis import (DECODE_STEP, TRAIN_STEP, Pairs, against_fastest_bf16, compare_runs, crossover, pair_cells,
+from .analysis import (DECODE_STEP, ONE_SAMPLE, TRAIN_STEP, Pairs, against_fastest_bf16, compare_runs, crossover, pair_cells,
                        prepare, ways_that_ran)
 from .headline import headline
 from .inference import inference_pairs, split
-from .why import breakdown
+from .why import breakdown, gap_name
 
 
 def search_table(found: Any) -> pd.DataFrame:
@@ -52,6 +52,14 @@ class Report:
     @property
     def other_paths(self) -> list[str]:
         return [self.md_path, self.csv_path, *self.png_paths]
+
+
+def side_names(a: str, b: str) -> tuple[str, str]:
+    """Names that tell the two sides of a comparison apart: the folders' names, or their whole paths when
+    the names are the same (two runs of one sweep file, in different output folders)."""
+    left, right = (Path(p).expanduser().resolve() for p in (a, b))
+    left, right = (p.parent if p.is_file() else p for p in (left, right))
+    return (left.name, right.name) if left.name != right.name else (str(left), str(right))
 
 
 def _load(path: str) -> pd.DataFrame:
@@ -84,10 +92,11 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
 
     steps, tokens = breakdown(train, TRAIN_STEP), breakdown(infer, DECODE_STEP)  # empty where nothing was profiled
     figures = [] if train.empty else [
-        ("fp8_speedup", charts.speedup_chart(pairs)),
+        speedup_figure(pairs, train),
         *([("vs_fastest_bf16", charts.fastest_chart(fastest[0]))] if not fastest[0].empty else []),
         *([("step_breakdown", charts.breakdown_chart(steps, "Where the training step goes: ms per step by kernel "
-                                                     "class, and the GPU idle"))] if not steps.empty else []),
+                                                     f"class, and the {gap_name(steps).split(' (')[0]}"))]
+          if not steps.empty else []),
         ("step_time", charts.step_time_chart(train)),
         ("throughput", charts.throughput_chart(train)),
         ("mfu", charts.mfu_chart(train)),
@@ -102,7 +111,8 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
                                                     "bootstrap intervals)", "BF16 ms per token / FP8 ms per token")),
             ("decode_throughput", charts.decode_chart(infer)),
             *([("decode_breakdown", charts.breakdown_chart(tokens, "Where the decode step goes: ms per token by "
-                                                           "kernel class, and the GPU idle"))] if not tokens.empty else []),
+                                                           f"kernel class, and the {gap_name(tokens).split(' (')[0]}"))]
+              if not tokens.empty else []),
             ("prefill_speedup", charts.speedup_chart(inference.prefill, "FP8 prefill speedup over BF16 of the same stack vs "
                                                      "model scale",
                                                      "BF16 prefill ms / FP8 prefill ms")),
@@ -115,7 +125,11 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
         if comparison.empty:
             warnings.append(f"--compare: {src} and {compare_dir} share no cells (no cell id in both); "
                             "the report has no comparison")
-        figures.append(("compare", charts.compare_chart(comparison, base_dir.name, Path(compare_dir).name)))
+        unjudged = int((comparison["verdict"] == ONE_SAMPLE).sum())
+        if unjudged:
+            warnings.append(f"--compare: {unjudged} of {len(comparison)} cells have one sample on a side, so no change "
+                            f"is called for them ({ONE_SAMPLE})")
+        figures.append(("compare", charts.compare_chart(comparison, *side_names(str(src), compare_dir))))
 
     lines = headline(train, pairs) if not train.empty or infer.empty else []
     sections = summary_sections(df, pairs, comparison, inference, fastest)
@@ -138,6 +152,23 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
     pngs = export_pngs(figures, png_dir) if png_dir else []
     log.info("report built in %.2fs", time.perf_counter() - t0)
     return Report(str(out_html), str(md_path), str(csv_path), pngs, pairs, lines, warnings)
+
+
+def speedup_figure(pairs: Pairs, train: pd.DataFrame) -> tuple[str, Any]:
+    """The report's first chart: FP8 over BF16; in a run without FP8 cells but with BF16 and FP32 cells, BF16
+    over FP32 (what such a run compares); an FP8 chart with nothing to show says why."""
+    from . import charts
+
+    kinds = set(pairs.rows["kind"]) if not pairs.rows.empty else set()
+    has_fp8 = (train["precision"] == "fp8").any()
+    if not has_fp8 and "bf16_speedup" in kinds:
+        return "bf16_speedup", charts.speedup_chart(
+            pairs, "BF16 speedup over FP32 of the same stack vs model scale (95% bootstrap intervals)",
+            "Speedup (FP32 step time / BF16 step time)", kind="bf16_speedup")
+    unpaired = not pairs.unpaired.empty
+    why = ("this run has no FP8 cells" if not has_fp8 else
+           "no BF16 / FP8 pairs that both ran ok" + (" (see 'Unpaired cells')" if unpaired else ""))
+    return "fp8_speedup", charts.speedup_chart(pairs, empty=why)
 
 
 def answer(path: str) -> list[str]:

@@ -53,6 +53,12 @@ def variant_of(row: Any) -> str:
     return variant_name(values)
 
 
+# What variant_of, backend_of and execution_label read: rows are turned into dicts of these columns only
+# (a dict of all ~100 record columns per row costs seconds at 10k records).
+_VARIANT_COLUMNS = list(dict.fromkeys([*axis_fields("variant", "execution"), "effective_backend",
+                                       "effective_precision", "effective_recipe"]))
+
+
 def varying_keys(df: pd.DataFrame) -> list[str]:
     """Pairing fields that take several values in this result set and are not already shown by the
     x-axis, the series name or its style: each becomes part of series names and a table column."""
@@ -74,7 +80,10 @@ def prepare(records: pd.DataFrame) -> pd.DataFrame:
         df["variant"] = pd.Series(dtype=str)
         df["series"] = pd.Series(dtype=str)
         return df
-    df["variant"] = [variant_of(r) for r in df.to_dict("records")]
+    columns = [c for c in _VARIANT_COLUMNS if c in df]
+    names: dict[tuple, str] = {}  # a few distinct variants among thousands of records: name each once
+    df["variant"] = [names.get(v) or names.setdefault(v, variant_of(dict(zip(columns, v))))
+                     for v in _tuples(df, columns)]
     df["cuda_graphs"] = df["cuda_graphs"].fillna(False).astype(bool)
     df["workload"] = df["workload"].fillna("train")  # records from before the workload field trained
     keys = varying_keys(df)
@@ -93,11 +102,34 @@ class CellStats:
     losses: list[float]  # per-sample final training loss
     n_params: int | None
     record: dict[str, Any] = field(default_factory=dict)
+    launch_bound: bool = False  # a sample that ran ok was launch-bound: the host's pace set its time
+
+
+def launch_bound_note(where: str) -> str:
+    """What every answer that rests on launch-bound steps says with it (the headline, the crossover search)."""
+    return (f"launch-bound at {where}: the host's pace of issuing kernels, not the GPU (nor FP8), set those steps' "
+            "times, so the answer can move with the host (cuda_graphs: true or a larger model takes it out)")
 
 
 def shape_key(values: Any, keys: list[str] = SHAPE_KEYS) -> tuple:
     """A cell's identity across tables: its ``keys`` fields, missing values (None or NaN) as None."""
     return tuple(None if v is None or v != v else v for v in (values[k] for k in keys))
+
+
+def _tuples(df: pd.DataFrame, keys: list[str]) -> list[tuple]:
+    """Every row's ``keys`` values as a tuple, missing ones (None, NaN) as None, built a column at a time."""
+    columns = []
+    for k in keys:
+        values = df[k].tolist()
+        if df[k].hasnans:
+            values = [None if missing else v for v, missing in zip(values, df[k].isna().tolist())]
+        columns.append(values)
+    return list(zip(*columns)) if len(df) else []
+
+
+def shape_keys(df: pd.DataFrame, keys: list[str] = SHAPE_KEYS) -> pd.Series:
+    """:func:`shape_key` of every row, a column at a time (a row-wise apply costs seconds at 10k records)."""
+    return pd.Series(_tuples(df, keys), index=df.index, dtype=object)
 
 
 def _median(values: list[float]) -> float:
@@ -129,19 +161,32 @@ PREFILL = Timing("prefill_ms_p50", "prefill_times_ms")
 
 
 def cell_table(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> dict[tuple, dict[str, CellStats]]:
-    """(shape key) -> variant -> stats, over all samples of that cell."""
+    """(shape key) -> variant -> stats, over all samples of that cell (cells in order of first appearance)."""
     out: dict[tuple, dict[str, CellStats]] = {}
     if df.empty:
         return out
-    for (shape, variant), group in df.groupby([df[SHAPE_KEYS].apply(tuple, axis=1), "variant"], sort=False):
-        ok = group[group["status"] == "ok"]
-        samples = [float(v) for v in ok[timing.median].dropna()]
-        steps = list(ok[timing.steps].iloc[0]) if len(ok) and ok[timing.steps].iloc[0] is not None else []
-        status = "ok" if len(ok) else str(group["status"].iloc[0])
-        first = (ok if len(ok) else group).iloc[0].to_dict()
-        losses = [float(v) for v in ok["loss_final"].dropna()]
-        out.setdefault(shape, {})[variant] = CellStats(variant, status, _median(samples) if samples else None,
-                                                        samples, steps, losses, first.get("n_params"), first)
+    # Rows are grouped by hand over plain lists: a pandas groupby slices every one of the ~100 record columns
+    # for each of thousands of cells.
+    groups: dict[tuple, list[int]] = {}
+    for i, key in enumerate(zip(shape_keys(df), df["variant"])):
+        groups.setdefault(key, []).append(i)
+    status, median, losses = df["status"].tolist(), df[timing.median].tolist(), df["loss_final"].tolist()
+    steps = df[timing.steps].tolist()
+    bound = df["launch_bound"].tolist() if "launch_bound" in df else [None] * len(df)
+    present = lambda values, rows: [float(values[i]) for i in rows if values[i] is not None and values[i] == values[i]]
+    cells = []
+    for (shape, variant), rows in groups.items():
+        ok = [i for i in rows if status[i] == "ok"]
+        samples = present(median, ok)
+        cells.append((shape, variant, ok[0] if ok else rows[0], CellStats(
+            variant, "ok" if ok else str(status[rows[0]]), _median(samples) if samples else None, samples,
+            list(steps[ok[0]]) if ok and steps[ok[0]] is not None else [], present(losses, ok), None)))
+    firsts = df.iloc[[first for _, _, first, _ in cells]].to_dict("records")  # one take for every cell's record
+    for (shape, variant, _, stats), record in zip(cells, firsts):
+        stats.n_params, stats.record = record.get("n_params"), record
+        stats.launch_bound = any(isinstance(bound[i], (bool, np.bool_)) and bool(bound[i])
+                                 for i in groups[(shape, variant)] if status[i] == "ok")
+        out.setdefault(shape, {})[variant] = stats
     return out
 
 
@@ -158,7 +203,8 @@ def _pair_row(kind: str, shape: tuple, base: CellStats, other: CellStats, resamp
     row.update(series=series_label(row, series), kind=kind, reference=base.variant, candidate=other.variant,
                n_params=base.n_params, reference_ms=base.median_ms, candidate_ms=other.median_ms,
                ratio=base.median_ms / other.median_ms, ci_low=lo, ci_high=hi, ci_method=method,
-               n_reference=len(base.samples), n_candidate=len(other.samples))
+               n_reference=len(base.samples), n_candidate=len(other.samples),
+               launch_bound=base.launch_bound or other.launch_bound)
     # the candidate's variant settings (what a knob comparison groups by) and its final loss against the
     # reference's: the ratio of medians over samples, with an interval where both have two or more
     row.update({k: _get(other.record, k) for k in KNOBS})
@@ -184,6 +230,11 @@ def bf16_partner(cell: CellStats) -> str:
     return variant_name({**{k: _get(cell.record, k) for k in KNOBS}, "backend": partner, "precision": "bf16"})
 
 
+def fp32_partner(cell: CellStats) -> str:
+    """The FP32 variant of a BF16 cell's own stack, built the same way."""
+    return variant_name({**{k: _get(cell.record, k) for k in KNOBS}, "backend": stack_of(cell), "precision": "fp32"})
+
+
 TE_GAIN_REFERENCE = variant_name({"backend": "torch", "precision": "bf16"})
 
 
@@ -195,7 +246,8 @@ class Pairs:
 
 
 def pair_cells(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> Pairs:
-    """FP8 speedups (te-bf16 / te-fp8-*) and TE kernel gains (torch-bf16 / te-bf16), by ``timing``."""
+    """FP8 speedups (te-bf16 / te-fp8-*), TE kernel gains (torch-bf16 / te-bf16) and BF16 speedups over FP32
+    of the same stack (torch-fp32 / torch-bf16), by ``timing``."""
     cells = cell_table(df, timing)
     series = varying_keys(df)
     n_pairs = sum(len(v) for v in cells.values())
@@ -225,6 +277,13 @@ def pair_cells(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> Pairs:
                 pair("fp8_speedup", shape, ref_name, cell, variants.get(ref_name))
             elif stack_of(cell) == "te" and precision_of(cell) == "bf16":
                 pair("te_gain", shape, TE_GAIN_REFERENCE, cell, variants.get(TE_GAIN_REFERENCE))
+    # What BF16 buys over FP32 on the same stack, where both ran (a run without FP8 compares nothing else).
+    # After the others, so that their intervals (one generator) are the same with or without FP32 cells.
+    for shape, variants in cells.items():
+        for name, cell in variants.items():
+            ref = variants.get(fp32_partner(cell)) if precision_of(cell) == "bf16" else None
+            if ref is not None:
+                pair("bf16_speedup", shape, ref.variant, cell, ref)
     return Pairs(pd.DataFrame(rows), pd.DataFrame(unpaired), resamples)
 
 
@@ -241,7 +300,9 @@ def ways_that_ran(df: pd.DataFrame) -> int:
     """How many (stack, execution mode) combinations have a cell that ran ok: with one, every cell's fastest
     BF16 is its own stack's and the cross-stack comparison adds nothing."""
     ok = df[df["status"] == "ok"]
-    return len({(backend_of(r), execution_label(r)) for r in ok.to_dict("records")})
+    columns = [c for c in _VARIANT_COLUMNS if c in ok]
+    rows = (dict(zip(columns, v)) for v in set(_tuples(ok, columns)))  # each distinct combination once
+    return len({(backend_of(r), execution_label(r)) for r in rows})
 
 
 def against_fastest_bf16(df: pd.DataFrame, timing: Timing = TRAIN_STEP,
@@ -322,13 +383,19 @@ def _condition(group: pd.DataFrame, name: str) -> float | None:
     return float(np.median(values)) if len(values) else None
 
 
+ONE_SAMPLE = "one sample: run-to-run noise unknown, use samples >= 2"
+
+
 def compare_runs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
-    """Per cell present in both: time ratio B/A with a bootstrap interval; 'changed' when it excludes 1."""
+    """Per cell present in both: time ratio B/A with a bootstrap interval over samples; 'changed' when it
+    excludes 1. A cell with one sample on a side is never called changed: the spread of one trial's steps
+    says nothing of how two runs differ (a new process, another clock, another allocator state), so
+    its verdict says so instead."""
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     rows = []
     a_ok, b_ok = a[a["status"] == "ok"], b[b["status"] == "ok"]
     columns = ["cell_id", "cell_label", "variant", "n_params", "a_ms", "b_ms", "ratio_b_over_a", "ci_low", "ci_high",
-               "changed", *[f"{side}_{c}" for side in "ab" for c in CONDITIONS]]
+               "changed", "verdict", "n_a", "n_b", *[f"{side}_{c}" for side in "ab" for c in CONDITIONS]]
     for cid, ga in a_ok.groupby("cell_id"):
         gb = b_ok[b_ok["cell_id"] == cid]
         if gb.empty:
@@ -336,13 +403,16 @@ def compare_runs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
         sa, sb = list(ga["step_ms_p50"]), list(gb["step_ms_p50"])
         if len(sa) >= 2 and len(sb) >= 2:
             lo, hi = bootstrap_ratio(sb, sa, 1000, rng)
+            changed = bool(lo > 1.0 or hi < 1.0)
+            verdict = "changed" if changed else "within noise"
         else:
-            lo, hi = bootstrap_ratio(list(gb["step_times_ms"].iloc[0]), list(ga["step_times_ms"].iloc[0]), 1000, rng)
+            lo, hi, changed, verdict = float("nan"), float("nan"), False, ONE_SAMPLE
         ratio = _median(sb) / _median(sa)
         first = ga.iloc[0]
         rows.append({"cell_id": cid, "cell_label": first["cell_label"], "variant": first["variant"],
                      "n_params": first["n_params"], "a_ms": _median(sa), "b_ms": _median(sb), "ratio_b_over_a": ratio,
-                     "ci_low": lo, "ci_high": hi, "changed": bool(lo > 1.0 or hi < 1.0),
+                     "ci_low": lo, "ci_high": hi, "changed": changed, "verdict": verdict, "n_a": len(sa),
+                     "n_b": len(sb),
                      **{f"{side}_{c}": _condition(g, c) for side, g in (("a", ga), ("b", gb)) for c in CONDITIONS}})
     return pd.DataFrame(rows, columns=columns)
 
@@ -383,7 +453,9 @@ def knob_effects(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             context = f"d_model {where['d_model']} x {where['n_layers']} layers" + (
                 " (CUDA graphs)" if where["cuda_graphs"] else "") + (f", {g['series'].iloc[0]}" if g["series"].iloc[0] else "")
             base = g.iloc[0]
-            for r in g.itertuples():
+            shown = [knob, "d_model", "n_layers", "cuda_graphs", "series", "ratio", "ci_low", "ci_high", "loss_pct",
+                     "loss_lo", "loss_hi", "n_candidate"]
+            for r in g[shown].itertuples():  # only the columns read: itertuples over ~50 costs seconds
                 table.append({"knob": knob, "value": getattr(r, knob), "d_model": r.d_model, "n_layers": r.n_layers,
                               "graphs": r.cuda_graphs, "series": r.series, "speedup": r.ratio, "CI low": r.ci_low,
                               "CI high": r.ci_high, "loss vs BF16 %": r.loss_pct, "loss CI low %": r.loss_lo,

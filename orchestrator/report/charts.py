@@ -9,6 +9,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from trials.spec import PRECISIONS
+
 from .analysis import Pairs, crossover
 
 COLORS = {
@@ -76,7 +78,7 @@ SERIES = ["variant", "series", "cuda_graphs", "n_layers"]
 
 def _lines(df: pd.DataFrame, y: str, y_title: str, title: str, y_log: bool = False) -> go.Figure:
     fig = go.Figure()
-    ok = df[df["status"] == "ok"]
+    ok = df.loc[df["status"] == "ok", list(dict.fromkeys([*SERIES, *HOVER_COLUMNS, y]))]  # slicing ~100 columns per series is slow
     for (variant, series, graphs, layers), g in ok.groupby(SERIES, sort=True):
         med = g.groupby("n_params")[y].median()
         g = g.sort_values("n_params").drop_duplicates("n_params").assign(**{y: lambda d: d["n_params"].map(med)})
@@ -92,9 +94,11 @@ def _lines(df: pd.DataFrame, y: str, y_title: str, title: str, y_log: bool = Fal
 
 def speedup_chart(pairs: Pairs, title: str = "FP8 speedup over BF16 of the same stack vs model scale (95% bootstrap "
                                              "intervals)",
-                  y_title: str = "Speedup (BF16 step time / FP8 step time)") -> go.Figure:
+                  y_title: str = "Speedup (BF16 step time / FP8 step time)", kind: str = "fp8_speedup",
+                  empty: str = "no BF16 / FP8 pairs that both ran ok") -> go.Figure:
+    """One line per candidate variant of ``kind``'s pairs; ``empty`` says why there is none."""
     fig = go.Figure()
-    rows = pairs.rows[pairs.rows["kind"] == "fp8_speedup"] if not pairs.rows.empty else pairs.rows
+    rows = pairs.rows[pairs.rows["kind"] == kind] if not pairs.rows.empty else pairs.rows
     xs_all, n_cross = [], 0
     if not rows.empty:
         for (cand, series, graphs, layers), g in rows.groupby(["candidate", "series", "cuda_graphs", "n_layers"],
@@ -123,12 +127,13 @@ def speedup_chart(pairs: Pairs, title: str = "FP8 speedup over BF16 of the same 
     fig.add_shape(type="rect", xref="x", yref="y", x0=lo, x1=hi, y0=0, y1=1.0, fillcolor="rgba(214,39,40,0.07)",
                   line_width=0, layer="below")
     fig.add_hline(y=1.0, line=dict(color="black", width=1, dash="dot"),
-                  annotation_text="1.0 = no gain; shaded: FP8 slower", annotation_position="bottom right")
+                  annotation_text=f"1.0 = no gain; shaded: {'FP8' if kind == 'fp8_speedup' else 'the candidate'} slower",
+                  annotation_position="bottom right")
     fig.update_layout(title=title, **LAYOUT)
     _x_axis(fig, range=[math.log10(lo), math.log10(hi)])
     top = max([1.6] + ([float(rows["ci_high"].max()) * 1.1] if not rows.empty and rows["ci_high"].notna().any() else []))
     fig.update_yaxes(title_text=y_title, range=[0, top])
-    return note_if_empty(fig, "no TE BF16 / FP8 pairs that both ran ok (see 'Unpaired cells')")
+    return note_if_empty(fig, empty)
 
 
 def fastest_chart(rows: pd.DataFrame) -> go.Figure:
@@ -169,7 +174,8 @@ def decode_chart(df: pd.DataFrame) -> go.Figure:
 
 def mfu_chart(df: pd.DataFrame) -> go.Figure:
     fig = _lines(df, "mfu_bf16_peak", "MFU (model FLOP/s / dense peak)", "MFU vs scale: solid/dashed vs BF16 peak, dotted vs FP8 peak")
-    fp8 = df[(df["status"] == "ok") & (df["effective_precision"] == "fp8")]
+    fp8 = df.loc[(df["status"] == "ok") & (df["effective_precision"] == "fp8"),
+                 list(dict.fromkeys([*SERIES, *HOVER_COLUMNS, "mfu_precision_peak"]))]
     for (variant, series, graphs, layers), g in fp8.groupby(SERIES, sort=True):
         g = g.sort_values("n_params")
         fig.add_trace(go.Scatter(x=g["n_params"], y=g["mfu_precision_peak"], mode="lines+markers",
@@ -204,7 +210,9 @@ def loss_chart(df: pd.DataFrame, max_sizes: int = 6) -> go.Figure:
                                      line=dict(color=color(variant), dash="dash" if graphs else "solid")),
                           row=i // cols + 1, col=i % cols + 1)
             shown.add(name)
-    fig.update_layout(title="Training loss, BF16 vs FP8 per size (numerics check)", **{**LAYOUT, "height": 320 * rows + 120})
+    ran = [p for p in PRECISIONS if p in set(ok["effective_precision"])]
+    fig.update_layout(title=f"Training loss per size, {' vs '.join(p.upper() for p in ran) or 'no curves'} (numerics check)",
+                      **{**LAYOUT, "height": 320 * rows + 120})
     fig.update_xaxes(title_text="Step")
     fig.update_yaxes(title_text="Cross-entropy (nats)", col=1)
     return fig
@@ -250,29 +258,34 @@ def compare_chart(cmp: pd.DataFrame, label_a: str, label_b: str) -> go.Figure:
                             line=dict(width=[2 if c else 0 for c in g["changed"]], color="black")),
                 error_y=dict(type="data", symmetric=False, array=(g["ci_high"] - g["ratio_b_over_a"]).fillna(0),
                              arrayminus=(g["ratio_b_over_a"] - g["ci_low"]).fillna(0)),
-                hovertext=[f"{r.cell_label}: {r.a_ms:.2f} -> {r.b_ms:.2f} ms ({r.ratio_b_over_a:.3f}, "
-                           f"{'changed' if r.changed else 'within noise'})" for r in g.itertuples()],
+                hovertext=[f"{r.cell_label}: {r.a_ms:.2f} -> {r.b_ms:.2f} ms ({r.ratio_b_over_a:.3f}, {r.verdict})"
+                           for r in g.itertuples()],
                 hoverinfo="text"))
     fig.add_hline(y=1.0, line=dict(color="black", width=1, dash="dot"))
-    fig.update_layout(title=f"Step time {label_b} / {label_a} per cell (large outlined markers: beyond noise)", **LAYOUT)
+    fig.update_layout(title=f"Step time B / A per cell (large outlined markers: beyond noise)<br><sup>A = {label_a}, "
+                            f"B = {label_b}</sup>", **LAYOUT)
     fig.update_xaxes(title_text="Cell", type="category")
     fig.update_yaxes(title_text="Step-time ratio (B / A; < 1 means B is faster)")
     return note_if_empty(fig, f"{label_a} and {label_b} share no cells: nothing to compare")
 
 
 def breakdown_chart(table: pd.DataFrame, title: str) -> go.Figure:
-    """Stacked bars: each profiled cell's ms per step by kernel class, and the GPU idle gap on top."""
+    """Stacked bars: each profiled cell's ms per step by kernel class (``why.breakdown``'s columns: GEMMs by the
+    precision they ran in), and the gap on top (GPU idle on GPUs, outside operators on CPU)."""
     from trials.kernels import CLASSES
+
+    from .why import gap_name
 
     fig = go.Figure()
     if not table.empty:
         x = [f"{r.cell_label} b{r.batch_size}" if r.batch_size != 32 else r.cell_label for r in table.itertuples()]
-        palette = ["#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#7f7f7f"]
-        for cls, col in zip(CLASSES, palette):
-            fig.add_bar(x=x, y=table[cls], name=cls, marker_color=col)
-        fig.add_bar(x=x, y=table["gap"].clip(lower=0), name="GPU idle (timed - kernels)", marker_color="#dddddd")
+        palette = ["#aec7e8", "#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#7f7f7f"]
+        for cls, col in zip(["gemm_fp32", *CLASSES], palette):
+            if cls in table:
+                fig.add_bar(x=x, y=table[cls], name=cls, marker_color=col)
+        fig.add_bar(x=x, y=table["gap"].clip(lower=0), name=gap_name(table), marker_color="#dddddd")
     fig.update_layout(**{**LAYOUT, "height": 600}, title=title, barmode="stack", yaxis_title="ms per step")
-    fig.update_xaxes(tickangle=-35)
+    fig.update_xaxes(tickangle=-35, automargin=True, type="category")  # whole labels, in the table's order
     return note_if_empty(fig, "no profiled cells (profile: false, or records from before the breakdown)")
 
 

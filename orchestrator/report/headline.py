@@ -9,11 +9,38 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .analysis import Pairs
+from trials.numbers import fmt_sig
+
+from .analysis import Pairs, launch_bound_note
 
 
 def _reasons(frame: pd.DataFrame) -> list[str]:
     return sorted({str(e).splitlines()[0] for e in frame["error"].dropna()})
+
+
+def _where(row: pd.Series) -> str:
+    return f"d_model {row['d_model']} x {row['n_layers']} layers" + (" (CUDA graphs)" if row["cuda_graphs"] else "")
+
+
+def best_of_each(rows: pd.DataFrame, reference: str) -> list[str]:
+    """One sentence per candidate variant: its best ratio over ``reference`` (e.g. 'BF16') with the interval
+    and verdict, how many sizes it wins, and whether launch-bound steps set those times."""
+    lines: list[str] = []
+    if rows.empty:
+        return lines
+    for cand, g in rows.groupby("candidate", sort=True):
+        best = g.loc[g["ratio"].idxmax()]
+        interval = (f" [{fmt_sig(best['ci_low'])}, {fmt_sig(best['ci_high'])}]" if best["ci_low"] == best["ci_low"]
+                    else "")
+        verdict = ("faster beyond noise" if best["ci_low"] > 1 else "slower beyond noise" if best["ci_high"] < 1
+                   else f"within noise of {reference}")
+        line = (f"{cand} vs {best['reference']}: best {fmt_sig(best['ratio'])}x{interval} at {_where(best)} "
+                f"({verdict}); {int((g['ratio'] > 1).sum())} of {len(g)} sizes faster")
+        bound = g[g["launch_bound"].fillna(False).astype(bool)] if "launch_bound" in g else g.iloc[:0]
+        if not bound.empty:
+            line += "; " + launch_bound_note(" and ".join(_where(r) for _, r in bound.sort_values("n_params").iterrows()))
+        lines.append(line + ".")
+    return lines
 
 
 def headline(df: pd.DataFrame, pairs: Pairs) -> list[str]:
@@ -24,7 +51,8 @@ def headline(df: pd.DataFrame, pairs: Pairs) -> list[str]:
     ok = df[df["status"] == "ok"]
     ran = sorted(set(ok["variant"]))
     lines: list[str] = []
-    rows = pairs.rows[pairs.rows["kind"] == "fp8_speedup"] if not pairs.rows.empty else pairs.rows
+    kinds = pairs.rows["kind"] if not pairs.rows.empty else pd.Series(dtype=str)
+    rows = pairs.rows[kinds == "fp8_speedup"] if not pairs.rows.empty else pairs.rows
     if fp8.empty:
         lines.append("This run has no FP8 cells.")
     elif rows.empty:
@@ -36,17 +64,11 @@ def headline(df: pd.DataFrame, pairs: Pairs) -> list[str]:
             lines.append("No FP8 cell has a BF16 partner that ran: "
                          + ("; ".join(_reasons(failed)) if not failed.empty else "see 'Unpaired cells'") + ".")
     else:
-        for cand, g in rows.groupby("candidate", sort=True):
-            best = g.loc[g["ratio"].idxmax()]
-            where = f"d_model {best['d_model']} x {best['n_layers']} layers" + (" (CUDA graphs)" if best["cuda_graphs"] else "")
-            interval = (f" [{best['ci_low']:.2f}, {best['ci_high']:.2f}]" if best["ci_low"] == best["ci_low"] else "")
-            verdict = ("faster beyond noise" if best["ci_low"] > 1 else "slower beyond noise" if best["ci_high"] < 1
-                       else "within noise of BF16")
-            lines.append(f"{cand} vs {best['reference']}: best {best['ratio']:.2f}x{interval} at {where} "
-                         f"({verdict}); {int((g['ratio'] > 1).sum())} of {len(g)} sizes faster.")
+        lines += best_of_each(rows, "BF16")
     if ran and (fp8.empty or rows.empty):
         precisions = sorted({str(p) for p in ok["effective_precision"].dropna()})
         lines.append(f"The cells that ran ({', '.join(ran)}) compare {' and '.join(precisions)}.")
+        lines += best_of_each(pairs.rows[kinds == "bf16_speedup"] if not pairs.rows.empty else pairs.rows, "FP32")
     if not ran:
         lines.append("No cell finished ok.")
     return lines

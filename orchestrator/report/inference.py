@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from .analysis import (DECODE_STEP, PREFILL, SHAPE_KEYS, Pairs, _interval, against_fastest_bf16, pair_cells, shape_key,
-                       varying_keys)
+                       shape_keys, varying_keys)
 
 
 @dataclass
@@ -66,7 +66,7 @@ def inference_sections(infer: pd.DataFrame, pairs: InferencePairs | None) -> lis
                    if not pre.empty else {})
         ok = infer[infer["status"] == "ok"]
         per_cell = {_key(dict(zip(SHAPE_KEYS, shape)), variant): g
-                    for (shape, variant), g in ok.groupby([ok[SHAPE_KEYS].apply(tuple, axis=1), "variant"])}
+                    for (shape, variant), g in ok.groupby([shape_keys(ok), "variant"])}
         # the fastest BF16 decode of the same shape, batch and graph mode, whatever its stack
         fastest_rows, _ = against_fastest_bf16(infer, DECODE_STEP, same_execution=True)
         fastest = {_key(r, r["variant"]): r for r in fastest_rows.to_dict("records")}

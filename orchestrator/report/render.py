@@ -11,6 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from trials.atomic import write_text_atomic
+from trials.numbers import round_sig
 
 from ..efficiency import concurrent_trials, run_efficiency
 from .analysis import DECODE_STEP, TRAIN_STEP, Pairs, Timing, crossover, knob_effects, per_layer_costs, varying_keys
@@ -129,6 +130,18 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
                                        "torch ms": gain["reference_ms"].round(3),
                                        "te ms": gain["candidate_ms"].round(3), "gain": gain["ratio"].round(3),
                                        "CI low": gain["ci_low"].round(3), "CI high": gain["ci_high"].round(3)})))
+    bf16 = rows[rows["kind"] == "bf16_speedup"] if not rows.empty else rows
+    if not bf16.empty:
+        sections.append(("BF16 speedup over FP32 of the same stack", "speedup = FP32 step time / BF16 step time (> 1: "
+                         "BF16 faster), 95% interval",
+                         pd.DataFrame({"d_model": bf16["d_model"], "n_layers": bf16["n_layers"],
+                                       **{k: bf16[k] for k in varying}, "graphs": bf16["cuda_graphs"],
+                                       "BF16 variant": bf16["candidate"], "FP32 partner": bf16["reference"],
+                                       "FP32 ms": bf16["reference_ms"].round(3), "BF16 ms": bf16["candidate_ms"].round(3),
+                                       "speedup": bf16["ratio"].round(3), "CI low": bf16["ci_low"].round(3),
+                                       "CI high": bf16["ci_high"].round(3), "CI over": bf16["ci_method"],
+                                       "n": bf16["n_candidate"]})
+                         .sort_values(["BF16 variant", "graphs", "n_layers", "d_model"])))
     sections += inference_sections(infer, inference)
     if inference is not None:
         sections += why_sections(infer, inference.decode.rows, DECODE_STEP, "decode step", "decode step (per token)")
@@ -148,9 +161,9 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
         launch_bound=("launch_bound", lambda s: ",".join(sorted({str(v) for v in s if v is not None})) or "-"),
         launcher=("launcher", lambda s: ",".join(sorted({str(v) for v in s if isinstance(v, str)})) or "-"),
     ).reset_index().sort_values(["d_model", "n_layers", *varying, "variant", "cuda_graphs"])
-    for col, digits in (("p50_ms", 3), ("tokens_per_s", 0), ("tflops", 1), ("mfu_bf16", 3), ("mfu_own", 3),
-                        ("peak_gib", 2), ("loss_final", 4), ("stride_acc", 3)):
-        cells[col] = cells[col].astype(float).round(digits)
+    for col, digits in (("p50_ms", 4), ("tokens_per_s", 4), ("tflops", 3), ("mfu_bf16", 3), ("mfu_own", 3),
+                        ("peak_gib", 3), ("loss_final", 4), ("stride_acc", 3)):  # significant figures
+        cells[col] = [round_sig(v, digits) for v in cells[col].astype(float)]
     if not df.empty:
         sections.append(("All cells", "medians over samples; status lists every sample's status", cells))
     eff = run_efficiency(everything).round({"wall_s": 1, "busy_s": 1, "busy_fraction": 3, "busy_per_gpu": 3,
@@ -183,7 +196,9 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
         c = comparison.copy()
         for col in ("a_ms", "b_ms", "ratio_b_over_a", "ci_low", "ci_high"):
             c[col] = c[col].round(3)
-        sections.append(("Comparison", "step-time ratio B/A per cell; changed = the 95% interval excludes 1",
+        sections.append(("Comparison", "step-time ratio B/A per cell; changed = the 95% interval over samples "
+                         "excludes 1; a cell with one sample on either side is not judged (the spread of one trial's "
+                         "steps is not the spread between runs)",
                          c.drop(columns=["cell_id"])))
     return sections
 
@@ -193,8 +208,11 @@ def why_sections(df: pd.DataFrame, pair_rows: pd.DataFrame, timing: Timing, what
     out: list[Section] = []
     table = breakdown(df, timing)
     if not table.empty:
+        gaps = {"GPU": "on GPUs the GPU idle, waiting on the host", "CPU": "on CPU host time outside aten operators "
+                "(the operators' self time is scaled to the timed step by the profiled step's wall clock)"}
         out.append((f"Where the {title} goes", f"ms per {what} by kernel class (a few steps under torch.profiler after "
-                    "timing, medians over samples); gap = timed p50 - kernels: the GPU idle, waiting on the host",
+                    "timing, medians over samples; GEMMs named by the precision they ran in); gap = timed p50 - "
+                    f"kernels: {'; '.join(gaps[d] for d in sorted(set(table['device']), reverse=True))}",
                     table.round(3)))
     b = bounds(df, pair_rows, timing)
     if not b.empty:
@@ -230,7 +248,7 @@ def sanity_flags(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
                            "cuda_graphs" + ("" if not getattr(r, "compile", False) else
                                             " (compiled cells: torch.compile mode reduce-overhead)")})
     neighbours = concurrent_trials(df)[ok.index]  # failed trials shared the host too
-    for r, n in zip(ok.itertuples(), neighbours):
+    for r, n in zip(ok[["cell_label", "timer", "launch_bound", "cuda_graphs"]].itertuples(), neighbours):
         if n and r.timer == "perf_counter":  # timed on the host's cores, which the other trials used too
             out.append({"cell": r.cell_label, "check": "shared host", "value": int(n),
                         "why": f"timed on CPU while {n} other trial(s) ran on the same host: they shared its "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .analysis import BOOTSTRAP_SEED, SHAPE_KEYS, _median, bootstrap_ratio, shape_key
+from .analysis import BOOTSTRAP_SEED, SHAPE_KEYS, _median, bootstrap_ratio, shape_keys
 
 SCALE_KEYS = ("world_size", "parallel")
 BASE_KEYS = [k for k in SHAPE_KEYS if k not in SCALE_KEYS]
@@ -23,7 +23,7 @@ def scaling_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per multi-rank cell: per-GPU tokens/s, step time and efficiency against its one-rank cell."""
     if df.empty or "world_size" not in df or not (df["world_size"].fillna(1) > 1).any():
         return pd.DataFrame()
-    ok = df[df["status"] == "ok"].assign(_base=lambda d: d.apply(shape_key, axis=1, keys=BASE_KEYS))
+    ok = df[df["status"] == "ok"].assign(_base=lambda d: shape_keys(d, BASE_KEYS))
     times: dict[tuple, list[float]] = {}
     per_gpu: dict[tuple, list[float]] = {}
     for (base, variant, world, parallel), g in ok.groupby(["_base", "variant", "world_size", "parallel"], sort=False):

@@ -26,7 +26,7 @@ import pandas as pd
 
 from trials.kernels import CLASSES
 
-from .analysis import BOOTSTRAP_SEED, Timing, _median, bootstrap_ratio, shape_key
+from .analysis import BOOTSTRAP_SEED, Timing, _median, bootstrap_ratio, shape_keys
 
 KERNEL_FIELDS = [f"kernel_ms_{c}" for c in CLASSES]
 GEMM_FIELDS = ["kernel_ms_gemm_bf16", "kernel_ms_gemm_fp8"]
@@ -40,28 +40,55 @@ RESAMPLES = 2000
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
     ok = df[df["status"] == "ok"]
-    return ok.assign(_shape=ok.apply(shape_key, axis=1)) if not ok.empty else ok.assign(_shape=[])
+    return ok.assign(_shape=shape_keys(ok))
 
 
-def _samples(ok: pd.DataFrame, field: str) -> dict[tuple, list[float]]:
-    """(shape, variant) -> the field's value in every ok sample that has it."""
-    out: dict[tuple, list[float]] = {}
-    for (shape, variant), g in ok.groupby(["_shape", "variant"], sort=False):
-        out[(shape, variant)] = [float(v) for v in g[field].dropna()] if field in g else []
+def _samples(ok: pd.DataFrame, fields: list[str]) -> dict[str, dict[tuple, list[float]]]:
+    """field -> (shape, variant) -> the field's value in every ok sample that has it."""
+    keys = list(zip(ok["_shape"], ok["variant"]))
+    out: dict[str, dict[tuple, list[float]]] = {}
+    for field in fields:
+        per: dict[tuple, list[float]] = out.setdefault(field, {})
+        values = ok[field].tolist() if field in ok else [None] * len(ok)
+        for key, v in zip(keys, values):
+            per.setdefault(key, [])
+            if v is not None and v == v:
+                per[key].append(float(v))
     return out
 
 
+# What the gap (timed p50 - the classes' sum) is, by where the cells ran.
+GAP_MEANING = {"GPU": "GPU idle (timed - kernels)", "CPU": "host outside aten operators (timed - operators)"}
+
+
+def gap_name(table: pd.DataFrame) -> str:
+    """The gap's name for a breakdown table's cells: GPU idle only where every cell ran on a GPU."""
+    devices = sorted(set(table["device"])) if "device" in table and not table.empty else ["GPU"]
+    return GAP_MEANING[devices[0]] if len(devices) == 1 else "gap: GPU idle (GPU cells), outside operators (CPU cells)"
+
+
 def breakdown(df: pd.DataFrame, timing: Timing) -> pd.DataFrame:
-    """Per profiled cell: each class's ms per step, the sum, the gap to the timed p50 (medians over samples)."""
+    """Per profiled cell (by size, then variant): each class's ms per step, the sum, the gap to the timed p50
+    (medians over samples), and where it ran. GEMMs not in FP8 are named by the precision they ran in:
+    ``gemm_fp32`` for fp32 cells (the record's ``kernel_ms_gemm_bf16`` holds them)."""
     ok = _ok(df)
     if ok.empty or "kernel_ms_total" not in ok or ok["kernel_ms_total"].isna().all():
         return pd.DataFrame()
     ok = ok[ok["kernel_ms_total"].notna()]
+    ok = ok.assign(_device=np.where(ok["gpu_name"].notna(), "GPU", "CPU") if "gpu_name" in ok else "GPU",
+                   _fp32=(ok["effective_precision"] == "fp32") if "effective_precision" in ok else False)
     fields = [*KERNEL_FIELDS, "kernel_ms_total", "kernel_gap_ms", timing.median]
-    g = ok.groupby(["cell_label", "variant", "d_model", "n_layers", "batch_size", "cuda_graphs", "compile"],
-                   dropna=False, sort=True)
+    keys = ["d_model", "n_layers", "batch_size", "cuda_graphs", "compile", "variant", "cell_label"]
+    g = ok.groupby(keys, dropna=False, sort=True)
     table = g[fields].median().reset_index()
     table.insert(len(table.columns) - len(fields), "samples", g.size().values)
+    table.insert(len(table.columns) - len(fields), "device", g["_device"].first().values)
+    fp32 = g["_fp32"].any().values
+    if fp32.any():
+        at = table.columns.get_loc("kernel_ms_gemm_bf16")
+        table.insert(at, "gemm_fp32", np.where(fp32, table["kernel_ms_gemm_bf16"], np.nan))
+        table["kernel_ms_gemm_bf16"] = np.where(fp32, np.nan, table["kernel_ms_gemm_bf16"])
+    table = table[["cell_label", "variant", *keys[:5], *table.columns[len(keys):]]]  # the label first, as before
     return table.rename(columns={f: f.removeprefix("kernel_ms_") for f in KERNEL_FIELDS}
                         | {"kernel_ms_total": "kernels", "kernel_gap_ms": "gap", timing.median: "timed"})
 
@@ -73,13 +100,12 @@ def bounds(df: pd.DataFrame, pair_rows: pd.DataFrame, timing: Timing) -> pd.Data
     ok = _ok(df)
     if sp.empty or ok.empty:
         return pd.DataFrame()
-    med = {f: {k: _median(v) for k, v in _samples(ok, f).items() if v}
-           for f in [*KERNEL_FIELDS, timing.median]}
-    energy = _samples(ok, "energy_j_per_step")
+    samples = _samples(ok, [*KERNEL_FIELDS, timing.median, "energy_j_per_step"])
+    med = {f: {k: _median(v) for k, v in samples[f].items() if v} for f in [*KERNEL_FIELDS, timing.median]}
+    energy = samples["energy_j_per_step"]
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     rows = []
-    for _, r in sp.iterrows():
-        shape = shape_key(r)
+    for shape, (_, r) in zip(shape_keys(sp), sp.iterrows()):
         ref, cand = (shape, r["reference"]), (shape, r["candidate"])
         try:
             t_ref = med[timing.median][ref]
