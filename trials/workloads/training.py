@@ -10,12 +10,12 @@ from typing import Any
 
 import torch
 
-from .. import distributed, energy, kernels
+from .. import distributed, energy, kernels, models
 from ..bench import benchmark
 from ..capability import Resolution
 from ..data import ArithmeticSequences
 from ..generation import generation_check
-from ..metrics import step_stats, throughput
+from ..metrics import counted_flops_per_step, step_stats, throughput
 from ..model import ModelConfig
 from ..spec import TrialSpec
 from ..train import build_train_step, fp8_state, train
@@ -23,15 +23,19 @@ from ..train import build_train_step, fp8_state, train
 BENCH_BATCHES = 4  # distinct pre-made batches cycled through the timed steps
 
 
-def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, Any], t0: float,
+def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[str, Any], t0: float,
         ranks: distributed.Ranks = distributed.SINGLE) -> None:
     """Build, train, benchmark and check one model; fills ``record`` in place (on every rank of a
-    multi-rank trial: each holds the same slowest-rank timing; rank 0's record is the one kept)."""
+    multi-rank trial: each holds the same slowest-rank timing; rank 0's record is the one kept).
+    ``cfg``: MiniGPT's config where its closed forms apply, else None (FLOPs are counted here)."""
     t_setup = time.perf_counter()
     step = build_train_step(spec, res.backend, res.precision, res.device, ranks)
     model, te, recipe = step.model, step.te, step.recipe
     record.update(step.built.info)
-    data: Any = ArithmeticSequences(spec.vocab, spec.seq_len, res.device, spec.seed)
+    vocab = record["vocab"]  # the model's (the spec's, or an hf/py model's own)
+    if record["flops_method"] is None:
+        record.update(flops_per_step=count_flops(spec, model, vocab, res.device, ranks.world), flops_method="counted")
+    data: Any = ArithmeticSequences(vocab, spec.seq_len, res.device, spec.seed)
     if spec.parallel != "none":
         data = distributed.RankData(data, ranks)  # this rank's rows of the global batch
     if spec.cuda_graphs:
@@ -58,8 +62,8 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, An
     step_ms = distributed.slowest(result.step_ms, ranks)  # a step takes as long as its slowest rank
     stats = step_stats(step_ms)
     record.update(stats)
-    record.update(throughput(cfg, spec.tokens * ranks.world, stats["step_ms_mean"], record["gpu_name"], res.precision,
-                             gpus=ranks.world))
+    record.update(throughput(record["flops_per_step"], spec.tokens * ranks.world, stats["step_ms_mean"],
+                             record["gpu_name"], res.precision, gpus=ranks.world))
     if ranks.world > 1 or spec.parallel != "none":
         record.update(distributed.facts(ranks, res.device))
         if res.device == "cuda":
@@ -76,9 +80,17 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, An
 
     t_gen = time.perf_counter()
     with distributed.whole(model, spec.parallel):
-        gen = generation_check(model, spec.prompt_len, spec.gen_len, spec.seed + 1, te, recipe)
+        gen = generation_check(model, spec.prompt_len, spec.gen_len, spec.seed + 1, vocab, spec.seq_len, te, recipe)
     record.update(gen_s=time.perf_counter() - t_gen, gen_tokens=gen.tokens,
                   gen_stride_accuracy=gen.stride_accuracy, status="ok", error=None)
+
+
+def count_flops(spec: TrialSpec, model: Any, vocab: int, device: str, world: int) -> float:
+    """A step's FLOPs for a model without a closed form: counted once, before training and timing, on a batch of
+    its own (the training data's generator is not drawn from), the model eager (``metrics.counted_flops_per_step``)."""
+    facts = models.describe(spec)
+    ids, _ = ArithmeticSequences(vocab, spec.seq_len, device, spec.seed + 2).batch(spec.batch_size)
+    return counted_flops_per_step(model, ids, facts.n_layers or 0, facts.attn_width or 0, world)
 
 
 def why_this_number(spec: TrialSpec, device: str, step: Any, batches: list, record: dict[str, Any]) -> None:
