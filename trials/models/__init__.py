@@ -16,7 +16,7 @@ The ``model`` trial field names the source and its target (``hf:qwen2``). Each s
                                                   Ray or any trial starts)
 
 ``common.py`` holds what the sources share (the Built model, the logits adapter). The table below says, once, what each source supports: which stacks build its models (TE's MiniGPT
-builds its own te blocks; TE on other sources is not built yet), whether inference and multi-rank
+builds its own te blocks; TE on other sources is not built yet), whether inference, CUDA graphs and multi-rank
 trials apply, and whether the analytic FLOP formula holds (elsewhere FLOPs are counted). Importing this
 package imports nothing heavy.
 """
@@ -37,15 +37,17 @@ class Source:
     stacks: tuple[str, ...]  # the stacks (trials/backends) that build this source's models
     infer: bool  # the inference workload is built for it
     parallel: bool  # multi-rank trials (DDP, FSDP2 over its blocks) are built for it
+    graphs: bool  # ``cuda_graphs: true`` (the step captured as CUDA graphs) is built for it
     own: bool = False  # JuicyTalk's own network: ``arch``, the shape defaults and the analytic FLOP formula apply
     why_not: str = ""  # what a refused stack or workload is told
 
 
 SOURCES: dict[str, Source] = {s.name: s for s in (
-    Source("minigpt", ("te", "torch", "torchao"), infer=True, parallel=True, own=True),
-    Source("hf", ("torch", "torchao"), infer=False, parallel=False,
+    Source("minigpt", ("te", "torch", "torchao"), infer=True, parallel=True, graphs=True, own=True),
+    # transformers' mask code inspects its inputs on the host, which a CUDA graph capture cannot hold
+    Source("hf", ("torch", "torchao"), infer=False, parallel=False, graphs=False,
            why_not="TE on transformers models and their inference are not built yet"),
-    Source("py", ("torch", "torchao"), infer=False, parallel=False,
+    Source("py", ("torch", "torchao"), infer=False, parallel=False, graphs=False,
            why_not="TE on your own modules and their inference are not built yet"),
 )}
 DEFAULT_MODEL = "minigpt"
