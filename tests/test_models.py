@@ -53,6 +53,10 @@ def test_a_transformers_model_trains_on_each_stack_and_says_what_it_is(model, ba
     if precision == "fp8":  # every block Linear in float8 (q, k, v, o, gate, up, down x 2 layers), the head kept
         assert rec["fp8_converted_modules"] == 14 and json.loads(rec["fp8_skipped_modules"]) == ["model.lm_head"]
         assert "model.model.layers.0.self_attn.q_proj" in json.loads(rec["fp8_converted_names"])
+        # teacher-forced against torch-bf16 trained alike: FP8's rounding shows as a KL above 0
+        assert 0 < rec["tf_top1_agreement"] <= 1 and rec["tf_kl_mean"] > 0 and rec["tf_s"] > 0
+    else:
+        assert rec["tf_top1_agreement"] is None
 
 
 def test_a_py_factory_trains_and_its_probe_passes():
@@ -107,13 +111,29 @@ def test_the_same_seed_builds_the_same_model_and_the_loss_is_the_harness_own():
 def test_torchao_converts_the_linears_keeps_the_logits_layer_and_auto_applies_its_own_filter():
     dims = backends.build(tiny("hf:llama", backend="torchao", precision="fp8", recipe="rowwise"), "torchao", "fp8",
                           "cpu")
-    assert dims.info["fp8_converted_modules"] == 14 and json.loads(dims.info["fp8_skipped_modules"]) == ["model.lm_head"]
+    assert dims.info["fp8_converted_modules"] == 14
+    assert json.loads(dims.info["fp8_skipped_modules"]) == ["model.lm_head"]
     # torchao's own filter for rowwise keeps Linears with N <= 2048: at this size every one
     auto = backends.build(tiny("hf:llama", backend="torchao", precision="fp8", recipe="rowwise", fp8_filter="auto"),
                           "torchao", "fp8", "cpu")
     assert auto.info["fp8_converted_modules"] == 0 and len(json.loads(auto.info["fp8_skipped_modules"])) == 15
     with pytest.raises(SpecError, match="fp8_filter"):
         tiny("hf:llama", backend="torchao", precision="fp8", recipe="rowwise_with_gw_hp", fp8_filter="auto")
+
+
+def test_teacher_forced_fp8_against_bf16_disagrees_somewhere_and_bf16_against_itself_not_at_all():
+    """The same seeded init, as BF16 and as torchao FP8 (tensorwise): at init the next-token distributions are
+    nearly flat, so FP8's rounding flips some argmaxes; BF16 read twice agrees everywhere with KL 0."""
+    from trials import teacher_forced
+
+    spec = tiny("hf:llama", backend="torchao", precision="fp8", recipe="tensorwise", seq_len=64)
+    held = teacher_forced.held_batch(96, 64, "cpu", spec.seed)
+    bf16 = teacher_forced.log_probs(backends.build(spec, "torch", "bf16", "cpu").model, held)
+    fp8 = teacher_forced.log_probs(backends.build(spec, "torchao", "fp8", "cpu").model, held)
+    same = teacher_forced.compare(bf16, bf16.clone())
+    assert same == {"tf_top1_agreement": 1.0, "tf_kl_mean": 0.0}
+    differ = teacher_forced.compare(fp8, bf16)
+    assert differ["tf_top1_agreement"] < 1 and differ["tf_kl_mean"] > 0
 
 
 @pytest.mark.parametrize("arch", ["gpt", "llama"])

@@ -184,7 +184,7 @@ FIELDS: list[Field] = [
     _f("kv_cache_bytes", "int", "infer: the KV cache's memory (rows x positions x layers x K and V)."),
     _f("peak_decode_mem_bytes", "int", "infer: peak allocated device memory over the timed generations."),
     _f("gen_match_rate", "float", "infer, fp8 cells: share of greedy tokens equal to the BF16 model's (the same "
-       "trained weights, the same prompts)."),
+       "trained weights, the same prompts). Secondary: one early divergence ruins it (see tf_top1_agreement)."),
     _f("ref_stride_accuracy", "float", "infer: stride accuracy of the BF16 reference generation."),
     # -- memory
     _f("peak_mem_allocated_bytes", "int", "torch.cuda.max_memory_allocated over the trial."),
@@ -200,6 +200,12 @@ FIELDS: list[Field] = [
     _f("fp8_state", "str", "JSON: scale, newest and max amax of block 0's FP8 tensors (delayed scaling)."),
     _f("gen_tokens", "list[int]", "First prompt and its greedy continuation."),
     _f("gen_stride_accuracy", "float", "Share of generated steps that keep the prompt's stride (8 prompts)."),
+    _f("tf_top1_agreement", "float", "train, fp8 cells of stacks without FP8 scaling state (torchao): teacher-forced, "
+       "on one held sequence, every position, the share where the FP8 model's next-token argmax equals its BF16 "
+       "partner's (the bf16_partner stack, same seeded init, same batches and steps; trials/teacher_forced.py)."),
+    _f("tf_kl_mean", "float", "train, those fp8 cells: mean over the held sequence's positions of KL(FP8 || BF16) "
+       "of the next-token distributions, nats (0: identical)."),
+    _f("tf_s", "float", "Training the BF16 partner and comparing, s (after the cell's own timing and memory)."),
     # -- fingerprint
     _f("gpu_name", "str", "torch's device name."),
     _f("compute_capability", "str", "e.g. 9.0."),

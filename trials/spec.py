@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from .backends import BACKENDS, RECIPES, STACKS, fp8_stacks, recipe_owner
-from .models import DEFAULT_MODEL, ModelError, Source
+from .models import DEFAULT_MODEL, SOURCES, ModelError, Source
 from .models import parse as parse_model
 from .typecheck import WANTED, matches
 
@@ -47,9 +47,9 @@ class SpecError(ValueError):
 #   variant    what a speedup compares; ``label`` formats a non-default value in names ("hist{}")
 #   run        seeds and devices: never a reason to keep two cells apart in a report
 # ``only`` marks a field that means something only for fp8 cells ("fp8"), TE cells ("te"), TE's FP8 cells
-# ("te-fp8"), stacks that compile ("compiles"), stacks with their own FP8 layer filter ("fp8-filter") or JuicyTalk's
-# own MiniGPT ("minigpt": a model source with ``own`` shape, trials/models); elsewhere the sweep collapses it to its default and
-# variant names leave it out.
+# ("te-fp8"), stacks that compile ("compiles"), stacks with their own FP8 layer filter ("fp8-filter") or
+# JuicyTalk's own MiniGPT ("minigpt": a model source with ``own`` shape, trials/models); elsewhere the sweep
+# collapses it to its default and variant names leave it out.
 AXES = ("shape", "schedule", "execution", "variant", "run")
 
 
@@ -119,7 +119,8 @@ class TrialSpec:
                                 f"got {self.tokens_per_step}")
             object.__setattr__(self, "batch_size", self.tokens_per_step // self.seq_len)
         self._validate()
-        if self.d_model is not None and self.n_heads is not None and self.head_dim % HEAD_DIM_MULTIPLE:  # after _validate: an fp8 cell's d_model error comes first
+        # after _validate: an fp8 cell's d_model error comes first
+        if self.d_model is not None and self.n_heads is not None and self.head_dim % HEAD_DIM_MULTIPLE:
             raise SpecError("n_heads" if heads_given else "d_model",
                             f"d_model / n_heads (the head dim) must be a multiple of {HEAD_DIM_MULTIPLE}, "
                             f"got {self.d_model} / {self.n_heads} = {self.head_dim}")
@@ -184,13 +185,13 @@ class TrialSpec:
                             f"{' or '.join(s for s in source.stacks if STACKS[s].recipes)} (auto means te for fp8){why}")
         if self.workload == "infer" and not source.infer:
             raise SpecError("workload", f"infer is built for model "
-                            f"{', '.join(m for m, s in _sources().items() if s.infer)}, not {self.model}{why}")
+                            f"{', '.join(m for m, s in SOURCES.items() if s.infer)}, not {self.model}{why}")
         if self.cuda_graphs and not source.graphs:
             raise SpecError("cuda_graphs", f"is built for model "
-                            f"{', '.join(m for m, s in _sources().items() if s.graphs)}, not {self.model}")
+                            f"{', '.join(m for m, s in SOURCES.items() if s.graphs)}, not {self.model}")
         if self.parallel != "none" and not source.parallel:
             raise SpecError("parallel", f"multi-rank trials are built for model "
-                            f"{', '.join(m for m, s in _sources().items() if s.parallel)}, not {self.model}")
+                            f"{', '.join(m for m, s in SOURCES.items() if s.parallel)}, not {self.model}")
         if self.arch != field_default("arch") and not source.own:
             raise SpecError("arch", f"is MiniGPT's architecture; model {self.model} has its own")
         if self.fp8_filter != field_default("fp8_filter"):
@@ -250,7 +251,8 @@ class TrialSpec:
             if self.device == "cpu" and fp8.needs_cuda:
                 raise SpecError("device", f"fp8 on {fp8.name} needs a CUDA device; use precision fp32 or bf16 on "
                                 "cpu (or backend torchao)")
-            dims = ((("d_model", self.d_model), ("ffn", self.ffn), ("n_kv_heads*head_dim", self.kv_heads * self.head_dim))
+            dims = ((("d_model", self.d_model), ("ffn", self.ffn),
+                     ("n_kv_heads*head_dim", self.kv_heads * self.head_dim))
                     if self.source.own else ())  # other models: torchao keeps Linears with other dims in BF16
             for name, value in (*dims, ("batch_size*seq_len", self.tokens)):
                 if value % 16:  # type: ignore[operator]
@@ -323,12 +325,6 @@ def check_model(spec: TrialSpec) -> None:
         check(spec)
     except ModelError as exc:
         raise SpecError(exc.field, str(exc)) from None
-
-
-def _sources() -> dict[str, Source]:
-    from .models import SOURCES
-
-    return SOURCES
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -76,7 +76,12 @@ def run_trial(spec: TrialSpec, capability: Capability | None = None, process_tri
                           effective_recipe=res.recipe)
             baseline = memory.reset(device)
             with distributed.session(spec.world_size, spec.parallel, device) as ranks:
-                WORKLOADS[spec.workload](spec, res, cfg, record, t0, ranks)
+                numerics = WORKLOADS[spec.workload](spec, res, cfg, record, t0, ranks)
+            if numerics is not None:  # a second model (the BF16 partner) trains: after the cell's own peaks
+                record.update(memory.snapshot(baseline))
+                baseline = None
+                memory.release(device)
+                record.update(numerics())
     except Exception as exc:  # noqa: BLE001 - every failure becomes a record
         status = ("oom" if is_oom(exc) else
                   "timeout" if spec.world_size > 1 and distributed.timed_out(exc) else "error")

@@ -38,6 +38,7 @@ class Stack:
     fp8_all_gather: tuple[str, ...] = ()  # FP8 recipes whose weights FSDP2 all-gathers in FP8 (``fp8_all_gather``)
     fp8_all_gather_masters: bool = False  # there, weights exist only in FP8: the optimizer keeps fp32 masters
     fp8_filter_auto: tuple[str, ...] = ()  # FP8 recipes with the stack's own small-layer filter (``fp8_filter: auto``)
+    fp8_state: bool = False  # its FP8 modules keep scaling state a forward pass updates (TE's amax histories)
 
     def graphs_apply(self, workload: str) -> bool:
         """``cuda_graphs: true`` is a way to run this stack's ``workload`` (every stack graphs its decode)."""
@@ -50,7 +51,7 @@ class Stack:
 STACKS: dict[str, Stack] = {s.name: s for s in (
     # TE: delayed and current scaling on Ada/Hopper, block scaling on Hopper, MXFP8 and NVFP4 on Blackwell.
     Stack("te", {"delayed": "8.9", "current": "8.9", "block": "9.0", "mxfp8": "10.0", "nvfp4": "10.0"}, "te",
-          compiles=False, needs_cuda=True, infer=True, graphs=True,
+          compiles=False, needs_cuda=True, infer=True, graphs=True, fp8_state=True,
           # FP8 primary weights (quantized_model_init): TE's Float8Tensor and Float8BlockwiseTensor implement
           # FSDP2's fsdp_pre/post_all_gather, so the all-gather moves their FP8 data and scales.
           fp8_all_gather=("delayed", "current", "block"), fp8_all_gather_masters=True),

@@ -12,13 +12,15 @@ The ``model`` trial field names the source and its target (``hf:qwen2``). Each s
                                                   first), which a stack then converts (trials/backends)
     describe(spec) -> Facts                       class, resolved config and parameter count, without
                                                   building real weights (the dry run shows them)
-    check(spec) -> None                           raise SpecError for a model that cannot be built (before
-                                                  Ray or any trial starts)
+    check(spec) -> None                           raise ModelError for a model that cannot be built (the
+                                                  spec's check_model turns it into a SpecError before Ray
+                                                  or any trial starts)
 
-``common.py`` holds what the sources share (the Built model, the logits adapter). The table below says, once, what each source supports: which stacks build its models (TE's MiniGPT
-builds its own te blocks; TE on other sources is not built yet), whether inference, CUDA graphs and multi-rank
-trials apply, and whether the analytic FLOP formula holds (elsewhere FLOPs are counted). Importing this
-package imports nothing heavy.
+``common.py`` holds what the sources share (the Built model, the logits adapter). The table below says,
+once, what each source supports: which stacks build its models (TE's MiniGPT builds its own te blocks;
+TE on other sources is not built yet), whether inference, CUDA graphs and multi-rank trials apply, and
+whether MiniGPT's closed forms hold (elsewhere FLOPs are counted). Importing this package imports
+nothing heavy.
 """
 
 from __future__ import annotations

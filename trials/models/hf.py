@@ -111,6 +111,11 @@ def _config(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int) -
         values[name] = value
     if {"d_model", "n_heads"} & set(given):  # a head_dim written for the file's own shape would no longer fit
         values.pop("head_dim", None)
+    if "vocab" in given:  # special token ids past a smaller vocabulary mean nothing here (the data has none)
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            token = values.get(key, getattr(defaults, key, None))
+            if isinstance(token, int) and token >= given["vocab"]:
+                values[key] = None
     try:
         cfg = AutoConfig.for_model(model_type, **values)
     except Exception as exc:  # noqa: BLE001 - a config class's own validation, in its words

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import statistics
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from .. import distributed, energy, kernels, models
+from .. import distributed, energy, kernels, models, teacher_forced
+from ..backends import STACKS
 from ..bench import benchmark
 from ..capability import Resolution
 from ..data import ArithmeticSequences
@@ -20,14 +22,18 @@ from ..model import ModelConfig
 from ..spec import TrialSpec
 from ..train import build_train_step, fp8_state, train
 
+log = logging.getLogger(__name__)
+
 BENCH_BATCHES = 4  # distinct pre-made batches cycled through the timed steps
 
 
 def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[str, Any], t0: float,
-        ranks: distributed.Ranks = distributed.SINGLE) -> None:
+        ranks: distributed.Ranks = distributed.SINGLE) -> Callable[[], dict[str, Any]] | None:
     """Build, train, benchmark and check one model; fills ``record`` in place (on every rank of a
     multi-rank trial: each holds the same slowest-rank timing; rank 0's record is the one kept).
-    ``cfg``: MiniGPT's config where its closed forms apply, else None (FLOPs are counted here)."""
+    ``cfg``: MiniGPT's config where its closed forms apply, else None (FLOPs are counted here).
+    Returns, for FP8 cells it applies to, the teacher-forced comparison with the BF16 partner, for
+    ``run_trial`` to call once the cell's own memory peaks are recorded (the partner trains a second model)."""
     t_setup = time.perf_counter()
     step = build_train_step(spec, res.backend, res.precision, res.device, ranks)
     model, te, recipe = step.model, step.te, step.recipe
@@ -54,6 +60,10 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
         return
     if recipe is not None and spec.recipe == "delayed":
         record["fp8_state"] = fp8_state(model)
+    held = fp8_log_probs = None
+    if res.precision == "fp8" and not STACKS[res.backend].fp8_state and spec.parallel == "none":
+        held = teacher_forced.held_batch(vocab, spec.seq_len, res.device, spec.seed)
+        fp8_log_probs = teacher_forced.log_probs(model, held)  # as trained, before the benchmark trains it on
 
     t_bench = time.perf_counter()
     batches = [data.batch(spec.batch_size) for _ in range(BENCH_BATCHES)]
@@ -81,8 +91,29 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
     t_gen = time.perf_counter()
     with distributed.whole(model, spec.parallel):
         gen = generation_check(model, spec.prompt_len, spec.gen_len, spec.seed + 1, vocab, spec.seq_len, te, recipe)
-    record.update(gen_s=time.perf_counter() - t_gen, gen_tokens=gen.tokens,
-                  gen_stride_accuracy=gen.stride_accuracy, status="ok", error=None)
+    record.update(gen_s=time.perf_counter() - t_gen, gen_tokens=gen.tokens, gen_stride_accuracy=gen.stride_accuracy,
+                  status="ok", error=None)
+    if fp8_log_probs is None:
+        return None
+    return lambda: teacher_forced_fields(spec, res, vocab, held, fp8_log_probs)
+
+
+def teacher_forced_fields(spec: TrialSpec, res: Resolution, vocab: int, held: Any, fp8_log_probs: Any) -> dict:
+    """The FP8 cell against its BF16 partner (``trials.teacher_forced``): the partner stack's BF16 model from the
+    same seeded init, trained eager on the same batches for the same steps, read on the same held sequence.
+    A failure here (an OOM of the second model) leaves the fields empty and the timed cell as it was."""
+    t = time.perf_counter()
+    partner_stack = STACKS[res.backend].bf16_partner
+    try:
+        partner = build_train_step(spec.replace(compile=False), partner_stack, "bf16", res.device)
+        data = ArithmeticSequences(vocab, spec.seq_len, res.device, spec.seed)  # the FP8 run's batches, in turn
+        train(partner, data, spec.train_steps, spec.batch_size)
+        fields = teacher_forced.compare(fp8_log_probs, teacher_forced.log_probs(partner.model, held))
+    except Exception as exc:  # noqa: BLE001 - the cell's own numbers stand without it
+        log.warning("teacher-forced comparison with %s-bf16 failed: %s: %s", partner_stack, type(exc).__name__, exc)
+        return {}
+    log.info("teacher-forced vs %s-bf16: %s (%.1f s)", partner_stack, fields, time.perf_counter() - t)
+    return {**fields, "tf_s": time.perf_counter() - t}
 
 
 def count_flops(spec: TrialSpec, model: Any, vocab: int, device: str, world: int) -> float:
