@@ -10,7 +10,8 @@ one process on one GPU, interleaved round by round:
            16 kept), ``torch.compile`` for compile cells, fused AdamW, fp32 cross-entropy on the logits, random
            token batches; each step timed with its own CUDA event pair, the median taken
 Prints one line per cell with both medians and trial/plain; the goal is |trial/plain - 1| <= 0.02.
-Usage (repository root): PYTHONPATH=. python benchmarks/hf_loop.py [--sweep examples/your-model.yaml] [--rounds 3] [--steps 20] [--only SUBSTR]
+Usage (repository root): PYTHONPATH=. python benchmarks/hf_loop.py [--sweep examples/your-model.yaml]
+       [--rounds 3] [--steps 20] [--only SUBSTR]
 """
 
 from __future__ import annotations

@@ -280,7 +280,8 @@ def _skip_reason(cell: dict[str, Any], asked: dict[str, Any]) -> str | None:
         source = parse_model(str(cell["model"])).source
     except ModelError:
         source = None  # the spec's own one-line error says why
-    if source is not None and stack is not None and stack.name not in source.stacks and ({"model", "backend"} & set(asked)):
+    if (source is not None and stack is not None and stack.name not in source.stacks
+            and {"model", "backend"} & set(asked)):
         return f"backend {stack.name} does not build model {cell['model']} (trials/models)"
     if cell["precision"] == "fp8":
         fp8 = stack or STACKS["te"]
