@@ -111,7 +111,8 @@ FIELDS: list[Field] = [
        "hf and py models: counted, see flops_method."),
     _f("flops_method", "str", "How flops_per_step was obtained: analytic (MiniGPT's formula) or counted "
        "(torch.utils.flop_counter.FlopCounterMode over one eager forward+backward before training, attention "
-       "kernels left out, plus causal attention 6*n_layers*seq_len*heads*head_dim*tokens as in the formula)."),
+       "kernels left out, plus causal attention 6*n_layers*seq_len*heads*head_dim*tokens as in the formula) or "
+       "counted-gemms-only (a py: model whose layers and width are unknown: no attention term)."),
     # -- training
     _f("loss_first", "float", "Loss of the first training step."),
     _f("loss_final", "float", "Loss of the last training step."),

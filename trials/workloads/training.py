@@ -38,9 +38,12 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
     step = build_train_step(spec, res.backend, res.precision, res.device, ranks)
     model, te, recipe = step.model, step.te, step.recipe
     record.update(step.built.info)
+    if record["vocab"] is None:  # a factory's model that could not say its vocabulary before it existed
+        with torch.no_grad():
+            record["vocab"] = int(model(torch.zeros(1, 2, dtype=torch.long, device=res.device)).shape[-1])
     vocab = record["vocab"]  # the model's (the spec's, or an hf/py model's own)
     if record["flops_method"] is None:
-        record.update(flops_per_step=count_flops(spec, model, vocab, res.device, ranks.world), flops_method="counted")
+        record.update(count_flops(spec, model, vocab, res.device, ranks.world))
     data: Any = ArithmeticSequences(vocab, spec.seq_len, res.device, spec.seed)
     if spec.parallel != "none":
         data = distributed.RankData(data, ranks)  # this rank's rows of the global batch
@@ -116,12 +119,16 @@ def teacher_forced_fields(spec: TrialSpec, res: Resolution, vocab: int, held: An
     return {**fields, "tf_s": time.perf_counter() - t}
 
 
-def count_flops(spec: TrialSpec, model: Any, vocab: int, device: str, world: int) -> float:
+def count_flops(spec: TrialSpec, model: Any, vocab: int, device: str, world: int) -> dict[str, Any]:
     """A step's FLOPs for a model without a closed form: counted once, before training and timing, on a batch of
-    its own (the training data's generator is not drawn from), the model eager (``metrics.counted_flops_per_step``)."""
+    its own (the training data's generator is not drawn from), the model eager (``metrics.counted_flops_per_step``).
+    Where the model's layers and attention width are unknown (a factory's, shape fields not given), attention is
+    left out and ``flops_method`` says so."""
     facts = models.describe(spec)
     ids, _ = ArithmeticSequences(vocab, spec.seq_len, device, spec.seed + 2).batch(spec.batch_size)
-    return counted_flops_per_step(model, ids, facts.n_layers or 0, facts.attn_width or 0, world)
+    known = bool(facts.n_layers and facts.attn_width)
+    flops = counted_flops_per_step(model, ids, facts.n_layers or 0, facts.attn_width or 0, world)
+    return {"flops_per_step": flops, "flops_method": "counted" if known else "counted-gemms-only"}
 
 
 def why_this_number(spec: TrialSpec, device: str, step: Any, batches: list, record: dict[str, Any]) -> None:
