@@ -7,7 +7,7 @@ from typing import Any
 from rich.table import Table
 
 from trials.backends import STACKS, recipe_owner
-from trials.model import ModelConfig, param_count
+from trials import models
 from trials.spec import TrialSpec
 
 from .store import Store, trial_key
@@ -27,15 +27,20 @@ def estimate_memory_bytes(spec: TrialSpec) -> int:
     (Korthikanti et al.; flash attention keeps no seq x seq scores); and the logits in the activation
     dtype plus their fp32 copy and its gradient for the loss. Cells whose weights exist only in FP8
     (``fp8_all_gather`` on a stack with ``fp8_all_gather_masters``: TE) keep an fp32 master and two fp32
-    moments per parameter instead.
+    moments per parameter instead. Other models (trials/models): their exact parameter count (built on the
+    meta device) and the activations of a Llama-shaped block of their resolved shape; a factory's model of
+    unknown shape counts its weights and optimizer state only.
     """
-    cfg = ModelConfig.from_spec(spec)
-    n = param_count(cfg)
+    facts = models.describe(spec)
+    n = facts.n_params or 0
+    cfg = facts.estimate
     width = 4 if spec.precision == "fp32" else 2
     tokens = spec.tokens
-    per_token_layer = 7 * cfg.d_model + 2 * cfg.kv_dim + cfg.fc1_out + cfg.ffn
-    activations = tokens * spec.n_layers * per_token_layer * width
-    logits = tokens * spec.vocab * (width + 8)
+    activations = logits = 0
+    if cfg is not None:
+        per_token_layer = 7 * cfg.d_model + 2 * cfg.kv_dim + cfg.fc1_out + cfg.ffn
+        activations = tokens * cfg.n_layers * per_token_layer * width
+        logits = tokens * cfg.vocab * (width + 8)
     stack = STACKS.get(recipe_owner(spec.recipe) or "")
     masters = spec.fp8_all_gather and stack is not None and stack.fp8_all_gather_masters
     state = MASTER_AND_MOMENTS_BYTES if masters else 2 * width
@@ -68,7 +73,7 @@ def plan_rows(sweep: Sweep, store: Store, unsupported: dict[str, str] | None = N
         have = [statuses.get(trial_key(cell.cell_id, s)) for s in range(sweep.samples)]
         rows.append({
             "label": cell.label, "cell_id": cell.cell_id,
-            "params": param_count(ModelConfig.from_spec(cell.spec)),
+            "params": models.describe(cell.spec).n_params,
             "est_mem_bytes": estimate_memory_bytes(cell.spec),
             "records": [s for s in have if s], "samples": sweep.samples,
             "unsupported": unsupported.get(cell.cell_id),
@@ -96,7 +101,8 @@ def plan_table(sweep: Sweep, rows: list[dict[str, Any]], gpu_memory_bytes: int |
         memory = f"{row['est_mem_bytes'] / gib:.2f} GiB"
         if gpu_memory_bytes and row["est_mem_bytes"] > gpu_memory_bytes:
             memory += " OOM?"
-        table.add_row(row["label"], row["cell_id"], f"{row['params'] / 1e6:.1f}M", memory,
+        params = "?" if row["params"] is None else f"{row['params'] / 1e6:.1f}M"
+        table.add_row(row["label"], row["cell_id"], params, memory,
                       f"{len(row['records'])}/{row['samples']} ({rec})",
                       "unsupported" if row["unsupported"] else "runs")
     return table

@@ -42,7 +42,9 @@ from typing import Any
 import yaml
 
 from trials.backends import STACKS, fp8_stacks, recipe_owner
-from trials.spec import SpecError, TrialSpec, applies, only_fields, variant_name
+from trials.models import ModelError
+from trials.models import parse as parse_model
+from trials.spec import SpecError, TrialSpec, applies, check_model, field_default, only_fields, variant_name
 
 from .crossover import CrossoverPlan, parse_search
 from .launchers import DEFAULT_LAUNCHER, DEFAULT_WARM_MAX_TRIALS, LAUNCHERS
@@ -119,7 +121,10 @@ def cell_label(spec: TrialSpec) -> str:
     """[llama-]d768-L4-te-fp8-delayed[-e4m3...][-graphs|-compiled][-fsdp2]: arch, size, variant (as reports
     name it), execution."""
     parts = [] if spec.arch == "gpt" else [spec.arch]
-    parts += [f"d{spec.d_model}", f"L{spec.n_layers}", variant_name(spec.to_dict())]
+    if spec.model != field_default("model"):  # hf:llama, py:pkg.mod:build; its shape fields where given
+        parts.append(spec.model)
+    parts += [f"{tag}{value}" for tag, value in (("d", spec.d_model), ("L", spec.n_layers)) if value is not None]
+    parts += [variant_name(spec.to_dict())]
     if spec.cuda_graphs:
         parts.append("graphs")
     if spec.compile:
@@ -271,6 +276,13 @@ def _skip_reason(cell: dict[str, Any], asked: dict[str, Any]) -> str | None:
     spec's one-line error.
     """
     stack = STACKS.get(cell["backend"])
+    try:
+        source = parse_model(str(cell["model"])).source
+    except ModelError:
+        source = None  # the spec's own one-line error says why
+    if (source is not None and stack is not None and stack.name not in source.stacks
+            and {"model", "backend"} & set(asked)):
+        return f"backend {stack.name} does not build model {cell['model']} (trials/models)"
     if cell["precision"] == "fp8":
         fp8 = stack or STACKS["te"]
         if not fp8.recipes:
@@ -301,11 +313,12 @@ def _expand(sweep: Sweep, prefixes: list[tuple], err) -> None:
             if values.get("backend") == "torchao" and values.get("precision", _DEFAULTS["precision"]) != "fp8":
                 values["backend"] = "torch"  # torchao converts Linears to FP8; without FP8 it is the twin
             cell = {**_DEFAULTS, **values}
-            for name in only_fields("fp8", "te", "te-fp8", "compiles"):  # meaningless here: runs as its default
+            for name in only_fields("fp8", "te", "te-fp8", "compiles", "fp8-filter", "minigpt"):  # meaningless here
                 if not applies(name, cell):
                     values.pop(name, None)
             try:
                 spec = TrialSpec.from_dict(values)
+                check_model(spec)  # an hf: or py: model that cannot be built: one line, before Ray
             except SpecError as exc:
                 place = prefix + (exc.field,) if exc.field in grid else ("fixed", exc.field)
                 shown = ", ".join(f"{k}={v}" for k, v in zip(keys, combo))

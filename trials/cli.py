@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .atomic import write_text_atomic
+from .models import DEFAULT_MODEL
 from .numbers import DIGITS, fmt_sig
-from .spec import TrialSpec, SpecError, spec_field_types
+from .spec import SpecError, TrialSpec, check_model, spec_field_types
 
 EXIT_OK_STATUSES = ("ok", "oom", "unsupported", "diverged")
 
@@ -57,7 +58,9 @@ def spec_from_args(args: argparse.Namespace) -> TrialSpec:
         value = getattr(args, name, None)
         if value is not None:
             values[name] = value
-    return TrialSpec.from_dict(values)
+    spec = TrialSpec.from_dict(values)
+    check_model(spec)
+    return spec
 
 
 def write_json_atomic(path: Path, record: dict[str, Any]) -> None:
@@ -73,11 +76,17 @@ def _fmt(value: Any, unit: str = "", digits: int = DIGITS) -> str:
     return f"{value}{unit}"
 
 
+def _model_name(r: dict[str, Any]) -> str:
+    """The model as the summary names it: MiniGPT's arch, or the model field (hf:llama, py:...)."""
+    model = r.get("model") or DEFAULT_MODEL
+    return r.get("arch") or "gpt" if model == DEFAULT_MODEL else f"{model} ({r.get('model_class')})"
+
+
 def summary(record: dict[str, Any]) -> str:
     r = record
     lines = [
         f"status        {r['status']}" + (f"  ({r['error']})" if r.get("error") else ""),
-        f"cell          {r.get('workload') or 'train'} {r.get('arch') or 'gpt'} d_model={r['d_model']} n_layers={r['n_layers']} heads={r['n_heads']} ffn={r['ffn']} "
+        f"cell          {r.get('workload') or 'train'} {_model_name(r)} d_model={r['d_model']} n_layers={r['n_layers']} heads={r['n_heads']} ffn={r['ffn']} "
         f"batch={r['batch_size']} seq={r['seq_len']} cuda_graphs={r['cuda_graphs']} compile={r.get('compile')}",
         f"requested     backend={r['backend']} precision={r['precision']}"
         + (f" recipe={r['recipe']}" if r["precision"] == "fp8" else "") + f" device={r['device']}",

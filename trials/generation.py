@@ -1,9 +1,10 @@
 """Greedy decoding check: does the trained model continue a fresh prompt's constant stride?
 
 Decoding feeds a fixed (batch, window) of tokens, window = prompt + generated length rounded up to
-16, and reads the LM head at the last filled position only (at a 128k vocabulary and seq 8192, full
-logits for every position would be tens of GB). The model is causal, so the unfilled tail cannot
-change them, and FP8 GEMMs keep their token count divisible by 16.
+16, and reads the logits at the last filled position (``next_logits``: MiniGPT runs its LM head there
+only, since at a 128k vocabulary and seq 8192 full logits for every position would be tens of GB;
+other models return the window's logits, at most 8 x 48 rows here). The model is causal, so the
+unfilled tail cannot change them, and FP8 GEMMs keep their token count divisible by 16.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 
 from . import te_compat
 from .data import ArithmeticSequences
-from .model import MiniGPT
+from .models.common import next_logits
 
 N_PROMPTS = 8
 WINDOW_MULTIPLE = 16
@@ -28,23 +29,22 @@ class GenerationResult:
 
 
 @torch.no_grad()
-def generation_check(model: MiniGPT, prompt_len: int, gen_len: int, seed: int,
+def generation_check(model: Any, prompt_len: int, gen_len: int, seed: int, vocab: int, seq_len: int,
                      te: Any = None, recipe: Any = None) -> GenerationResult:
-    cfg = model.cfg
-    device = model.positions.device
-    data = ArithmeticSequences(cfg.vocab, cfg.seq_len, device, seed)
+    """``model``: MiniGPT or any model mapping ids (b, t) -> logits (b, t, vocab) (trials/models)."""
+    device = next(model.parameters()).device
+    data = ArithmeticSequences(vocab, seq_len, device, seed)
     prompts, stride = data.sequences(N_PROMPTS, prompt_len)
-    end = min(cfg.seq_len, prompt_len + gen_len)
-    width = min(cfg.seq_len, -(-end // WINDOW_MULTIPLE) * WINDOW_MULTIPLE)
+    end = min(seq_len, prompt_len + gen_len)
+    width = min(seq_len, -(-end // WINDOW_MULTIPLE) * WINDOW_MULTIPLE)
     window = torch.zeros(N_PROMPTS, width, dtype=torch.long, device=device)  # (prompts, width)
     window[:, :prompt_len] = prompts
     was_training = model.training
     model.eval()
     try:
         for pos in range(prompt_len, end):
-            with te_compat.autocast(te if model.backend == "te" else None, recipe):
-                hidden = model.features(window)  # (prompts, width, d_model)
-            window[:, pos] = model.head(hidden[:, pos - 1]).argmax(-1)
+            with te_compat.autocast(te if getattr(model, "backend", None) == "te" else None, recipe):
+                window[:, pos] = next_logits(model, window, pos - 1).argmax(-1)  # (prompts, vocab) -> (prompts,)
     finally:
         model.train(was_training)
     accuracy = stride_accuracy(window[:, prompt_len - 1:end], stride, data.vocab)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from .model import ModelConfig, matmul_param_count
 
@@ -63,6 +63,32 @@ def flops_per_step(cfg: ModelConfig, tokens: int) -> float:
     return 6.0 * matmul_param_count(cfg) * tokens + attention
 
 
+ATTENTION_OPS = ("attention",)  # FlopCounterMode's names for SDPA kernels (aten._scaled_dot_product_*_attention*)
+
+
+def counted_flops_per_step(model: Any, ids: Any, n_layers: int, attn_width: int, world: int = 1) -> float:
+    """One eager forward+backward of ``model`` on ``ids`` (b, t) under ``FlopCounterMode``: the GEMMs it counts
+    (2*m*n*k each, forward and backward) plus causal attention by the formula above, for the global batch
+    (``world`` ranks of b rows).
+
+    The counter's attention figure depends on the kernel (CPU's SDPA is not counted at all; GPU flash
+    attention is counted without the causal half), so attention kernels are left out of the count and
+    added as 6 * n_layers * seq * attn_width per token (attn_width = heads * head_dim), the formula's
+    term; the GEMMs are counted as they run (every Linear, Conv1D and the logits layer). Gradients the
+    pass leaves are dropped; the weights and the optimizer are untouched.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        logits = model(ids)
+        logits.float().sum().backward()
+    model.zero_grad(set_to_none=True)
+    gemms = sum(n for op, n in counter.get_flop_counts()["Global"].items()
+                if not any(a in str(op) for a in ATTENTION_OPS))
+    b, t = ids.shape
+    return float(gemms * world + 6.0 * n_layers * t * attn_width * b * t * world)
+
+
 def percentile(sorted_values: Sequence[float], q: float) -> float:
     """Linear-interpolation percentile (numpy's default) of already sorted values."""
     if not sorted_values:
@@ -88,12 +114,12 @@ def step_stats(step_ms: Iterable[float]) -> dict[str, float]:
     }
 
 
-def throughput(cfg: ModelConfig, tokens: int, step_ms_mean: float, gpu_name: str | None,
+def throughput(flops: float, tokens: int, step_ms_mean: float, gpu_name: str | None,
                precision: str, gpus: int = 1) -> dict[str, float | None]:
     """tokens/s, model TFLOP/s and MFU (vs the BF16 peak and vs the peak of the precision used, of all
-    ``gpus`` the step ran on); ``tokens``: the global batch's."""
+    ``gpus`` the step ran on); ``flops``: the step's model FLOPs, ``tokens``: the global batch's."""
     seconds = step_ms_mean / 1000.0
-    tflops = flops_per_step(cfg, tokens) / seconds / 1e12
+    tflops = flops / seconds / 1e12
     bf16_peak = peak_tflops(gpu_name, "bf16")
     own_peak = peak_tflops(gpu_name, precision)
     bf16_peak, own_peak = (p * gpus if p else p for p in (bf16_peak, own_peak))

@@ -300,6 +300,10 @@ class MiniGPT(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(idx))  # (b, t, vocab)
 
+    def next_logits(self, idx: torch.Tensor, pos: int) -> torch.Tensor:
+        """(b, t) ids -> (b, vocab) logits at position ``pos``: the LM head runs on that position only."""
+        return self.head(self.features(idx)[:, pos])
+
 
 def build_model(spec: TrialSpec, backend: str, precision: str, device: str, te: Any = None) -> MiniGPT:
     """Weights in fp32 for fp32 cells, in bf16 otherwise (FP8 casts from the bf16 weights)."""

@@ -42,15 +42,17 @@ FIELDS: list[Field] = [
     _f("error", "str", "Why the status is not ok: the unsupported reason, OOM message or exception."),
     _f("error_type", "str", "Exception class name for error/oom records."),
     # -- the spec as requested
-    _f("vocab", "int", "Vocabulary size."),
-    _f("d_model", "int", "Hidden size."),
-    _f("n_layers", "int", "Transformer blocks."),
-    _f("n_heads", "int", "Attention heads (default d_model/64)."),
-    _f("ffn", "int", "MLP hidden size (default 4*d_model)."),
+    _f("model", "str", "The model: minigpt (JuicyTalk's MiniGPT), hf:<model_type or config path> (a transformers causal "
+       "LM from its config) or py:<module>:<callable> (your factory); trials/models."),
+    _f("vocab", "int", "Vocabulary size (hf and py models: the model's, where the spec left it unset)."),
+    _f("d_model", "int", "Hidden size (hf: hidden_size; the config's where the spec left it unset)."),
+    _f("n_layers", "int", "Transformer blocks (hf: num_hidden_layers)."),
+    _f("n_heads", "int", "Attention heads (MiniGPT default d_model/64; hf: num_attention_heads)."),
+    _f("ffn", "int", "MLP hidden size (MiniGPT default 4*d_model; hf: intermediate_size)."),
     _f("seq_len", "int", "Tokens per sequence."),
     _f("batch_size", "int", "Sequences per step."),
     _f("arch", "str", "Architecture: gpt (the tutorial's MiniGPT) or llama (RMSNorm, SwiGLU, GQA, RoPE, no biases)."),
-    _f("n_kv_heads", "int", "Key/value heads (grouped-query attention, llama); null: n_heads."),
+    _f("n_kv_heads", "int", "Key/value heads (grouped-query attention, llama; hf: num_key_value_heads); null: n_heads."),
     _f("backend", "str", "Requested backend: auto, te, torch or torchao (trials/backends)."),
     _f("precision", "str", "Requested precision: fp32, bf16 or fp8."),
     _f("recipe", "str", "Requested FP8 recipe: te delayed, current, block, mxfp8, nvfp4; torchao tensorwise, rowwise, "
@@ -91,15 +93,26 @@ FIELDS: list[Field] = [
     _f("te_torch_compile", "bool", "TE's torch.compile'd element-wise fusers on (NVTE_TORCH_COMPILE, TE's default: on)."),
     _f("torchao_version", "str", "torchao version (torchao backend)."),
     _f("fp8_converted_modules", "int", "torchao fp8: Linears converted to Float8Linear."),
+    _f("fp8_filter", "str", "torchao fp8: which Linears convert: dims (all but the logits layer and dims not multiples "
+       "of 16) or auto (torchao's own small-layer filter for the recipe, the logits layer kept too)."),
+    _f("fp8_converted_names", "str", "torchao fp8: JSON list of the Linears converted to Float8Linear."),
     _f("fp8_skipped_modules", "str", "torchao fp8: JSON list of the Linears kept in BF16 (the LM head; dims not "
        "multiples of 16)."),
     # -- model size and work
-    _f("n_params", "int", "All parameters (embeddings included)."),
-    _f("n_matmul_params", "int", "Weights in matrix products (blocks + LM head), N in the FLOP formula."),
+    _f("model_class", "str", "The model's class (MiniGPT, LlamaForCausalLM, your factory's module)."),
+    _f("model_config", "str", "JSON: the model's resolved config (transformers' to_json_string for hf models, the "
+       "shape fields everywhere else), the values the trial built."),
+    _f("n_params", "int", "All parameters (embeddings included; tied ones once)."),
+    _f("n_matmul_params", "int", "Weights in matrix products (blocks + LM head), N in the FLOP formula (MiniGPT)."),
     _f("tokens_per_step", "int", "batch_size * seq_len * world_size (the global batch). As a spec field (requested), "
        "it sizes the per-rank batch: batch_size = tokens_per_step / seq_len."),
     _f("flops_per_step", "float", "6*N_matmul*tokens + 6*n_layers*seq_len*d_model*tokens (causal attention; "
-       "N_matmul follows the arch: GQA's narrower K/V, SwiGLU's third GEMM, the LM head at the full vocabulary)."),
+       "N_matmul follows the arch: GQA's narrower K/V, SwiGLU's third GEMM, the LM head at the full vocabulary); "
+       "hf and py models: counted, see flops_method."),
+    _f("flops_method", "str", "How flops_per_step was obtained: analytic (MiniGPT's formula) or counted "
+       "(torch.utils.flop_counter.FlopCounterMode over one eager forward+backward before training, attention "
+       "kernels left out, plus causal attention 6*n_layers*seq_len*heads*head_dim*tokens as in the formula) or "
+       "counted-gemms-only (a py: model whose layers and width are unknown: no attention term)."),
     # -- training
     _f("loss_first", "float", "Loss of the first training step."),
     _f("loss_final", "float", "Loss of the last training step."),
@@ -172,7 +185,7 @@ FIELDS: list[Field] = [
     _f("kv_cache_bytes", "int", "infer: the KV cache's memory (rows x positions x layers x K and V)."),
     _f("peak_decode_mem_bytes", "int", "infer: peak allocated device memory over the timed generations."),
     _f("gen_match_rate", "float", "infer, fp8 cells: share of greedy tokens equal to the BF16 model's (the same "
-       "trained weights, the same prompts)."),
+       "trained weights, the same prompts). Secondary: one early divergence ruins it (see tf_top1_agreement)."),
     _f("ref_stride_accuracy", "float", "infer: stride accuracy of the BF16 reference generation."),
     # -- memory
     _f("peak_mem_allocated_bytes", "int", "torch.cuda.max_memory_allocated over the trial."),
@@ -188,6 +201,12 @@ FIELDS: list[Field] = [
     _f("fp8_state", "str", "JSON: scale, newest and max amax of block 0's FP8 tensors (delayed scaling)."),
     _f("gen_tokens", "list[int]", "First prompt and its greedy continuation."),
     _f("gen_stride_accuracy", "float", "Share of generated steps that keep the prompt's stride (8 prompts)."),
+    _f("tf_top1_agreement", "float", "train, fp8 cells of stacks without FP8 scaling state (torchao): teacher-forced, "
+       "on one held sequence, every position, the share where the FP8 model's next-token argmax equals its BF16 "
+       "partner's (the bf16_partner stack, same seeded init, same batches and steps; trials/teacher_forced.py)."),
+    _f("tf_kl_mean", "float", "train, those fp8 cells: mean over the held sequence's positions of KL(FP8 || BF16) "
+       "of the next-token distributions, nats (0: identical)."),
+    _f("tf_s", "float", "Training the BF16 partner and comparing, s (after the cell's own timing and memory)."),
     # -- fingerprint
     _f("gpu_name", "str", "torch's device name."),
     _f("compute_capability", "str", "e.g. 9.0."),

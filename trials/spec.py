@@ -11,6 +11,8 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from .backends import BACKENDS, RECIPES, STACKS, fp8_stacks, recipe_owner
+from .models import DEFAULT_MODEL, SOURCES, ModelError, Source
+from .models import parse as parse_model
 from .typecheck import WANTED, matches
 
 PRECISIONS = ("fp32", "bf16", "fp8")
@@ -23,6 +25,10 @@ WORKLOADS = ("train", "infer")  # what a trial measures: training steps, or pref
 WEIGHTS = ("bf16", "fp8")  # how an inference model stores its weights (fp8: TE's quantized_model_init, torchao's quantize_)
 PARALLEL = ("none", "ddp", "fsdp")  # how a trial's ranks split the model: not at all, DDP, FSDP2 (trials/distributed.py)
 HEAD_DIM_MULTIPLE = 8  # fused attention kernels (and TE) need head dims in multiples of 8
+FP8_FILTERS = ("dims", "auto")  # torchao: which Linears go FP8 (dims: all but the logits layer and dims not /16;
+                                # auto: torchao's own small-layer filter for the recipe)
+# MiniGPT's shape defaults; other model sources take their config's (hf) or their factory's (py) values
+OWN_SHAPE_DEFAULTS = {"vocab": 96, "d_model": 768, "n_layers": 4}
 
 
 class SpecError(ValueError):
@@ -41,8 +47,9 @@ class SpecError(ValueError):
 #   variant    what a speedup compares; ``label`` formats a non-default value in names ("hist{}")
 #   run        seeds and devices: never a reason to keep two cells apart in a report
 # ``only`` marks a field that means something only for fp8 cells ("fp8"), TE cells ("te"), TE's FP8 cells
-# ("te-fp8") or stacks that compile ("compiles"); elsewhere the sweep collapses it to its default and
-# variant names leave it out.
+# ("te-fp8"), stacks that compile ("compiles"), stacks with their own FP8 layer filter ("fp8-filter") or
+# JuicyTalk's own MiniGPT ("minigpt": a model source with ``own`` shape, trials/models); elsewhere the sweep
+# collapses it to its default and variant names leave it out.
 AXES = ("shape", "schedule", "execution", "variant", "run")
 
 
@@ -54,16 +61,17 @@ def _on(axis: str, default: Any, label: str | None = None, only: str | None = No
 class TrialSpec:
     """What one trial runs: model size, numerics, schedule and device."""
 
-    vocab: int = _on("shape", 96)
-    d_model: int = _on("shape", 768)
-    n_layers: int = _on("shape", 4)
+    vocab: int | None = _on("shape", None)  # MiniGPT: OWN_SHAPE_DEFAULTS; hf: the config's; py: the factory's
+    d_model: int | None = _on("shape", None)
+    n_layers: int | None = _on("shape", None)
     n_heads: int | None = _on("shape", None)  # default d_model // 64 (at least 1)
     ffn: int | None = _on("shape", None)  # default 4 * d_model (gpt), SwiGLU's ~8/3 * d_model (llama)
     seq_len: int = _on("shape", 256)
     batch_size: int = _on("shape", 32)
-    arch: str = _on("shape", "gpt")
+    arch: str = _on("shape", "gpt", only="minigpt")
     n_kv_heads: int | None = _on("shape", None)  # GQA key/value heads (llama); default n_heads
     tokens_per_step: int | None = _on("shape", None)  # sizes the batch: batch_size = tokens_per_step / seq_len
+    model: str = _on("shape", DEFAULT_MODEL)  # minigpt | hf:<model_type or config path> | py:<module>:<callable>
     backend: str = _on("variant", "auto")
     precision: str = _on("variant", "bf16")
     recipe: str = _on("variant", "delayed", only="fp8")
@@ -72,6 +80,7 @@ class TrialSpec:
     amax_compute_algo: str = _on("variant", "max", "amax-{}", only="te-fp8")
     te_layer: str = _on("variant", "transformer_layer", "{}", only="te")
     weights: str = _on("variant", "bf16", "{}-weights", only="fp8")
+    fp8_filter: str = _on("variant", "dims", "filter-{}", only="fp8-filter")
     cuda_graphs: bool = _on("execution", False)  # infer: the decode step is graphed
     compile: bool = _on("execution", False, only="compiles")  # torch.compile of the model (torch, torchao)
     world_size: int = _on("execution", 1)  # GPUs (CPU: processes) one trial spans; batch_size is per rank
@@ -93,10 +102,14 @@ class TrialSpec:
         for f in fields(self):
             _check_type(f.name, getattr(self, f.name), f.type)
         heads_given = self.n_heads is not None
-        if self.n_heads is None:
-            object.__setattr__(self, "n_heads", max(1, self.d_model // 64))
-        if self.ffn is None:
-            object.__setattr__(self, "ffn", swiglu_hidden(self.d_model) if self.arch == "llama" else 4 * self.d_model)
+        if self.source.own:  # MiniGPT's shape defaults; elsewhere a field not given is the model's own
+            for name, default in OWN_SHAPE_DEFAULTS.items():
+                if getattr(self, name) is None:
+                    object.__setattr__(self, name, default)
+            if self.n_heads is None:
+                object.__setattr__(self, "n_heads", max(1, self.d_model // 64))
+            if self.ffn is None:
+                object.__setattr__(self, "ffn", swiglu_hidden(self.d_model) if self.arch == "llama" else 4 * self.d_model)
         if self.tokens_per_step is not None:
             if self.batch_size != field_default("batch_size") and self.batch_size * self.seq_len != self.tokens_per_step:
                 raise SpecError("tokens_per_step", f"sizes the batch; give it or batch_size, not both "
@@ -106,7 +119,8 @@ class TrialSpec:
                                 f"got {self.tokens_per_step}")
             object.__setattr__(self, "batch_size", self.tokens_per_step // self.seq_len)
         self._validate()
-        if self.head_dim % HEAD_DIM_MULTIPLE:  # after _validate: an fp8 cell's d_model error comes first
+        # after _validate: an fp8 cell's d_model error comes first
+        if self.d_model is not None and self.n_heads is not None and self.head_dim % HEAD_DIM_MULTIPLE:
             raise SpecError("n_heads" if heads_given else "d_model",
                             f"d_model / n_heads (the head dim) must be a multiple of {HEAD_DIM_MULTIPLE}, "
                             f"got {self.d_model} / {self.n_heads} = {self.head_dim}")
@@ -138,6 +152,14 @@ class TrialSpec:
 
     # -- derived ------------------------------------------------------------------------------
     @property
+    def source(self) -> Source:
+        """Where the model comes from (trials/models): minigpt, hf or py."""
+        try:
+            return parse_model(self.model).source
+        except ModelError as exc:
+            raise SpecError("model", str(exc)) from None
+
+    @property
     def head_dim(self) -> int:
         return self.d_model // int(self.n_heads)  # type: ignore[arg-type]
 
@@ -151,6 +173,35 @@ class TrialSpec:
         return int(self.n_heads if self.n_kv_heads is None else self.n_kv_heads)  # type: ignore[arg-type]
 
     # -- validation -----------------------------------------------------------------------------
+    def _validate_source(self) -> None:
+        """What the model source supports (trials/models' table): its stacks, workloads and multi-rank trials."""
+        source, stack = self.source, STACKS.get(self.backend)
+        builders = " or ".join(source.stacks)
+        why = f" ({source.why_not})" if source.why_not else ""
+        if stack is not None and stack.name not in source.stacks:
+            raise SpecError("backend", f"model {self.model} is built by backend {builders}, not {self.backend}{why}")
+        if stack is None and self.precision == "fp8" and "te" not in source.stacks:
+            raise SpecError("backend", f"fp8 on model {self.model} needs backend "
+                            f"{' or '.join(s for s in source.stacks if STACKS[s].recipes)} (auto means te for fp8){why}")
+        if self.workload == "infer" and not source.infer:
+            raise SpecError("workload", f"infer is built for model "
+                            f"{', '.join(m for m, s in SOURCES.items() if s.infer)}, not {self.model}{why}")
+        if self.cuda_graphs and not source.graphs:
+            raise SpecError("cuda_graphs", f"is built for model "
+                            f"{', '.join(m for m, s in SOURCES.items() if s.graphs)}, not {self.model}")
+        if self.parallel != "none" and not source.parallel:
+            raise SpecError("parallel", f"multi-rank trials are built for model "
+                            f"{', '.join(m for m, s in SOURCES.items() if s.parallel)}, not {self.model}")
+        if self.arch != field_default("arch") and not source.own:
+            raise SpecError("arch", f"is MiniGPT's architecture; model {self.model} has its own")
+        if self.fp8_filter != field_default("fp8_filter"):
+            if self.precision != "fp8" or stack is None or not stack.fp8_filter_auto:
+                raise SpecError("fp8_filter", "applies to fp8 cells of backend "
+                                f"{' or '.join(s.name for s in STACKS.values() if s.fp8_filter_auto)}")
+            if self.recipe not in stack.fp8_filter_auto:
+                raise SpecError("fp8_filter", f"{stack.name} has its own filter for recipe "
+                                f"{' and '.join(stack.fp8_filter_auto)}, not {self.recipe}")
+
     def _validate(self) -> None:
         _choice("backend", self.backend, BACKENDS)
         _choice("precision", self.precision, PRECISIONS)
@@ -163,25 +214,27 @@ class TrialSpec:
         _choice("workload", self.workload, WORKLOADS)
         _choice("weights", self.weights, WEIGHTS)
         _choice("parallel", self.parallel, PARALLEL)
+        _choice("fp8_filter", self.fp8_filter, FP8_FILTERS)
         for name in ("vocab", "d_model", "n_layers", "n_heads", "ffn", "seq_len", "batch_size", "world_size",
                      "amax_history_len", "train_steps", "bench_steps", "repeats", "prompt_len"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise SpecError(name, f"must be a positive integer, got {getattr(self, name)}")
         for name in ("warmup_steps", "gen_len", "seed"):
             if getattr(self, name) < 0:
                 raise SpecError(name, f"must be >= 0, got {getattr(self, name)}")
         if not self.lr > 0:
             raise SpecError("lr", f"must be > 0, got {self.lr}")
-        if self.d_model % int(self.n_heads) != 0:  # type: ignore[arg-type]
+        if self.d_model is not None and self.n_heads is not None and self.d_model % int(self.n_heads) != 0:
             raise SpecError("n_heads", f"must divide d_model={self.d_model}, got {self.n_heads}")
         if self.n_kv_heads is not None and self.n_kv_heads < 1:
             raise SpecError("n_kv_heads", f"must be a positive integer, got {self.n_kv_heads}")
-        if self.n_heads % self.kv_heads:  # type: ignore[operator]
+        if self.n_heads is not None and self.n_heads % self.kv_heads:  # type: ignore[operator]
             raise SpecError("n_kv_heads", f"must divide n_heads={self.n_heads}, got {self.n_kv_heads}")
-        if self.arch == "gpt" and self.kv_heads != self.n_heads:
+        if self.arch == "gpt" and self.source.own and self.kv_heads != self.n_heads:
             raise SpecError("n_kv_heads", "grouped-query attention is part of arch llama; gpt has n_kv_heads = n_heads")
-        if self.vocab < 2:
+        if self.vocab is not None and self.vocab < 2:
             raise SpecError("vocab", "must be at least 2")
+        self._validate_source()
         if self.prompt_len + 1 > self.seq_len:
             raise SpecError("prompt_len", f"must be < seq_len={self.seq_len}, got {self.prompt_len}")
         if self.prompt_len < 2:
@@ -198,9 +251,10 @@ class TrialSpec:
             if self.device == "cpu" and fp8.needs_cuda:
                 raise SpecError("device", f"fp8 on {fp8.name} needs a CUDA device; use precision fp32 or bf16 on "
                                 "cpu (or backend torchao)")
-            for name, value in (("d_model", self.d_model), ("ffn", self.ffn),
-                                ("n_kv_heads*head_dim", self.kv_heads * self.head_dim),
-                                ("batch_size*seq_len", self.tokens)):
+            dims = ((("d_model", self.d_model), ("ffn", self.ffn),
+                     ("n_kv_heads*head_dim", self.kv_heads * self.head_dim))
+                    if self.source.own else ())  # other models: torchao keeps Linears with other dims in BF16
+            for name, value in (*dims, ("batch_size*seq_len", self.tokens)):
                 if value % 16:  # type: ignore[operator]
                     raise SpecError(name, f"fp8 GEMMs need a multiple of 16, got {value}")
         if stack is not None and stack.needs_cuda and self.device == "cpu":
@@ -261,6 +315,18 @@ class TrialSpec:
                                 "InferenceParams); use transformer_layer")
 
 
+def check_model(spec: TrialSpec) -> None:
+    """SpecError when the spec's model cannot be built: transformers missing, an unknown model type, an unreadable
+    config, a factory that fails its probe (trials/models). Called before Ray or any trial starts (the CLI, the
+    sweep loader); the spec's own validation stays cheap and needs neither transformers nor the user's module."""
+    from .models import check
+
+    try:
+        check(spec)
+    except ModelError as exc:
+        raise SpecError(exc.field, str(exc)) from None
+
+
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise SpecError(name, f"must be one of {', '.join(allowed)}; got {value!r}")
@@ -307,8 +373,14 @@ def applies(field_name: str, values: Mapping[str, Any]) -> bool:
     te = values.get("backend") in ("te", "auto") and values.get("device") != "cpu"
     fp8 = values.get("precision") == "fp8"
     stack = STACKS.get(str(values.get("backend")))
+    try:
+        own = parse_model(str(values.get("model") or DEFAULT_MODEL)).source.own
+    except ModelError:
+        own = False
     return (only is None or (only == "fp8" and fp8) or (only == "te" and te) or (only == "te-fp8" and te and fp8)
-            or (only == "compiles" and stack is not None and stack.compiles))
+            or (only == "compiles" and stack is not None and stack.compiles)
+            or (only == "fp8-filter" and fp8 and stack is not None and bool(stack.fp8_filter_auto))
+            or (only == "minigpt" and own))
 
 
 def variant_name(values: Mapping[str, Any]) -> str:

@@ -58,10 +58,9 @@ class TrainStep:
     def __init__(self, built: Built, lr: float, device: str, amax_group: Any = None):
         self.built = built
         self.amax_group = amax_group  # where TE's delayed scaling reduces amaxes (multi-rank trials)
-        self.model: MiniGPT = built.model
+        self.model: MiniGPT = built.model  # or any model mapping ids (b, t) -> logits (b, t, vocab) (trials/models)
         self.te = built.te
         self.recipe = built.recipe
-        self.vocab = self.model.cfg.vocab
         self.optimizer = (make_optimizer(self.model, lr, device) if built.make_optimizer is None
                           else built.make_optimizer(self.model, lr))
         self.forward: Callable[[torch.Tensor], torch.Tensor] = self.model if built.forward is None else built.forward
@@ -80,7 +79,7 @@ class TrainStep:
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with te_compat.autocast(self.te, self.recipe, self.amax_group):
             logits = self.forward(x)
-        loss = F.cross_entropy(logits.float().view(-1, self.vocab), y.view(-1))
+        loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))  # shifted: y is x's next token
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

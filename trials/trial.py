@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from . import distributed, memory, te_compat
+from . import distributed, memory, models, te_compat
 from .capability import Capability, probe, resolve
 from .fingerprint import fingerprint
 from .metrics import flops_per_step
-from .model import ModelConfig, matmul_param_count, param_count
+from .model import matmul_param_count
 from .record import empty_record
 from .spec import TrialSpec
 from .workloads import WORKLOADS
@@ -57,11 +57,17 @@ def run_trial(spec: TrialSpec, capability: Capability | None = None, process_tri
         device = res.device
         record.update(fingerprint(device))
         record["te_version"] = cap.te_version or record["te_version"]
-        cfg = ModelConfig.from_spec(spec)
-        record.update(effective_device=device, n_params=param_count(cfg), n_matmul_params=matmul_param_count(cfg))
+        facts = models.describe(spec)  # the model's class, resolved config and size (trials/models)
+        cfg = facts.analytic  # MiniGPT's ModelConfig where the closed forms apply, else None (FLOPs are counted)
+        record.update(effective_device=device, **facts.record())
+        record.update({name: value for name, value in facts.shape.items() if record[name] is None})  # the model's own
+        if cfg is not None:
+            record["n_matmul_params"] = matmul_param_count(cfg)
         if spec.workload == "train":  # the global batch: every rank's rows
             tokens = spec.tokens * spec.world_size
-            record.update(tokens_per_step=tokens, flops_per_step=flops_per_step(cfg, tokens))
+            record["tokens_per_step"] = tokens
+            if cfg is not None:
+                record.update(flops_per_step=flops_per_step(cfg, tokens), flops_method="analytic")
         if res.unsupported:
             record.update(status="unsupported", error=res.unsupported)
             log.info("unsupported: %s", res.unsupported)
@@ -70,7 +76,12 @@ def run_trial(spec: TrialSpec, capability: Capability | None = None, process_tri
                           effective_recipe=res.recipe)
             baseline = memory.reset(device)
             with distributed.session(spec.world_size, spec.parallel, device) as ranks:
-                WORKLOADS[spec.workload](spec, res, cfg, record, t0, ranks)
+                numerics = WORKLOADS[spec.workload](spec, res, cfg, record, t0, ranks)
+            if numerics is not None:  # a second model (the BF16 partner) trains: after the cell's own peaks
+                record.update(memory.snapshot(baseline))
+                baseline = None
+                memory.release(device)
+                record.update(numerics())
     except Exception as exc:  # noqa: BLE001 - every failure becomes a record
         status = ("oom" if is_oom(exc) else
                   "timeout" if spec.world_size > 1 and distributed.timed_out(exc) else "error")

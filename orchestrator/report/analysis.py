@@ -86,6 +86,8 @@ def prepare(records: pd.DataFrame) -> pd.DataFrame:
                      for v in _tuples(df, columns)]
     df["cuda_graphs"] = df["cuda_graphs"].fillna(False).astype(bool)
     df["workload"] = df["workload"].fillna("train")  # records from before the workload field trained
+    model = _SPEC_DEFAULTS["model"]  # records from before the model field ran MiniGPT
+    df["model"] = df["model"].fillna(model) if "model" in df else model
     keys = varying_keys(df)
     df["series"] = [series_label(r, keys) for r in df[keys].to_dict("records")] if keys else ""
     df["size_label"] = [f"{d}x{l}" for d, l in zip(df["d_model"], df["n_layers"])]

@@ -10,7 +10,9 @@ to which stack, where ``compile`` and inference apply), the sweep's collapse rul
 resolution, ``juicytalk doctor`` and the report's pairing (each FP8 cell against the BF16 cell of
 its ``bf16_partner`` stack). Importing this package imports nothing heavy; :func:`implementation`
 loads a stack's module (``trials/backends/<name>.py``) when a trial needs it. A fourth stack is one
-entry here and one module with ``build(spec, precision, device) -> Built``.
+entry here and one module with ``build(spec, precision, device) -> Built``: it converts whatever model
+the spec's source builds (``trials/models``: MiniGPT, a transformers model, your own module); which
+sources a stack builds is declared with the sources, in ``trials/models/__init__.py``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ class Stack:
     fp8_rows: int = 8  # FP8 GEMMs need the token count in multiples of this (serving pads its batch to it)
     fp8_all_gather: tuple[str, ...] = ()  # FP8 recipes whose weights FSDP2 all-gathers in FP8 (``fp8_all_gather``)
     fp8_all_gather_masters: bool = False  # there, weights exist only in FP8: the optimizer keeps fp32 masters
+    fp8_filter_auto: tuple[str, ...] = ()  # FP8 recipes with the stack's own small-layer filter (``fp8_filter: auto``)
+    fp8_state: bool = False  # its FP8 modules keep scaling state a forward pass updates (TE's amax histories)
 
     def graphs_apply(self, workload: str) -> bool:
         """``cuda_graphs: true`` is a way to run this stack's ``workload`` (every stack graphs its decode)."""
@@ -47,7 +51,7 @@ class Stack:
 STACKS: dict[str, Stack] = {s.name: s for s in (
     # TE: delayed and current scaling on Ada/Hopper, block scaling on Hopper, MXFP8 and NVFP4 on Blackwell.
     Stack("te", {"delayed": "8.9", "current": "8.9", "block": "9.0", "mxfp8": "10.0", "nvfp4": "10.0"}, "te",
-          compiles=False, needs_cuda=True, infer=True, graphs=True,
+          compiles=False, needs_cuda=True, infer=True, graphs=True, fp8_state=True,
           # FP8 primary weights (quantized_model_init): TE's Float8Tensor and Float8BlockwiseTensor implement
           # FSDP2's fsdp_pre/post_all_gather, so the all-gather moves their FP8 data and scales.
           fp8_all_gather=("delayed", "current", "block"), fp8_all_gather_masters=True),
@@ -58,7 +62,8 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("torchao", {"tensorwise": "8.9", "rowwise": "8.9", "rowwise_with_gw_hp": "8.9"}, "torch",
           compiles=True, needs_cuda=False, infer=True, graphs=False, infer_recipes=("tensorwise", "rowwise"),
           serve_needs_cuda=True, fp8_rows=16,  # cuBLASLt's row-scaled FP8 GEMM refuses 8 rows on H200
-          fp8_all_gather=("tensorwise",)),  # enable_fsdp_float8_all_gather is tensorwise only
+          fp8_all_gather=("tensorwise",),  # enable_fsdp_float8_all_gather is tensorwise only
+          fp8_filter_auto=("tensorwise", "rowwise")),  # torchao.float8._auto_filter_for_recipe
 )}
 BACKENDS = ("auto", *STACKS)  # auto: te where Transformer Engine runs, else torch
 RECIPES = tuple(r for s in STACKS.values() for r in s.recipes)

@@ -1,4 +1,5 @@
-"""The pure-PyTorch twin (nn.Linear, SDPA), FP32 or BF16, eager or ``torch.compile``'d (``compile: true``)."""
+"""Plain PyTorch, FP32 or BF16, eager or ``torch.compile``'d (``compile: true``): the spec's model as its source
+builds it (``trials/models``: MiniGPT's twin with nn.Linear and SDPA, a transformers model, your own module)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..model import build_model
+from .. import models
 from . import Built
 
 
@@ -21,5 +22,5 @@ def compiled(model: nn.Module, spec: Any) -> Any:
 
 
 def build(spec: Any, precision: str, device: str) -> Built:
-    model = build_model(spec, "torch", precision, device)
+    model = models.build(spec, precision, device).model
     return Built(model, forward=compiled(model, spec))

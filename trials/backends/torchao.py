@@ -1,11 +1,14 @@
-"""torchao.float8 on the twin, as torchtitan runs it: every block Linear becomes a Float8Linear.
+"""torchao.float8 on whatever model the spec's source builds, as torchtitan runs it: its Linears become Float8Linear.
 
 ``convert_to_float8_training`` swaps the Linears for ``Float8Linear`` with the recipe's scaling
 (tensorwise, rowwise, rowwise_with_gw_hp: ``Float8LinearConfig.from_recipe_name``); weights stay
-BF16 and are cast on the fly. Like torchtitan's converter, the LM head stays in BF16 (TE's models
-keep it in high precision too), and so does any Linear whose dims are not multiples of 16 (FP8
-GEMMs need them). torchao's FP8 is slow without ``torch.compile`` (pytorch/ao#685), so its cells
-are meant to run with ``compile: true``; the record says which modules were converted.
+BF16 and are cast on the fly. Like torchtitan's converter, the layer that makes the logits (MiniGPT's
+``head``, a transformers model's ``lm_head``) stays in BF16 (TE's models keep it in high precision
+too), and so does any Linear whose dims are not multiples of 16 (FP8 GEMMs need them); with
+``fp8_filter: auto`` torchao's own filter for the recipe decides instead (it also keeps small Linears,
+where FP8's casts cost more than its GEMM saves). Only ``nn.Linear`` converts: GPT-2's ``Conv1D``
+GEMMs stay BF16. torchao's FP8 is slow without ``torch.compile`` (pytorch/ao#685), so its cells are
+meant to run with ``compile: true``; the record says which modules were converted and which kept.
 """
 
 from __future__ import annotations
@@ -18,14 +21,14 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..model import build_model
+from .. import models
+from ..models.minigpt import LOGITS_LAYER
 from . import Built
 from .torch import compiled
 
 log = logging.getLogger(__name__)
 
 FP8_DIM_MULTIPLE = 16
-KEEP_HIGH_PRECISION = ("head",)  # module names never converted (torchtitan: the output projection)
 
 
 def version() -> str:
@@ -65,33 +68,44 @@ def _cpu_float8_matmul() -> str | None:
 
 
 class _Filter:
-    """The Linears torchao converts: every block Linear with dims in multiples of 16, not the head.
-    Remembers which it took and which it kept, for the record."""
+    """The Linears torchao converts: every Linear with dims in multiples of 16 but the logits layer (``keep``),
+    or those torchao's own filter for the recipe takes (``auto``: ``_auto_filter_for_recipe``, the logits
+    layer kept too). Remembers which it took and which it kept, for the record."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: str | None = LOGITS_LAYER, auto_recipe: str | None = None) -> None:
+        self.keep = keep
+        self.auto = None
+        if auto_recipe is not None:
+            from torchao.float8 import _auto_filter_for_recipe
+
+            self.auto = _auto_filter_for_recipe(auto_recipe, filter_fqns=[keep] if keep else [])
         self.converted: list[str] = []
         self.skipped: list[str] = []
 
     def __call__(self, module: nn.Module, fqn: str) -> bool:
         if not isinstance(module, nn.Linear):
             return False
-        ok = (fqn not in KEEP_HIGH_PRECISION and module.in_features % FP8_DIM_MULTIPLE == 0
-              and module.out_features % FP8_DIM_MULTIPLE == 0)
+        if self.auto is not None:
+            ok = fqn != self.keep and bool(self.auto(module, fqn))
+        else:
+            ok = (fqn != self.keep and module.in_features % FP8_DIM_MULTIPLE == 0
+                  and module.out_features % FP8_DIM_MULTIPLE == 0)
         (self.converted if ok else self.skipped).append(fqn)
         return ok
 
     def info(self) -> dict[str, Any]:
         return {"torchao_version": version(), "fp8_converted_modules": len(self.converted),
-                "fp8_skipped_modules": json.dumps(self.skipped)}
+                "fp8_converted_names": json.dumps(self.converted), "fp8_skipped_modules": json.dumps(self.skipped)}
 
 
 def build(spec: Any, precision: str, device: str) -> Built:
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    model = build_model(spec, "torch", "bf16" if precision == "fp8" else precision, device)
+    made = models.build(spec, "bf16" if precision == "fp8" else precision, device)
+    model = made.model
     if precision != "fp8":
         return Built(model, forward=compiled(model, spec), info={"torchao_version": version()})
-    keep = _Filter()
+    keep = _Filter(made.logits_layer, spec.recipe if spec.fp8_filter == "auto" else None)
     config = Float8LinearConfig.from_recipe_name(spec.recipe)
     after_step = None
     if spec.fp8_all_gather:  # FSDP2 all-gathers the FP8 weights; their scales are made once per step for it

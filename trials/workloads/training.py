@@ -3,35 +3,48 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import statistics
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from .. import distributed, energy, kernels
+from .. import distributed, energy, kernels, models, teacher_forced
+from ..backends import STACKS
 from ..bench import benchmark
 from ..capability import Resolution
 from ..data import ArithmeticSequences
 from ..generation import generation_check
-from ..metrics import step_stats, throughput
+from ..metrics import counted_flops_per_step, step_stats, throughput
 from ..model import ModelConfig
 from ..spec import TrialSpec
 from ..train import build_train_step, fp8_state, train
 
+log = logging.getLogger(__name__)
+
 BENCH_BATCHES = 4  # distinct pre-made batches cycled through the timed steps
 
 
-def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, Any], t0: float,
-        ranks: distributed.Ranks = distributed.SINGLE) -> None:
+def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[str, Any], t0: float,
+        ranks: distributed.Ranks = distributed.SINGLE) -> Callable[[], dict[str, Any]] | None:
     """Build, train, benchmark and check one model; fills ``record`` in place (on every rank of a
-    multi-rank trial: each holds the same slowest-rank timing; rank 0's record is the one kept)."""
+    multi-rank trial: each holds the same slowest-rank timing; rank 0's record is the one kept).
+    ``cfg``: MiniGPT's config where its closed forms apply, else None (FLOPs are counted here).
+    Returns, for FP8 cells it applies to, the teacher-forced comparison with the BF16 partner, for
+    ``run_trial`` to call once the cell's own memory peaks are recorded (the partner trains a second model)."""
     t_setup = time.perf_counter()
     step = build_train_step(spec, res.backend, res.precision, res.device, ranks)
     model, te, recipe = step.model, step.te, step.recipe
     record.update(step.built.info)
-    data: Any = ArithmeticSequences(spec.vocab, spec.seq_len, res.device, spec.seed)
+    if record["vocab"] is None:  # a factory's model that could not say its vocabulary before it existed
+        with torch.no_grad():
+            record["vocab"] = int(model(torch.zeros(1, 2, dtype=torch.long, device=res.device)).shape[-1])
+    vocab = record["vocab"]  # the model's (the spec's, or an hf/py model's own)
+    if record["flops_method"] is None:
+        record.update(count_flops(spec, model, vocab, res.device, ranks.world))
+    data: Any = ArithmeticSequences(vocab, spec.seq_len, res.device, spec.seed)
     if spec.parallel != "none":
         data = distributed.RankData(data, ranks)  # this rank's rows of the global batch
     if spec.cuda_graphs:
@@ -50,6 +63,10 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, An
         return
     if recipe is not None and spec.recipe == "delayed":
         record["fp8_state"] = fp8_state(model)
+    held = fp8_log_probs = None
+    if res.precision == "fp8" and not STACKS[res.backend].fp8_state and spec.parallel == "none":
+        held = teacher_forced.held_batch(vocab, spec.seq_len, res.device, spec.seed)
+        fp8_log_probs = teacher_forced.log_probs(model, held)  # as trained, before the benchmark trains it on
 
     t_bench = time.perf_counter()
     batches = [data.batch(spec.batch_size) for _ in range(BENCH_BATCHES)]
@@ -58,8 +75,8 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, An
     step_ms = distributed.slowest(result.step_ms, ranks)  # a step takes as long as its slowest rank
     stats = step_stats(step_ms)
     record.update(stats)
-    record.update(throughput(cfg, spec.tokens * ranks.world, stats["step_ms_mean"], record["gpu_name"], res.precision,
-                             gpus=ranks.world))
+    record.update(throughput(record["flops_per_step"], spec.tokens * ranks.world, stats["step_ms_mean"],
+                             record["gpu_name"], res.precision, gpus=ranks.world))
     if ranks.world > 1 or spec.parallel != "none":
         record.update(distributed.facts(ranks, res.device))
         if res.device == "cuda":
@@ -76,9 +93,42 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, An
 
     t_gen = time.perf_counter()
     with distributed.whole(model, spec.parallel):
-        gen = generation_check(model, spec.prompt_len, spec.gen_len, spec.seed + 1, te, recipe)
-    record.update(gen_s=time.perf_counter() - t_gen, gen_tokens=gen.tokens,
-                  gen_stride_accuracy=gen.stride_accuracy, status="ok", error=None)
+        gen = generation_check(model, spec.prompt_len, spec.gen_len, spec.seed + 1, vocab, spec.seq_len, te, recipe)
+    record.update(gen_s=time.perf_counter() - t_gen, gen_tokens=gen.tokens, gen_stride_accuracy=gen.stride_accuracy,
+                  status="ok", error=None)
+    if fp8_log_probs is None:
+        return None
+    return lambda: teacher_forced_fields(spec, res, vocab, held, fp8_log_probs)
+
+
+def teacher_forced_fields(spec: TrialSpec, res: Resolution, vocab: int, held: Any, fp8_log_probs: Any) -> dict:
+    """The FP8 cell against its BF16 partner (``trials.teacher_forced``): the partner stack's BF16 model from the
+    same seeded init, trained eager on the same batches for the same steps, read on the same held sequence.
+    A failure here (an OOM of the second model) leaves the fields empty and the timed cell as it was."""
+    t = time.perf_counter()
+    partner_stack = STACKS[res.backend].bf16_partner
+    try:
+        partner = build_train_step(spec.replace(compile=False), partner_stack, "bf16", res.device)
+        data = ArithmeticSequences(vocab, spec.seq_len, res.device, spec.seed)  # the FP8 run's batches, in turn
+        train(partner, data, spec.train_steps, spec.batch_size)
+        fields = teacher_forced.compare(fp8_log_probs, teacher_forced.log_probs(partner.model, held))
+    except Exception as exc:  # noqa: BLE001 - the cell's own numbers stand without it
+        log.warning("teacher-forced comparison with %s-bf16 failed: %s: %s", partner_stack, type(exc).__name__, exc)
+        return {}
+    log.info("teacher-forced vs %s-bf16: %s (%.1f s)", partner_stack, fields, time.perf_counter() - t)
+    return {**fields, "tf_s": time.perf_counter() - t}
+
+
+def count_flops(spec: TrialSpec, model: Any, vocab: int, device: str, world: int) -> dict[str, Any]:
+    """A step's FLOPs for a model without a closed form: counted once, before training and timing, on a batch of
+    its own (the training data's generator is not drawn from), the model eager (``metrics.counted_flops_per_step``).
+    Where the model's layers and attention width are unknown (a factory's, shape fields not given), attention is
+    left out and ``flops_method`` says so."""
+    facts = models.describe(spec)
+    ids, _ = ArithmeticSequences(vocab, spec.seq_len, device, spec.seed + 2).batch(spec.batch_size)
+    known = bool(facts.n_layers and facts.attn_width)
+    flops = counted_flops_per_step(model, ids, facts.n_layers or 0, facts.attn_width or 0, world)
+    return {"flops_per_step": flops, "flops_method": "counted" if known else "counted-gemms-only"}
 
 
 def why_this_number(spec: TrialSpec, device: str, step: Any, batches: list, record: dict[str, Any]) -> None:

@@ -1,0 +1,125 @@
+"""Does the harness time a transformers model as the user's own loop would? Trial vs a plain loop, within 2%.
+
+For every ``hf:`` cell of a sweep file (default ``examples/your-model.yaml``) or one cell given by flags, in
+one process on one GPU, interleaved round by round:
+  trial  - ``run_trial``'s step_ms_p50 (the harness: trials/models/hf.py builds it, the stack converts it,
+           per-step CUDA events)
+  plain  - the same model written here without trials: ``AutoConfig.for_model`` with the same shape,
+           ``AutoModelForCausalLM.from_config`` (BF16, SDPA, no KV cache, no dropout), torchao's
+           ``convert_to_float8_training`` called directly for fp8 cells (``lm_head`` and dims not multiples of
+           16 kept), ``torch.compile`` for compile cells, fused AdamW, fp32 cross-entropy on the logits, random
+           token batches; each step timed with its own CUDA event pair, the median taken
+Prints one line per cell with both medians and trial/plain; the goal is |trial/plain - 1| <= 0.02.
+Usage (repository root): PYTHONPATH=. python benchmarks/hf_loop.py [--sweep examples/your-model.yaml]
+       [--rounds 3] [--steps 20] [--only SUBSTR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from orchestrator.sweep import load_sweep
+from trials import TrialSpec, run_trial
+
+HF_NAMES = {"vocab": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers",
+            "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "ffn": "intermediate_size"}
+
+
+def plain_model(spec: TrialSpec) -> nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    values = {HF_NAMES[f]: getattr(spec, f) for f in HF_NAMES if getattr(spec, f) is not None}
+    cfg = AutoConfig.for_model(spec.model.removeprefix("hf:"), **values)
+    cfg.max_position_embeddings = max(cfg.max_position_embeddings, spec.seq_len)
+    cfg.use_cache = False
+    for key, value in cfg.to_dict().items():
+        if "dropout" in key and isinstance(value, float):
+            setattr(cfg, key, 0.0)
+    torch.manual_seed(spec.seed)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
+    if spec.precision == "fp8":
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        def keep(mod: nn.Module, fqn: str) -> bool:
+            return (isinstance(mod, nn.Linear) and fqn != "lm_head" and mod.in_features % 16 == 0
+                    and mod.out_features % 16 == 0)
+
+        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(spec.recipe),
+                                   module_filter_fn=keep)
+    return model
+
+
+def plain_loop(spec: TrialSpec, steps: int, warmup: int) -> float:
+    """Median step of the plain loop, ms."""
+    model = plain_model(spec)
+    vocab = model.config.vocab_size
+    forward = torch.compile(model) if spec.compile else model
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01, fused=True)
+    gen = torch.Generator(device="cuda").manual_seed(spec.seed)
+    batches = [torch.randint(0, min(vocab, 128), (spec.batch_size, spec.seq_len + 1), device="cuda", generator=gen)
+               for _ in range(4)]
+    times = []
+    for i in range(warmup + steps):
+        seq = batches[i % len(batches)]
+        x, y = seq[:, :-1], seq[:, 1:]
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        logits = forward(input_ids=x, use_cache=False).logits
+        loss = F.cross_entropy(logits.float().view(-1, vocab), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        end.record()
+        if i >= warmup:
+            times.append((start, end))
+    torch.cuda.synchronize()
+    ms = statistics.median(s.elapsed_time(e) for s, e in times)
+    del model, opt, forward
+    torch.cuda.empty_cache()
+    return ms
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sweep", default=str(Path(__file__).resolve().parent.parent / "examples" / "your-model.yaml"))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--only", default="", help="cells whose label contains this")
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args()
+    cells = [c for c in load_sweep(args.sweep).cells if c.spec.source.name == "hf" and args.only in c.label]
+    rows = []
+    for cell in cells:
+        spec = cell.spec.replace(device="cuda", train_steps=args.warmup, warmup_steps=args.warmup,
+                                 bench_steps=args.steps, repeats=1, profile=False)
+        trial, plain = [], []
+        for _ in range(args.rounds):
+            rec = run_trial(spec)
+            if rec["status"] != "ok":
+                print(f"{cell.label}: trial {rec['status']}: {rec['error']}", flush=True)
+                break
+            trial.append(rec["step_ms_p50"])
+            plain.append(plain_loop(spec, args.steps, args.warmup))
+        if not trial:
+            continue
+        t, p = statistics.median(trial), statistics.median(plain)
+        rows.append({"cell": cell.label, "trial_ms": t, "plain_ms": p, "ratio": t / p})
+        print(f"{cell.label}: trial {t:.2f} ms  plain {p:.2f} ms  trial/plain {t / p:.3f}"
+              f"{'' if abs(t / p - 1) <= 0.02 else '  (outside 2%)'}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Model sources: where a trial's network comes from, declared once; how each builds, one module each.
+
+    minigpt  JuicyTalk's own MiniGPT (``trials/model.py``), gpt or llama ``arch``; the default
+    hf       a Hugging Face transformers causal LM from its config, by model type (``hf:llama``) or a
+             local ``config.json`` (``hf:path/to/config.json`` or its folder); random seeded init, offline
+    py       a user's factory (``py:<module>:<callable>``, module dotted or a ``.py`` path), called with the
+             trial's spec, returning an ``nn.Module`` that maps ids (batch, seq) to logits (batch, seq, vocab)
+
+The ``model`` trial field names the source and its target (``hf:qwen2``). Each source module has
+
+    build(spec, precision, device) -> Built       the seeded FP32/BF16 module (``torch.manual_seed(spec.seed)``
+                                                  first), which a stack then converts (trials/backends)
+    describe(spec) -> Facts                       class, resolved config and parameter count, without
+                                                  building real weights (the dry run shows them)
+    check(spec) -> None                           raise ModelError for a model that cannot be built (the
+                                                  spec's check_model turns it into a SpecError before Ray
+                                                  or any trial starts)
+
+``common.py`` holds what the sources share (the Built model, the logits adapter). The table below says,
+once, what each source supports: which stacks build its models (TE's MiniGPT builds its own te blocks;
+TE on other sources is not built yet), whether inference, CUDA graphs and multi-rank trials apply, and
+whether MiniGPT's closed forms hold (elsewhere FLOPs are counted). Importing this package imports
+nothing heavy.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str
+    stacks: tuple[str, ...]  # the stacks (trials/backends) that build this source's models
+    infer: bool  # the inference workload is built for it
+    parallel: bool  # multi-rank trials (DDP, FSDP2 over its blocks) are built for it
+    graphs: bool  # ``cuda_graphs: true`` (the step captured as CUDA graphs) is built for it
+    own: bool = False  # JuicyTalk's own network: ``arch``, the shape defaults and the analytic FLOP formula apply
+    why_not: str = ""  # what a refused stack or workload is told
+
+
+SOURCES: dict[str, Source] = {s.name: s for s in (
+    Source("minigpt", ("te", "torch", "torchao"), infer=True, parallel=True, graphs=True, own=True),
+    # transformers' mask code inspects its inputs on the host, which a CUDA graph capture cannot hold
+    Source("hf", ("torch", "torchao"), infer=False, parallel=False, graphs=False,
+           why_not="TE on transformers models and their inference are not built yet"),
+    Source("py", ("torch", "torchao"), infer=False, parallel=False, graphs=False,
+           why_not="TE on your own modules and their inference are not built yet"),
+)}
+DEFAULT_MODEL = "minigpt"
+
+
+class ModelError(ValueError):
+    """The ``model`` field names something that cannot be built (the spec turns it into a SpecError);
+    ``field`` names the trial field at fault (``model`` unless a shape override is)."""
+
+    def __init__(self, message: str, field_name: str = "model"):
+        super().__init__(message)
+        self.field = field_name
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A parsed ``model`` value: its source and what follows the colon (a model type, a path, module:callable)."""
+
+    source: Source
+    target: str = ""
+
+    @property
+    def module(self) -> ModuleType:
+        return importlib.import_module(f"{__name__}.{self.source.name}")
+
+
+def parse(model: str) -> ModelRef:
+    """``minigpt`` | ``hf:<model_type or path>`` | ``py:<module>:<callable>`` -> ModelRef; ModelError if malformed."""
+    name, sep, target = model.partition(":")
+    source = SOURCES.get(name)
+    if source is None or bool(sep) != (name != DEFAULT_MODEL) or (sep and not target.strip()):
+        raise ModelError(f"must be minigpt, hf:<model_type> (e.g. hf:llama), hf:<path to config.json or its folder> "
+                         f"or py:<module>:<callable>; got {model!r}")
+    if name == "py" and (":" not in target or not all(p.strip() for p in target.rsplit(":", 1))):
+        raise ModelError(f"py: needs <module>:<callable> (e.g. py:examples.my_model:build); got {model!r}")
+    return ModelRef(source, target)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What a spec's model is, before its weights exist: for the record and the dry run.
+
+    ``shape``: the shape fields as the model has them (the config's values where the spec gave none);
+    ``analytic``: MiniGPT's ModelConfig where the FLOP formula of trials/metrics.py applies, else None
+    (FLOPs are counted); ``estimate``: a ModelConfig close enough for the dry run's memory estimate.
+    """
+
+    model_class: str
+    config_json: str | None
+    n_params: int | None
+    shape: dict[str, Any]
+    analytic: Any = None
+    estimate: Any = None
+    attn_width: int | None = None  # heads x head dim: the causal attention term of counted FLOPs
+
+    @property
+    def n_layers(self) -> int | None:
+        return self.shape.get("n_layers")
+
+    def record(self) -> dict[str, Any]:
+        return {"model_class": self.model_class, "model_config": self.config_json, "n_params": self.n_params}
+
+
+def build(spec: Any, precision: str, device: str) -> Any:
+    """The seeded FP32 (fp32 cells) or BF16 (all others) model of ``spec`` on ``device`` (a ``common.Built``)."""
+    import torch
+
+    torch.manual_seed(spec.seed)
+    return parse(spec.model).module.build(spec, precision, device)
+
+
+def describe(spec: Any) -> Facts:
+    return parse(spec.model).module.describe(spec)
+
+
+def check(spec: Any) -> None:
+    """Raise ModelError when ``spec.model`` cannot be built (transformers missing, unknown type, bad factory)."""
+    parse(spec.model).module.check(spec)

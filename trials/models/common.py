@@ -1,0 +1,63 @@
+"""What the model sources share: the built model a stack converts, and the adapter to a logits tensor."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+
+@dataclass
+class Built:
+    """A source's seeded model for one cell: ``model`` maps ids (b, t) -> logits (b, t, vocab) (a tensor);
+    ``logits_layer`` is the qualified name of the Linear that makes the logits (stacks keep it in high
+    precision); ``info``: record fields (model_class, model_config, n_params)."""
+
+    model: nn.Module
+    vocab: int
+    logits_layer: str | None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def dtype_of(precision: str) -> torch.dtype:
+    """Weights in fp32 for fp32 cells, in bf16 otherwise (FP8 stacks cast from the bf16 weights)."""
+    return torch.float32 if precision == "fp32" else torch.bfloat16
+
+
+def logits_of(out: Any) -> torch.Tensor:
+    """A model's output -> its logits tensor (transformers return an object with ``.logits``)."""
+    return out if isinstance(out, torch.Tensor) else out.logits
+
+
+class Logits(nn.Module):
+    """ids (b, t) -> logits (b, t, vocab) tensor, for a model that returns an object with ``.logits``
+    (or takes keyword arguments the harness gives: ``use_cache=False`` for transformers)."""
+
+    backend = "torch"
+
+    def __init__(self, model: nn.Module, **call_kwargs: Any):
+        super().__init__()
+        self.model = model
+        self.call_kwargs = call_kwargs
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return logits_of(self.model(idx, **self.call_kwargs))
+
+
+def next_logits(model: nn.Module, idx: torch.Tensor, pos: int) -> torch.Tensor:
+    """Logits (b, vocab) at position ``pos`` of ids (b, t): the model's own ``next_logits`` where it has one
+    (MiniGPT runs its LM head at that position only), else its full logits' row."""
+    own = getattr(model, "next_logits", None)
+    return own(idx, pos) if own is not None else model(idx)[:, pos]
+
+
+def param_count(model: nn.Module) -> int:
+    """Parameters, each counted once (tied embeddings are one tensor)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def to_json(values: dict[str, Any]) -> str:
+    return json.dumps(values, sort_keys=True, default=str)

@@ -1,0 +1,34 @@
+"""JuicyTalk's own MiniGPT (``trials/model.py``), gpt or llama ``arch``: the pure-PyTorch twin a stack converts.
+
+TE builds its own te blocks of the same network (``trials/backends/te.py``), so this module serves the
+torch and torchao stacks; its parameter count and FLOPs have closed forms (``trials/model.py``,
+``trials/metrics.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..model import MiniGPT, ModelConfig, build_model, param_count
+from . import Facts
+from .common import Built, to_json
+
+LOGITS_LAYER = "head"
+
+
+def build(spec: Any, precision: str, device: str) -> Built:
+    model = build_model(spec, "torch", precision, device)
+    return Built(model, model.cfg.vocab, LOGITS_LAYER)
+
+
+def describe(spec: Any) -> Facts:
+    cfg = ModelConfig.from_spec(spec)
+    shape = {"vocab": cfg.vocab, "d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
+             "n_kv_heads": spec.n_kv_heads, "ffn": cfg.ffn}
+    return Facts(MiniGPT.__name__, to_json(dataclasses.asdict(cfg)), param_count(cfg), shape, analytic=cfg,
+                 estimate=cfg, attn_width=cfg.d_model)
+
+
+def check(spec: Any) -> None:
+    """The spec's own validation covers MiniGPT."""
