@@ -49,7 +49,8 @@ def variant_of(row: Any) -> str:
     precision = _get(row, "effective_precision") or _get(row, "precision")
     backend = backend_of(row)
     values = {name: _get(row, name) for name in axis_fields("variant")}
-    values.update(backend=backend, precision=precision, recipe=_get(row, "effective_recipe") or _get(row, "recipe"))
+    values.update(backend=backend, precision=precision, recipe=_get(row, "effective_recipe") or _get(row, "recipe"),
+                  model=_get(row, "model"))  # whose te_layer default applies
     return variant_name(values)
 
 
@@ -229,7 +230,8 @@ def bf16_partner(cell: CellStats) -> str:
     """The BF16 variant an FP8 cell is compared with: its stack's partner (te for te, the twin for torchao),
     built the same way (te_layer, any stack-wide setting)."""
     partner = STACKS[stack_of(cell)].bf16_partner
-    return variant_name({**{k: _get(cell.record, k) for k in KNOBS}, "backend": partner, "precision": "bf16"})
+    return variant_name({**{k: _get(cell.record, k) for k in KNOBS}, "backend": partner, "precision": "bf16",
+                         "model": _get(cell.record, "model")})
 
 
 def fp32_partner(cell: CellStats) -> str:
