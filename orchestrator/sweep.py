@@ -26,7 +26,8 @@ A sweep file is YAML read with ``yaml.safe_load`` semantics; nothing in it is ev
 
 Cells that make no sense are never run twice under two names: an FP8-only field (recipe,
 fp8_format, amax_*) on a non-fp8 cell is collapsed to its default, and fp8 on the torch backend or
-a cpu device is skipped, each listed with its reason.
+a cpu device is skipped, as is a te_layer the cell's model does not take (modules on an hf: model,
+transformer_layer on one that is not Llama-family), each listed with its reason.
 """
 
 from __future__ import annotations
