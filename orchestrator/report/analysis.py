@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from trials.backends import STACKS
-from trials.spec import TrialSpec, axis_fields, variant_name
+from trials.spec import TrialSpec, axis_fields, default_for, variant_name
 
 # "The same cell apart from its variant": pairs must agree on every shape, schedule and execution field
 # (declared with TrialSpec). Two different specs are never merged into one cell.
@@ -450,7 +450,8 @@ def knob_effects(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             if g[knob].nunique(dropna=True) < 2:
                 continue
             where = dict(zip(SHAPE_KEYS + others, key))
-            g = g.iloc[np.argsort([value != _SPEC_DEFAULTS[knob] for value in g[knob]], kind="stable")]  # default first
+            default = default_for(knob, where)  # the model source's where it has one (te_layer)
+            g = g.iloc[np.argsort([value != default for value in g[knob]], kind="stable")]  # default first
             g = g.assign(loss_pct=100 * (g.get("loss_ratio", np.nan) - 1),
                          loss_lo=100 * (g.get("loss_ci_low", np.nan) - 1),
                          loss_hi=100 * (g.get("loss_ci_high", np.nan) - 1))
