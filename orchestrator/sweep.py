@@ -45,8 +45,8 @@ import yaml
 from trials.backends import STACKS, fp8_stacks, recipe_owner
 from trials.models import ModelError
 from trials.models import parse as parse_model
-from trials.spec import (SOURCE_DEFAULTS, SpecError, TrialSpec, applies, check_model, default_for, field_default,
-                         only_fields, te_layer_refusal, variant_name)
+from trials.spec import (SpecError, TrialSpec, applies, check_model, defaults_for, field_default, only_fields,
+                         te_layer_refusal, variant_name)
 
 from .crossover import CrossoverPlan, parse_search
 from .launchers import DEFAULT_LAUNCHER, DEFAULT_WARM_MAX_TRIALS, LAUNCHERS
@@ -56,12 +56,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 TOP_KEYS = ("name", "grid", "search", "fixed", "samples", "resources", "max_concurrent", "trial_timeout_s", "storage",
             "launcher", "warm_max_trials", "compile_cache", "trackers")
 RESOURCE_KEYS = ("gpu", "cpu")
-_DEFAULTS = TrialSpec().to_dict()  # MiniGPT's; see defaults() for a cell of another model source
-
-
-def defaults(values: dict[str, Any]) -> dict[str, Any]:
-    """Every spec field's default for a cell of these values (te_layer's is its model source's)."""
-    return {**_DEFAULTS, **{name: default_for(name, values) for name in SOURCE_DEFAULTS}}
+_DEFAULTS = TrialSpec().to_dict()  # MiniGPT's; defaults_for(values) for a cell of another model source
 
 
 class SweepError(ValueError):
@@ -122,7 +117,7 @@ def cell_id(spec: TrialSpec) -> str:
     """Stable id of a spec: the same cell gets the same id in every run, on every machine, and after
     new spec fields arrive with defaults (resume and --compare keep working on older results)."""
     values = spec.to_dict()
-    return spec_id(values, defaults(values))
+    return spec_id(values, defaults_for(values))
 
 
 def cell_label(spec: TrialSpec) -> str:
@@ -318,13 +313,13 @@ def _expand(sweep: Sweep, prefixes: list[tuple], err) -> None:
         for combo in itertools.product(*(grid[k] for k in keys)):
             asked = dict(zip(keys, combo))
             values = {**sweep.fixed, **asked}
-            why = _skip_reason({**defaults(values), **values}, asked)
+            why = _skip_reason({**defaults_for(values), **values}, asked)
             if why:
                 sweep.skipped.append((asked, why))
                 continue
             if values.get("backend") == "torchao" and values.get("precision", _DEFAULTS["precision"]) != "fp8":
                 values["backend"] = "torch"  # torchao converts Linears to FP8; without FP8 it is the twin
-            cell = {**defaults(values), **values}
+            cell = {**defaults_for(values), **values}
             for name in only_fields("fp8", "te", "te-fp8", "compiles", "fp8-filter", "minigpt"):  # meaningless here
                 if not applies(name, cell):
                     values.pop(name, None)

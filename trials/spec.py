@@ -7,6 +7,7 @@ sweep loader can turn it into one clear line and exit status 2 before any trial 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping
 
@@ -396,6 +397,16 @@ def default_for(field_name: str, values: Mapping[str, Any]) -> Any:
     except ModelError:
         source = SOURCES[DEFAULT_MODEL]
     return SOURCE_DEFAULTS[field_name](source)
+
+
+def defaults_for(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Every spec field's default for a cell of these values (``TrialSpec()``'s, with te_layer's its model source's)."""
+    return {**_declared_defaults(), **{name: default_for(name, values) for name in SOURCE_DEFAULTS}}
+
+
+@functools.cache
+def _declared_defaults() -> dict[str, Any]:
+    return TrialSpec().to_dict()
 
 
 _ONLY = {f.name: f.metadata["only"] for f in dataclasses.fields(TrialSpec)}
