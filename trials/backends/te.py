@@ -49,8 +49,7 @@ def source_model(spec: Any, precision: str, device: str) -> tuple[Any, dict[str,
     from ..workloads.training import count_flops  # the workload's count (it imports this package)
 
     made = models.build(spec, "bf16" if precision == "fp8" else precision, device)
-    flops = count_flops(spec, made.model, made.vocab, device, spec.world_size)
-    return made, {"flops_per_step": flops, "flops_method": "counted"}
+    return made, count_flops(spec, made.model, made.vocab, device, spec.world_size)
 
 
 def _converted(spec: Any, te: Any, recipe: Any, precision: str, device: str, info: dict[str, Any]) -> Built:
