@@ -97,7 +97,8 @@ def main() -> int:
     ap.add_argument("--only", default="", help="cells whose label contains this")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
-    cells = [c for c in load_sweep(args.sweep).cells if c.spec.source.name == "hf" and args.only in c.label]
+    cells = [c for c in load_sweep(args.sweep).cells  # TE cells: benchmarks/te_hf_loop.py
+             if c.spec.source.name == "hf" and c.spec.backend in ("torch", "torchao") and args.only in c.label]
     rows = []
     for cell in cells:
         spec = cell.spec.replace(device="cuda", train_steps=args.warmup, warmup_steps=args.warmup,

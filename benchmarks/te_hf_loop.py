@@ -2,16 +2,24 @@
 
 Issue 33's acceptance asks that each TE cell on an ``hf:`` model run within 2% of a plain loop over the same
 converted model, on the same GPU, in one call. This is that loop: the model is transformers'
-``AutoModelForCausalLM.from_config`` (random seeded init, SDPA, BF16), converted by
+``AutoModelForCausalLM.from_config`` (random seeded init, SDPA, BF16, no KV cache), converted by
 ``trials/backends/te_convert.py`` (``swap`` or ``transformer_layer``; ``none`` times the HF model itself), and
 each step is the harness's step without the harness: forward under ``te.autocast`` with the cell's recipe (none
-for BF16), FP32 cross-entropy on the next tokens, backward, fused AdamW (``trials.train.WEIGHT_DECAY``),
+for BF16), FP32 cross-entropy on the next tokens, backward, fused AdamW (``trials.train.make_optimizer``),
 ``zero_grad(set_to_none=True)``. After ``--warmup`` untimed steps, each of ``--steps`` steps is timed with its
-own pair of CUDA events, as the harness times its steps; it prints each cell's median ms per step and the spread.
+own pair of CUDA events, as the harness times its steps, and the median is taken.
 
-Usage (repository root; several cells in one process, TE imported once):
-    PYTHONPATH=. python benchmarks/te_hf_loop.py --model llama --d-model 4096 --n-layers 2 --n-heads 32 --n-kv-heads 8 \\
-        --ffn 14336 --vocab 128256 --seq-len 4096 --batch-size 4 \\
+Two ways to call it (repository root, one process, one GPU, TE imported once):
+
+  --sweep FILE   every ``hf:`` TE cell of a sweep file (``examples/your-model.yaml``: Llama-3-8B, Qwen2.5-7B and
+                 Mistral-7B layer shapes), interleaved round by round: the trial (``run_trial``'s step_ms_p50)
+                 and this loop at the cell's shape, batch and recipe; one line per cell with both medians and
+                 trial/plain (the goal: |trial/plain - 1| <= 0.02).
+  --cells ...    this loop alone at the shape given by flags, one line per cell (te_layer:precision[:recipe]).
+
+    PYTHONPATH=. python benchmarks/te_hf_loop.py --sweep examples/your-model.yaml --rounds 3
+    PYTHONPATH=. python benchmarks/te_hf_loop.py --model llama --d-model 4096 --n-layers 2 --n-heads 32 \\
+        --n-kv-heads 8 --ffn 14336 --vocab 128256 --seq-len 4096 --batch-size 4 \\
         --cells none:bf16 swap:bf16 swap:fp8:delayed swap:fp8:current transformer_layer:bf16 transformer_layer:fp8:delayed
 """
 
@@ -21,6 +29,10 @@ import argparse
 import gc
 import json
 import statistics
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -33,28 +45,48 @@ SHAPE_TO_HF = {"vocab": "vocab_size", "d_model": "hidden_size", "n_layers": "num
                "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "ffn": "intermediate_size"}
 
 
-def build(args: argparse.Namespace, te_layer: str, te) -> tuple[torch.nn.Module, list]:
+@dataclass(frozen=True)
+class Shape:
+    """The model and batch one loop runs: a transformers model type, its shape fields (None: the type's own)."""
+
+    model: str
+    seq_len: int
+    batch_size: int
+    vocab: int | None = None
+    d_model: int | None = None
+    n_layers: int | None = None
+    n_heads: int | None = None
+    n_kv_heads: int | None = None
+    ffn: int | None = None
+    lr: float = 3e-4
+    seed: int = 0
+
+    @classmethod
+    def of(cls, spec: TrialSpec) -> "Shape":
+        return cls(**{f.name: getattr(spec, f.name) for f in fields(cls) if f.name != "model"},
+                   model=spec.model.removeprefix("hf:"))
+
+
+def build(shape: Shape, te_layer: str, te) -> tuple[torch.nn.Module, list]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    shape = {hf: getattr(args, k) for k, hf in SHAPE_TO_HF.items() if getattr(args, k) is not None}
-    cfg = AutoConfig.for_model(args.model, **shape)
-    cfg.max_position_embeddings = max(cfg.max_position_embeddings, args.seq_len)
-    torch.manual_seed(args.seed)
+    values = {hf: getattr(shape, k) for k, hf in SHAPE_TO_HF.items() if getattr(shape, k) is not None}
+    cfg = AutoConfig.for_model(shape.model, **values)
+    cfg.max_position_embeddings = max(cfg.max_position_embeddings, shape.seq_len)
+    cfg.use_cache = False
+    torch.manual_seed(shape.seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa").cuda().train()
     steps = [] if te_layer == "none" else te_convert.convert(model, te, te_layer)
     return model, steps
 
 
-def time_cell(args: argparse.Namespace, te, cell: str) -> dict:
-    te_layer, precision, *rest = cell.split(":")
-    d = TrialSpec()  # the harness's FP8 defaults (format, amax history)
-    recipe = (te_compat.make_recipe(rest[0], d.fp8_format, d.amax_history_len, d.amax_compute_algo)
-              if precision == "fp8" else None)
-    model, steps = build(args, te_layer, te)
+def plain_loop(shape: Shape, te, te_layer: str, recipe: Any, steps: int, warmup: int) -> dict:
+    """Median ms per step of the plain loop over the converted model, and what the conversion did."""
+    model, plan = build(shape, te_layer, te)
     vocab = model.config.vocab_size
-    opt = make_optimizer(model, args.lr, "cuda")
-    g = torch.Generator(device="cuda").manual_seed(args.seed)
-    data = torch.randint(0, vocab, (args.batch_size, args.seq_len + 1), device="cuda", generator=g)
+    opt = make_optimizer(model, shape.lr, "cuda")
+    g = torch.Generator(device="cuda").manual_seed(shape.seed)
+    data = torch.randint(0, vocab, (shape.batch_size, shape.seq_len + 1), device="cuda", generator=g)
     x, y = data[:, :-1], data[:, 1:]
 
     def step() -> torch.Tensor:
@@ -67,10 +99,10 @@ def time_cell(args: argparse.Namespace, te, cell: str) -> dict:
         return loss.detach()
 
     first = step().item()
-    for _ in range(args.warmup - 1):
+    for _ in range(warmup - 1):
         step()
     events = []
-    for _ in range(args.steps):
+    for _ in range(steps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         loss = step()
@@ -78,19 +110,68 @@ def time_cell(args: argparse.Namespace, te, cell: str) -> dict:
         events.append((start, end))
     torch.cuda.synchronize()
     per_step = [s.elapsed_time(e) for s, e in events]
-    out = {"cell": cell, "model": args.model, "ms_p50": round(statistics.median(per_step), 3),
-           "ms_min": round(min(per_step), 3), "ms_max": round(max(per_step), 3), "loss_first": round(first, 4),
-           "loss_last": round(loss.item(), 4), "converted": sum(s.converts for s in steps),
-           "kept": [s.name for s in steps if not s.converts],
-           "tokens_per_s": round(args.batch_size * args.seq_len / statistics.median(per_step) * 1e3)}
-    del model, opt
+    out = {"ms_p50": statistics.median(per_step), "ms_min": min(per_step), "ms_max": max(per_step),
+           "loss_first": first, "loss_last": loss.item(), "converted": sum(s.converts for s in plan),
+           "kept": [s.name for s in plan if not s.converts]}
+    del model, opt, x, y, data
     gc.collect()
     torch.cuda.empty_cache()
     return out
 
 
-def main() -> None:
+def by_flags(args: argparse.Namespace, te) -> list[dict]:
+    shape = Shape(args.model, args.seq_len, args.batch_size, **{k: getattr(args, k) for k in SHAPE_TO_HF},
+                  lr=args.lr, seed=args.seed)
+    d = TrialSpec()  # the harness's FP8 defaults (format, amax history)
+    rows = []
+    for cell in args.cells:
+        te_layer, precision, *rest = cell.split(":")
+        recipe = (te_compat.make_recipe(rest[0], d.fp8_format, d.amax_history_len, d.amax_compute_algo)
+                  if precision == "fp8" else None)
+        r = plain_loop(shape, te, te_layer, recipe, args.steps, args.warmup)
+        rows.append({"cell": f"{args.model}-{cell}", **r})
+        print(f"{args.model} {cell}: plain {r['ms_p50']:.2f} ms (min {r['ms_min']:.2f}, max {r['ms_max']:.2f}), "
+              f"{shape.batch_size * shape.seq_len / r['ms_p50'] * 1e3:.0f} tok/s, loss {r['loss_first']:.3f} -> "
+              f"{r['loss_last']:.3f}, {r['converted']} modules converted, kept {r['kept']}", flush=True)
+    return rows
+
+
+def by_sweep(args: argparse.Namespace, te) -> list[dict]:
+    from orchestrator.sweep import load_sweep
+    from trials import run_trial
+
+    cells = [c for c in load_sweep(args.sweep).cells
+             if c.spec.source.name == "hf" and c.spec.backend == "te" and args.only in c.label]
+    print(f"# {len(cells)} TE cells of {args.sweep}, {args.rounds} rounds each", flush=True)
+    rows = []
+    for cell in cells:
+        spec = cell.spec.replace(device="cuda", train_steps=args.warmup, warmup_steps=args.warmup,
+                                 bench_steps=args.steps, repeats=1, profile=False)
+        recipe = (te_compat.make_recipe(spec.recipe, spec.fp8_format, spec.amax_history_len, spec.amax_compute_algo)
+                  if spec.precision == "fp8" else None)
+        trial, plain = [], []
+        for _ in range(args.rounds):
+            rec = run_trial(spec)
+            if rec["status"] != "ok":
+                print(f"{cell.label}: trial {rec['status']}: {rec['error']}", flush=True)
+                break
+            trial.append(rec["step_ms_p50"])
+            plain.append(plain_loop(Shape.of(spec), te, spec.te_layer, recipe, args.steps, args.warmup)["ms_p50"])
+        if not trial:
+            continue
+        t, p = statistics.median(trial), statistics.median(plain)
+        rows.append({"cell": cell.label, "trial_ms": t, "plain_ms": p, "ratio": t / p, "trial_rounds": trial,
+                     "plain_rounds": plain})
+        print(f"{cell.label}: trial {t:.2f} ms  plain {p:.2f} ms  trial/plain {t / p:.3f}"
+              f"{'' if abs(t / p - 1) <= 0.02 else '  (outside 2%)'}", flush=True)
+    return rows
+
+
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sweep", help="time every hf: TE cell of this sweep file against the trial (see above)")
+    p.add_argument("--only", default="", help="--sweep: cells whose label contains this")
+    p.add_argument("--rounds", type=int, default=3, help="--sweep: trial and plain loop, alternately, this often")
     p.add_argument("--model", default="llama", help="transformers model_type (llama, qwen2, mistral, ...)")
     for k in SHAPE_TO_HF:
         p.add_argument(f"--{k.replace('_', '-')}", dest=k, type=int)
@@ -102,12 +183,15 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--cells", nargs="+", default=["none:bf16", "swap:bf16", "swap:fp8:delayed"],
                    help="te_layer:precision[:recipe], te_layer one of none, swap, transformer_layer")
+    p.add_argument("--json", help="write the rows here")
     args = p.parse_args()
     te = te_compat.import_te()
-    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} TE {te_compat.te_version()}")
-    for cell in args.cells:
-        print(json.dumps(time_cell(args, te, cell)), flush=True)
+    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} TE {te_compat.te_version()}", flush=True)
+    rows = by_sweep(args, te) if args.sweep else by_flags(args, te)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

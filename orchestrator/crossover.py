@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from trials.spec import SpecError, TrialSpec, variant_name
+from trials.spec import SpecError, TrialSpec, defaults_for, variant_name
 
 from .report.analysis import bootstrap_ratio, launch_bound_note
 
@@ -61,7 +61,8 @@ class CrossoverPlan:
         return TrialSpec.from_dict({**self.fixed, **getattr(self, side), self.axis: x})
 
     def label(self, side: str) -> str:
-        return variant_name({**TrialSpec().to_dict(), **self.fixed, **getattr(self, side)})
+        values = {**self.fixed, **getattr(self, side)}
+        return variant_name({**defaults_for(values), **values})
 
 
 def parse_search(block: Any, err: Callable[[tuple, str], Exception], sweep_fixed: dict[str, Any],

@@ -26,7 +26,8 @@ A sweep file is YAML read with ``yaml.safe_load`` semantics; nothing in it is ev
 
 Cells that make no sense are never run twice under two names: an FP8-only field (recipe,
 fp8_format, amax_*) on a non-fp8 cell is collapsed to its default, and fp8 on the torch backend or
-a cpu device is skipped, each listed with its reason.
+a cpu device is skipped, as is a te_layer the cell's model does not take (modules on an hf: model,
+transformer_layer on one that is not Llama-family), each listed with its reason.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ import yaml
 from trials.backends import STACKS, fp8_stacks, recipe_owner
 from trials.models import ModelError
 from trials.models import parse as parse_model
-from trials.spec import SpecError, TrialSpec, applies, check_model, field_default, only_fields, variant_name
+from trials.spec import (SpecError, TrialSpec, applies, check_model, defaults_for, field_default, only_fields,
+                         te_layer_refusal, variant_name)
 
 from .crossover import CrossoverPlan, parse_search
 from .launchers import DEFAULT_LAUNCHER, DEFAULT_WARM_MAX_TRIALS, LAUNCHERS
@@ -54,7 +56,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 TOP_KEYS = ("name", "grid", "search", "fixed", "samples", "resources", "max_concurrent", "trial_timeout_s", "storage",
             "launcher", "warm_max_trials", "compile_cache", "trackers")
 RESOURCE_KEYS = ("gpu", "cpu")
-_DEFAULTS = TrialSpec().to_dict()
+_DEFAULTS = TrialSpec().to_dict()  # MiniGPT's; defaults_for(values) for a cell of another model source
 
 
 class SweepError(ValueError):
@@ -114,7 +116,8 @@ def spec_id(values: dict[str, Any], defaults: dict[str, Any]) -> str:
 def cell_id(spec: TrialSpec) -> str:
     """Stable id of a spec: the same cell gets the same id in every run, on every machine, and after
     new spec fields arrive with defaults (resume and --compare keep working on older results)."""
-    return spec_id(spec.to_dict(), _DEFAULTS)
+    values = spec.to_dict()
+    return spec_id(values, defaults_for(values))
 
 
 def cell_label(spec: TrialSpec) -> str:
@@ -283,6 +286,10 @@ def _skip_reason(cell: dict[str, Any], asked: dict[str, Any]) -> str | None:
     if (source is not None and stack is not None and stack.name not in source.stacks
             and {"model", "backend"} & set(asked)):
         return f"backend {stack.name} does not build model {cell['model']} (trials/models)"
+    if (source is not None and {"model", "te_layer"} & set(asked) and applies("te_layer", cell)
+            and cell["te_layer"] not in source.te_layers):
+        return f"te_layer {cell['te_layer']} does not apply to model {cell['model']} (it takes " \
+               f"{' or '.join(source.te_layers)})"
     if cell["precision"] == "fp8":
         fp8 = stack or STACKS["te"]
         if not fp8.recipes:
@@ -306,18 +313,21 @@ def _expand(sweep: Sweep, prefixes: list[tuple], err) -> None:
         for combo in itertools.product(*(grid[k] for k in keys)):
             asked = dict(zip(keys, combo))
             values = {**sweep.fixed, **asked}
-            why = _skip_reason({**_DEFAULTS, **values}, asked)
+            why = _skip_reason({**defaults_for(values), **values}, asked)
             if why:
                 sweep.skipped.append((asked, why))
                 continue
             if values.get("backend") == "torchao" and values.get("precision", _DEFAULTS["precision"]) != "fp8":
                 values["backend"] = "torch"  # torchao converts Linears to FP8; without FP8 it is the twin
-            cell = {**_DEFAULTS, **values}
+            cell = {**defaults_for(values), **values}
             for name in only_fields("fp8", "te", "te-fp8", "compiles", "fp8-filter", "minigpt"):  # meaningless here
                 if not applies(name, cell):
                     values.pop(name, None)
             try:
                 spec = TrialSpec.from_dict(values)
+                if {"model", "te_layer"} & set(asked) and (why := te_layer_refusal(spec)):
+                    sweep.skipped.append((asked, why))  # transformer_layer on a model it cannot convert
+                    continue
                 check_model(spec)  # an hf: or py: model that cannot be built: one line, before Ray
             except SpecError as exc:
                 place = prefix + (exc.field,) if exc.field in grid else ("fixed", exc.field)

@@ -111,3 +111,35 @@ def test_fp8_delayed_trains_the_converted_model(te, model_type, te_layer):
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < 0.8 * losses[0]
     frozen = [p for n, p in model.named_parameters() if not p.requires_grad]
     assert (len(frozen) == 3 * 2) == (model_type == "qwen2") and all(not p.any() for p in frozen)
+
+
+TRIAL = dict(d_model=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn=512, vocab=512, seq_len=128, batch_size=8,
+             train_steps=30, lr=1e-2, warmup_steps=2, bench_steps=5, profile=False, device="cuda")
+
+
+@pytest.mark.parametrize("model,te_layer,precision,recipe", [
+    ("hf:llama", "swap", "bf16", "delayed"), ("hf:llama", "swap", "fp8", "delayed"),
+    ("hf:qwen2", "transformer_layer", "fp8", "delayed"), ("hf:mistral", "swap", "fp8", "current"),
+])
+def test_a_te_cell_on_a_transformers_model_runs_through_the_harness(te, model, te_layer, precision, recipe):
+    """The wired path (trials/backends/te.py): run_trial of a TE cell on an hf: model trains, records what TE runs
+    and kept, and counts the same FLOPs as the torch cell of the same model (counted before the conversion)."""
+    import json
+
+    from trials import TrialSpec, run_trial
+
+    spec = TrialSpec(model=model, backend="te", te_layer=te_layer, precision=precision, recipe=recipe, **TRIAL)
+    rec = run_trial(spec)
+    assert rec["status"] == "ok", rec["error"]
+    assert (rec["effective_backend"], rec["effective_precision"], rec["te_layer"]) == ("te", precision, te_layer)
+    curve = rec["loss_curve"]
+    assert sum(curve[-3:]) / 3 < sum(curve[:3]) / 3 - 0.1, curve
+    converted = json.loads(rec["fp8_converted_names"])
+    assert rec["fp8_converted_modules"] == len(converted) == (2 if te_layer == "transformer_layer" else 2 * 9 + 1)
+    assert json.loads(rec["fp8_skipped_modules"]) == (["model.lm_head"] if te_layer == "swap" else [])
+    assert rec["flops_method"] == "counted"
+    torch_rec = run_trial(spec.replace(backend="torch", precision="bf16", train_steps=2))
+    assert rec["flops_per_step"] == pytest.approx(torch_rec["flops_per_step"], rel=1e-9)
+    if precision == "fp8" and recipe == "delayed":
+        assert json.loads(rec["fp8_state"])  # the first modules TE scales
+    print(f"{model} te {te_layer} {precision}: {rec['step_ms_p50']:.2f} ms, loss {curve[0]:.3f} -> {curve[-1]:.3f}")

@@ -178,8 +178,9 @@ def test_a_model_that_cannot_be_built_is_one_line_naming_the_field(tmp_path, mod
 @pytest.mark.parametrize("values,field,message", [
     (dict(model="llama"), "model", "must be minigpt, hf:<model_type>"),
     (dict(model="py:examples.my_model"), "model", "py: needs <module>:<callable>"),
-    (dict(model="hf:llama", backend="te"), "backend", "is built by backend torch or torchao, not te"),
-    (dict(model="hf:llama", precision="fp8"), "backend", "fp8 on model hf:llama needs backend torchao"),
+    (dict(model="hf:llama", backend="te", te_layer="modules"), "te_layer",
+     "model hf:llama takes swap or transformer_layer"),
+    (dict(te_layer="swap"), "te_layer", "model minigpt takes transformer_layer or modules"),
     (dict(model="hf:llama", workload="infer"), "workload", "infer is built for model minigpt"),
     (dict(model="hf:llama", arch="llama"), "arch", "MiniGPT's architecture"),
     (dict(model="hf:llama", cuda_graphs=True), "cuda_graphs", "is built for model minigpt, not hf:llama"),

@@ -179,3 +179,106 @@ def test_rotary_angles_are_transformers_own_in_rotate_half_layout():
     assert table.shape == (t, 1, 1, 16)
     torch.testing.assert_close(table[:, 0, 0].cos(), cos[0], rtol=0, atol=1e-6)
     torch.testing.assert_close(table[:, 0, 0].sin(), sin[0], rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- wiring (issue 33)
+# backend te on hf: and py: models through the spec, the sweep, the trial and the FLOP count, without TE
+
+WIRED = dict(d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, ffn=128, vocab=96, seq_len=16, batch_size=8)
+
+
+def test_the_spec_takes_te_on_your_model_with_swap_by_default_and_refuses_what_cannot_convert():
+    from trials.spec import SpecError, TrialSpec, check_model
+
+    spec = TrialSpec(model="hf:llama", backend="te", precision="fp8", **WIRED)
+    check_model(spec)
+    assert spec.te_layer == "swap" and TrialSpec(backend="te").te_layer == "transformer_layer"  # each source's own
+    check_model(spec.replace(te_layer="transformer_layer"))
+    assert TrialSpec(model="hf:qwen2").replace(model="minigpt").te_layer == "transformer_layer"  # it follows
+    refusals = [  # (spec, field, message): one line each, before Ray (the CLI turns it into exit 2)
+        (TrialSpec(model="hf:gpt2", backend="te", te_layer="transformer_layer", vocab=96, seq_len=16), "te_layer",
+         "transformer_layer applies to transformers' llama, mistral, qwen2 models; this one is a transformers "
+         "'gpt2' model: use te_layer swap"),
+        (TrialSpec(model="py:examples.my_model:build", backend="te", te_layer="transformer_layer", d_model=64,
+                   n_layers=1, seq_len=16), "te_layer", "this one is not a transformers model: use te_layer swap"),
+    ]
+    for bad, field, message in refusals:
+        with pytest.raises(SpecError, match=message) as exc:
+            check_model(bad)
+        assert exc.value.field == field and "\n" not in str(exc.value)
+    with pytest.raises(SpecError, match=r"te_layer: model hf:llama takes swap or transformer_layer \(te_layer "
+                                        r"modules is for model minigpt\)"):
+        TrialSpec(model="hf:llama", backend="te", te_layer="modules")
+
+
+def test_the_cli_refuses_transformer_layer_on_a_py_model_in_one_line_exit_2(capsys):
+    from trials.cli import main
+
+    assert main(["--model", "py:examples.my_model:build", "--backend", "te", "--te-layer", "transformer_layer",
+                 "--d-model", "64", "--n-layers", "1", "--seq-len", "16"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "error: te_layer: " in err[0] and "not a transformers model" in err[0], err
+
+
+def test_a_te_cell_on_your_model_is_unsupported_on_cpu_with_tes_reason():
+    """As MiniGPT's te cells are on a machine without CUDA: the record says why, nothing is built."""
+    from trials import TrialSpec, run_trial
+
+    rec = run_trial(TrialSpec(model="hf:qwen2", backend="te", precision="fp8", **WIRED))
+    assert (rec["status"], rec["error"]) == ("unsupported", "backend te: no CUDA device")
+    assert rec["te_layer"] == "swap" and rec["model_class"] == "Qwen2ForCausalLM" and rec["n_params"] > 0
+    # TE's inference is built on its own blocks only: one sentence from the source table, wherever it is asked
+    from trials.models import SOURCES
+
+    assert SOURCES["hf"].te_unsupported("infer") and not SOURCES["minigpt"].te_unsupported("infer")
+    assert SOURCES["py"].te_unsupported("train") == ""
+
+
+def test_te_counts_the_flops_of_the_source_module_before_converting_it():
+    """FlopCounterMode does not see TE's GEMMs, so a TE cell's FLOPs are counted on the model its source built,
+    before the conversion: the same figure as the torch cell's (same module, same math), so MFU compares."""
+    from trials import TrialSpec, models
+    from trials.backends.te import source_model
+    from trials.workloads.training import count_flops
+
+    spec = TrialSpec(model="hf:llama", backend="te", **WIRED)
+    made, flops = source_model(spec, "fp32", "cpu")
+    assert flops["flops_method"] == "counted"
+    assert made.model.model.model.layers[0].self_attn.q_proj.__class__ is nn.Linear  # not converted yet
+    assert all(p.grad is None for p in made.model.parameters())  # the count leaves no gradients behind
+    torch_model = models.build(spec.replace(backend="torch"), "fp32", "cpu").model
+    assert flops == count_flops(spec, torch_model, 96, "cpu", 1)
+    assert flops["flops_per_step"] > 6 * models.describe(spec).n_params
+
+
+def test_a_sweep_of_te_on_your_model_expands_labels_and_skips_what_does_not_convert(tmp_path):
+    """The grid the study runs, tiny: swap is the unlabelled default on hf models, transformer_layer names its
+    cells; transformer_layer on gpt2 is skipped with the converter's reason; the dry run shows every cell, and on
+    this CPU machine each TE cell as unsupported with TE's reason."""
+    from orchestrator.plan import plan_rows, unsupported_here
+    from orchestrator.store import Store
+    from orchestrator.sweep import parse_sweep
+
+    sweep = parse_sweep("""
+name: te-yours
+grid:
+  - {model: [hf:llama, hf:gpt2], backend: [te], precision: [bf16, fp8], recipe: [delayed],
+     te_layer: [swap, transformer_layer, modules]}
+  - {model: [hf:llama], backend: [torch], precision: [bf16]}
+fixed: {d_model: 64, n_layers: 2, n_heads: 2, vocab: 96, seq_len: 16, batch_size: 8}
+""")
+    labels = sorted(c.label for c in sweep.cells)
+    assert labels == ["hf:gpt2-d64-L2-te-bf16", "hf:gpt2-d64-L2-te-fp8-delayed",
+                      "hf:llama-d64-L2-te-bf16", "hf:llama-d64-L2-te-bf16-transformer_layer",
+                      "hf:llama-d64-L2-te-fp8-delayed", "hf:llama-d64-L2-te-fp8-delayed-transformer_layer",
+                      "hf:llama-d64-L2-torch-bf16"]
+    reasons = sorted({why.split(":")[0] for _, why in sweep.skipped})
+    assert reasons == ["te_layer modules does not apply to model hf",
+                       "te_layer transformer_layer applies to transformers' llama, mistral, qwen2 models; this one "
+                       "is a transformers 'gpt2' model"]
+    assert len(sweep.skipped) == 4 + 2
+    rows = plan_rows(sweep, Store(str(tmp_path), sweep.name), unsupported_here(sweep))
+    assert all(r["params"] > 0 for r in rows)
+    here = {r["label"]: r["unsupported"] for r in rows}
+    assert all(why == "backend te: no CUDA device" for label, why in here.items() if "-te-" in label)
+    assert here["hf:llama-d64-L2-torch-bf16"] is None

@@ -137,8 +137,12 @@ def resolve(spec: TrialSpec, cap: Capability) -> Resolution:
         return no("cuda_graphs needs a CUDA device")
     if spec.backend == "te" and not cap.te_available:
         return no(f"backend te: {cap.te_error}")
+    te_not = spec.source.te_unsupported(spec.workload)  # what TE does not run on this model (trials/models)
+    if spec.backend == "te" and te_not:
+        return no(f"backend te: {te_not}")
     if spec.backend == "auto":  # te where TE runs and builds the spec's model, else torch
-        te_ok = cap.te_available and (cap.cc_tuple or (0, 0)) >= (8, 0) and "te" in spec.source.stacks
+        te_ok = (cap.te_available and (cap.cc_tuple or (0, 0)) >= (8, 0) and "te" in spec.source.stacks
+                 and not te_not)
         backend = "te" if te_ok else "torch"
     else:
         backend = spec.backend

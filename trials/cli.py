@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .atomic import write_text_atomic
-from .models import DEFAULT_MODEL
+from .models import DEFAULT_MODEL, SOURCES
 from .numbers import DIGITS, fmt_sig
-from .spec import SpecError, TrialSpec, check_model, spec_field_types
+from .spec import SOURCE_DEFAULTS, SpecError, TrialSpec, check_model, spec_field_types
 
 EXIT_OK_STATUSES = ("ok", "oom", "unsupported", "diverged")
 
@@ -40,8 +40,11 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
                                 help=f"(default {str(defaults[name]).lower()})")
         else:
+            default = ("derived" if name in ("n_heads", "ffn") else
+                       "the model's: " + ", ".join(f"{m} {SOURCE_DEFAULTS[name](s)}" for m, s in SOURCES.items())
+                       if name in SOURCE_DEFAULTS else defaults[name])
             parser.add_argument(flag, dest=name, type=_PARSERS[type_name], default=None, metavar=type_name.upper(),
-                                help=f"(default {defaults[name] if name not in ('n_heads', 'ffn') else 'derived'})")
+                                help=f"(default {default})")
 
 
 def add_trial_arguments(parser: argparse.ArgumentParser) -> None:

@@ -60,8 +60,11 @@ FIELDS: list[Field] = [
     _f("fp8_format", "str", "FP8 format: hybrid (E4M3 fwd / E5M2 bwd) or e4m3."),
     _f("amax_history_len", "int", "Delayed scaling: amax history length."),
     _f("amax_compute_algo", "str", "Delayed scaling: max or most_recent."),
-    _f("te_layer", "str", "TE block granularity: transformer_layer (one fused te.TransformerLayer) or modules "
-       "(te.LayerNormLinear, te.DotProductAttention, te.Linear, te.LayerNormMLP)."),
+    _f("te_layer", "str", "How TE takes the model. MiniGPT: transformer_layer (one fused te.TransformerLayer per "
+       "block, the default) or modules (te.LayerNormLinear, te.DotProductAttention, te.Linear, te.LayerNormMLP). "
+       "hf and py models, converted (trials/backends/te_convert.py): swap (nn.Linear, nn.LayerNorm and RMSNorm "
+       "modules -> te.Linear, te.LayerNorm, te.RMSNorm; the default) or transformer_layer (each transformers "
+       "llama/mistral/qwen2 decoder layer -> one te.TransformerLayer with its weights)."),
     _f("weights", "str", "Inference weights: bf16 (high precision) or fp8 (TE's quantized_model_init, torchao's quantize_; fp8 "
        "cells only)."),
     _f("cuda_graphs", "bool", "Forward+backward captured as CUDA graphs (infer: the decode step)."),
@@ -92,12 +95,15 @@ FIELDS: list[Field] = [
     _f("fp8_recipe_repr", "str", "TE's repr of the recipe object used."),
     _f("te_torch_compile", "bool", "TE's torch.compile'd element-wise fusers on (NVTE_TORCH_COMPILE, TE's default: on)."),
     _f("torchao_version", "str", "torchao version (torchao backend)."),
-    _f("fp8_converted_modules", "int", "torchao fp8: Linears converted to Float8Linear."),
+    _f("fp8_converted_modules", "int", "Modules a stack converted: torchao fp8, the Linears now Float8Linear; te on "
+       "hf and py models (every precision), the modules TE now runs (te_layer swap: Linears and norms; "
+       "transformer_layer: decoder layers)."),
     _f("fp8_filter", "str", "torchao fp8: which Linears convert: dims (all but the logits layer and dims not multiples "
        "of 16) or auto (torchao's own small-layer filter for the recipe, the logits layer kept too)."),
-    _f("fp8_converted_names", "str", "torchao fp8: JSON list of the Linears converted to Float8Linear."),
-    _f("fp8_skipped_modules", "str", "torchao fp8: JSON list of the Linears kept in BF16 (the LM head; dims not "
-       "multiples of 16)."),
+    _f("fp8_converted_names", "str", "JSON list of the modules in fp8_converted_modules (qualified names)."),
+    _f("fp8_skipped_modules", "str", "JSON list of the modules a conversion kept as they were, in BF16 (FP32 on fp32 "
+       "cells): the layer that makes the logits, dims not multiples of 16, weights tied to another module "
+       "(te), decoder layers transformer_layer cannot map (te)."),
     # -- model size and work
     _f("model_class", "str", "The model's class (MiniGPT, LlamaForCausalLM, your factory's module)."),
     _f("model_config", "str", "JSON: the model's resolved config (transformers' to_json_string for hf models, the "
@@ -108,7 +114,7 @@ FIELDS: list[Field] = [
        "it sizes the per-rank batch: batch_size = tokens_per_step / seq_len."),
     _f("flops_per_step", "float", "6*N_matmul*tokens + 6*n_layers*seq_len*d_model*tokens (causal attention; "
        "N_matmul follows the arch: GQA's narrower K/V, SwiGLU's third GEMM, the LM head at the full vocabulary); "
-       "hf and py models: counted, see flops_method."),
+       "hf and py models: counted, see flops_method (te on them: counted on the model before TE converts it)."),
     _f("flops_method", "str", "How flops_per_step was obtained: analytic (MiniGPT's formula) or counted "
        "(torch.utils.flop_counter.FlopCounterMode over one eager forward+backward before training, attention "
        "kernels left out, plus causal attention 6*n_layers*seq_len*heads*head_dim*tokens as in the formula) or "
@@ -198,7 +204,8 @@ FIELDS: list[Field] = [
     _f("peak_rss_bytes", "int", "Peak resident host memory of the trial process during the trial (Linux VmHWM, "
        "reset at trial start; null where it cannot be reset)."),
     # -- numerics
-    _f("fp8_state", "str", "JSON: scale, newest and max amax of block 0's FP8 tensors (delayed scaling)."),
+    _f("fp8_state", "str", "JSON: scale, newest and max amax of block 0's FP8 tensors (delayed scaling; a model TE "
+       "converted: of its first four modules TE scales)."),
     _f("gen_tokens", "list[int]", "First prompt and its greedy continuation."),
     _f("gen_stride_accuracy", "float", "Share of generated steps that keep the prompt's stride (8 prompts)."),
     _f("tf_top1_agreement", "float", "train, fp8 cells of stacks without FP8 scaling state (torchao): teacher-forced, "

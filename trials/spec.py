@@ -7,8 +7,9 @@ sweep loader can turn it into one clear line and exit status 2 before any trial 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .backends import BACKENDS, RECIPES, STACKS, fp8_stacks, recipe_owner
 from .models import DEFAULT_MODEL, SOURCES, ModelError, Source
@@ -20,7 +21,9 @@ FP8_FORMATS = ("hybrid", "e4m3")
 AMAX_ALGOS = ("max", "most_recent")
 DEVICES = ("auto", "cuda", "cpu")
 ARCHS = ("gpt", "llama")  # gpt: the tutorial's MiniGPT; llama: RMSNorm, SwiGLU, GQA, RoPE, no biases
-TE_LAYERS = ("transformer_layer", "modules")  # one fused te.TransformerLayer, or TE's modules composed
+# How TE takes the model, per source (trials/models): MiniGPT's blocks as one fused te.TransformerLayer or TE's
+# modules composed; any other model converted (te_convert: swap its Linears and norms, or transformer_layer)
+TE_LAYERS = tuple(dict.fromkeys(layer for source in SOURCES.values() for layer in source.te_layers))
 WORKLOADS = ("train", "infer")  # what a trial measures: training steps, or prefill + KV-cached decode
 WEIGHTS = ("bf16", "fp8")  # how an inference model stores its weights (fp8: TE's quantized_model_init, torchao's quantize_)
 PARALLEL = ("none", "ddp", "fsdp")  # how a trial's ranks split the model: not at all, DDP, FSDP2 (trials/distributed.py)
@@ -29,6 +32,8 @@ FP8_FILTERS = ("dims", "auto")  # torchao: which Linears go FP8 (dims: all but t
                                 # auto: torchao's own small-layer filter for the recipe)
 # MiniGPT's shape defaults; other model sources take their config's (hf) or their factory's (py) values
 OWN_SHAPE_DEFAULTS = {"vocab": 96, "d_model": 768, "n_layers": 4}
+# Fields whose default is the model source's (trials/models' table): name -> that default
+SOURCE_DEFAULTS: dict[str, Callable[[Source], Any]] = {"te_layer": lambda source: source.te_layers[0]}
 
 
 class SpecError(ValueError):
@@ -78,7 +83,7 @@ class TrialSpec:
     fp8_format: str = _on("variant", "hybrid", "{}", only="te-fp8")
     amax_history_len: int = _on("variant", 16, "hist{}", only="te-fp8")
     amax_compute_algo: str = _on("variant", "max", "amax-{}", only="te-fp8")
-    te_layer: str = _on("variant", "transformer_layer", "{}", only="te")
+    te_layer: str | None = _on("variant", None, "{}", only="te")  # default: the model source's first te_layers
     weights: str = _on("variant", "bf16", "{}-weights", only="fp8")
     fp8_filter: str = _on("variant", "dims", "filter-{}", only="fp8-filter")
     cuda_graphs: bool = _on("execution", False)  # infer: the decode step is graphed
@@ -102,6 +107,9 @@ class TrialSpec:
         for f in fields(self):
             _check_type(f.name, getattr(self, f.name), f.type)
         heads_given = self.n_heads is not None
+        for name, default in SOURCE_DEFAULTS.items():  # a field whose default is the model source's (te_layer)
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default(self.source))
         if self.source.own:  # MiniGPT's shape defaults; elsewhere a field not given is the model's own
             for name, default in OWN_SHAPE_DEFAULTS.items():
                 if getattr(self, name) is None:
@@ -147,6 +155,9 @@ class TrialSpec:
         if "d_model" in changes or "arch" in changes:  # derived defaults follow unless given too
             base["n_heads"] = changes.get("n_heads")
             base["ffn"] = changes.get("ffn")
+        if "model" in changes:  # so do the source's defaults
+            for name in SOURCE_DEFAULTS:
+                base[name] = changes.get(name)
         base.update(changes)
         return TrialSpec.from_dict(base)
 
@@ -192,6 +203,10 @@ class TrialSpec:
         if self.parallel != "none" and not source.parallel:
             raise SpecError("parallel", f"multi-rank trials are built for model "
                             f"{', '.join(m for m, s in SOURCES.items() if s.parallel)}, not {self.model}")
+        if self.te_layer not in source.te_layers:
+            owners = ", ".join(m for m, s in SOURCES.items() if self.te_layer in s.te_layers)
+            raise SpecError("te_layer", f"model {self.model} takes {' or '.join(source.te_layers)} "
+                            f"(te_layer {self.te_layer} is for model {owners})")
         if self.arch != field_default("arch") and not source.own:
             raise SpecError("arch", f"is MiniGPT's architecture; model {self.model} has its own")
         if self.fp8_filter != field_default("fp8_filter"):
@@ -310,7 +325,7 @@ class TrialSpec:
                                 f"positions end there), got {self.prompt_len} + {self.gen_len}")
             if self.gen_len < 2:
                 raise SpecError("gen_len", "infer decodes gen_len - 1 steps after the prefill's token: must be >= 2")
-            if self.te_layer != "transformer_layer":
+            if self.source.te_own and self.te_layer != "transformer_layer":
                 raise SpecError("te_layer", "infer builds te.TransformerLayer blocks (their KV cache is TE's "
                                 "InferenceParams); use transformer_layer")
 
@@ -325,6 +340,24 @@ def check_model(spec: TrialSpec) -> None:
         check(spec)
     except ModelError as exc:
         raise SpecError(exc.field, str(exc)) from None
+    if why := te_layer_refusal(spec):
+        raise SpecError("te_layer", why)
+
+
+def te_layer_refusal(spec: TrialSpec) -> str:
+    """Why the spec's ``te_layer`` cannot convert its model, in one line ('' when it can, or TE does not take
+    this cell): transformer_layer takes transformers' Llama-family models only (te_convert.layer_refusal, asked
+    with the config's model_type; a py: factory's module is not a config's). Reads the model's config (hf)."""
+    if spec.source.te_own or not applies("te_layer", spec.to_dict()):
+        return ""
+    from .backends.te_convert import layer_refusal
+    from .models import describe
+
+    try:
+        model_type = describe(spec).model_type
+    except ModelError:
+        return ""  # check_model's own error says why
+    return layer_refusal(spec.te_layer, model_type)
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -350,8 +383,30 @@ def swiglu_hidden(d_model: int) -> int:
 
 
 def field_default(name: str) -> Any:
-    """A spec field's declared default."""
+    """A spec field's declared default (None for a field whose default is the model source's: see default_for)."""
     return TrialSpec.__dataclass_fields__[name].default
+
+
+def default_for(field_name: str, values: Mapping[str, Any]) -> Any:
+    """A field's default for a cell of these values: its model source's where the source declares it (te_layer:
+    transformer_layer on MiniGPT, swap elsewhere), else the declared default."""
+    if field_name not in SOURCE_DEFAULTS:
+        return field_default(field_name)
+    try:
+        source = parse_model(str(values.get("model") or DEFAULT_MODEL)).source
+    except ModelError:
+        source = SOURCES[DEFAULT_MODEL]
+    return SOURCE_DEFAULTS[field_name](source)
+
+
+def defaults_for(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Every spec field's default for a cell of these values (``TrialSpec()``'s, with te_layer's its model source's)."""
+    return {**_declared_defaults(), **{name: default_for(name, values) for name in SOURCE_DEFAULTS}}
+
+
+@functools.cache
+def _declared_defaults() -> dict[str, Any]:
+    return TrialSpec().to_dict()
 
 
 _ONLY = {f.name: f.metadata["only"] for f in dataclasses.fields(TrialSpec)}
@@ -387,7 +442,8 @@ def variant_name(values: Mapping[str, Any]) -> str:
     """backend-precision[-recipe][-each non-default labelled setting], e.g. te-fp8-delayed-e4m3-hist1024-modules.
 
     The names that reports colour and pair by; a setting names only the variants it applies to
-    (elsewhere the sweep collapses it to its default).
+    (elsewhere the sweep collapses it to its default), and a default is the cell's model source's where the
+    source declares one (``te_layer``: ``values["model"]``; without it, MiniGPT's).
     """
     name = f"{values.get('backend')}-{values.get('precision')}"
     if values.get("precision") == "fp8":
@@ -395,7 +451,7 @@ def variant_name(values: Mapping[str, Any]) -> str:
     for f in dataclasses.fields(TrialSpec):
         label = f.metadata["label"]
         value = values.get(f.name)
-        if label and value is not None and value != f.default and applies(f.name, values):
+        if label and value is not None and value != default_for(f.name, values) and applies(f.name, values):
             name += "-" + label.format(value)
     return name
 

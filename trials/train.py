@@ -133,21 +133,27 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def fp8_state(model: nn.Module, entries: int = 4) -> str | None:
-    """Delayed-scaling state of the first block (scale and newest amax per FP8 tensor), as JSON."""
-    if not model.blocks:
+def fp8_state(model: nn.Module, entries: int = 4, modules: int = 4) -> str | None:
+    """Delayed-scaling state (scale and newest amax per FP8 tensor) of MiniGPT's first block, or, in a model TE
+    converted (no ``blocks``), of the first ``modules`` modules TE scales, as JSON."""
+    blocks = getattr(model, "blocks", None)
+    if blocks is not None and not blocks:
         return None
+    root, prefix, limit = (blocks[0], "blocks.0", None) if blocks is not None else (model, "", modules)
     out = []
-    for name, module in model.blocks[0].named_modules():
+    scaled = set()  # the modules with state so far
+    for name, module in root.named_modules():
         meta = getattr(module, "fp8_meta", None)
         if not isinstance(meta, dict):
             continue
+        if limit is not None and len(scaled) == limit:
+            break
         for key in ("scaling_fwd", "scaling_bwd"):
             state = meta.get(key)
             if state is None or not hasattr(state, "scale") or not hasattr(state, "amax_history"):
                 continue
             out.append({
-                "module": f"blocks.0.{name}" if name else "blocks.0",
+                "module": ".".join(p for p in (prefix, name) if p),
                 "tensor_set": key,
                 "scale": [float(v) for v in state.scale.flatten()[:entries].tolist()],
                 # TE accumulates the running step's amax in row 0 and zeroes it after each scale
@@ -156,4 +162,5 @@ def fp8_state(model: nn.Module, entries: int = 4) -> str | None:
                 "amax_max": [float(v) for v in state.amax_history.amax(dim=0)[:entries].tolist()],
                 "amax_history_len": int(state.amax_history.shape[0]),
             })
+            scaled.add(name)
     return json.dumps(out) if out else None

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from trials.backends import STACKS
-from trials.spec import TrialSpec, axis_fields, variant_name
+from trials.spec import TrialSpec, axis_fields, default_for, variant_name
 
 # "The same cell apart from its variant": pairs must agree on every shape, schedule and execution field
 # (declared with TrialSpec). Two different specs are never merged into one cell.
@@ -49,7 +49,8 @@ def variant_of(row: Any) -> str:
     precision = _get(row, "effective_precision") or _get(row, "precision")
     backend = backend_of(row)
     values = {name: _get(row, name) for name in axis_fields("variant")}
-    values.update(backend=backend, precision=precision, recipe=_get(row, "effective_recipe") or _get(row, "recipe"))
+    values.update(backend=backend, precision=precision, recipe=_get(row, "effective_recipe") or _get(row, "recipe"),
+                  model=_get(row, "model"))  # whose te_layer default applies
     return variant_name(values)
 
 
@@ -229,7 +230,8 @@ def bf16_partner(cell: CellStats) -> str:
     """The BF16 variant an FP8 cell is compared with: its stack's partner (te for te, the twin for torchao),
     built the same way (te_layer, any stack-wide setting)."""
     partner = STACKS[stack_of(cell)].bf16_partner
-    return variant_name({**{k: _get(cell.record, k) for k in KNOBS}, "backend": partner, "precision": "bf16"})
+    return variant_name({**{k: _get(cell.record, k) for k in KNOBS}, "backend": partner, "precision": "bf16",
+                         "model": _get(cell.record, "model")})
 
 
 def fp32_partner(cell: CellStats) -> str:
@@ -448,7 +450,8 @@ def knob_effects(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             if g[knob].nunique(dropna=True) < 2:
                 continue
             where = dict(zip(SHAPE_KEYS + others, key))
-            g = g.iloc[np.argsort([value != _SPEC_DEFAULTS[knob] for value in g[knob]], kind="stable")]  # default first
+            default = default_for(knob, where)  # the model source's where it has one (te_layer)
+            g = g.iloc[np.argsort([value != default for value in g[knob]], kind="stable")]  # default first
             g = g.assign(loss_pct=100 * (g.get("loss_ratio", np.nan) - 1),
                          loss_lo=100 * (g.get("loss_ci_low", np.nan) - 1),
                          loss_hi=100 * (g.get("loss_ci_high", np.nan) - 1))

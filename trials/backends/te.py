@@ -1,5 +1,11 @@
 """Transformer Engine: te.TransformerLayer blocks (or TE's modules), FP8 under ``te.autocast`` with TE's recipe.
 
+MiniGPT TE builds from its own modules (``te_layer`` transformer_layer or modules). Any other model (an ``hf:``
+or ``py:`` source, trials/models) is built by its source, seeded, in BF16 (FP32 for fp32 cells) as on the other
+stacks, and converted in place (``te_layer`` swap or transformer_layer, trials/backends/te_convert.py); which of
+the two a source gets is its table entry's ``te_own``. The converted model's FLOPs are counted before it is
+converted: FlopCounterMode sees aten's GEMMs, not TE's, and the conversion keeps the math.
+
 With ``fp8_all_gather`` (FSDP2 only) the blocks' weights exist only in FP8 (``quantized_model_init``):
 FSDP2 then all-gathers their FP8 data and scales instead of BF16 (TE's quantized tensors implement
 ``fsdp_pre_all_gather``), and the optimizer is TE's FusedAdam with fp32 master weights, which
@@ -14,9 +20,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .. import distributed, te_compat
+from .. import distributed, models, te_compat
 from ..model import MiniGPT, ModelConfig, build_model, fused_qkv_state
-from . import Built
+from . import Built, te_convert
 
 def fp8_recipe(spec: Any) -> Any:
     """TE's recipe object for an fp8 cell's recipe, format and amax settings."""
@@ -30,9 +36,30 @@ def build(spec: Any, precision: str, device: str) -> Built:
     if precision == "fp8":
         recipe = fp8_recipe(spec)
         info["fp8_recipe_repr"] = repr(recipe)
+    if not spec.source.te_own:
+        return _converted(spec, te, recipe, precision, device, info)
     if spec.fp8_all_gather:
         return _fp8_weights(spec, te, recipe, device, info)
     return Built(build_model(spec, "te", precision, device, te), te=te, recipe=recipe, info=info)
+
+
+def source_model(spec: Any, precision: str, device: str) -> tuple[Any, dict[str, Any]]:
+    """The spec's model as its source builds it (a ``models.common.Built``: seeded, BF16 for bf16 and fp8 cells,
+    FP32 for fp32 cells), and its counted FLOPs as record fields, taken now, before TE converts it."""
+    from ..workloads.training import count_flops  # the workload's count (it imports this package)
+
+    made = models.build(spec, "bf16" if precision == "fp8" else precision, device)
+    return made, count_flops(spec, made.model, made.vocab, device, spec.world_size)
+
+
+def _converted(spec: Any, te: Any, recipe: Any, precision: str, device: str, info: dict[str, Any]) -> Built:
+    """A model TE did not build, converted in place (``te_layer``); the record lists what TE runs and what stays."""
+    made, flops = source_model(spec, precision, device)
+    steps = te_convert.convert(made.model, te, spec.te_layer, made.logits_layer)
+    made.model.backend = "te"  # generation runs it under te.autocast, as MiniGPT's te blocks
+    info.update(flops)
+    info.update(te_convert.record(steps))
+    return Built(made.model, te=te, recipe=recipe, info=info)
 
 
 def _fp8_weights(spec: Any, te: Any, recipe: Any, device: str, info: dict[str, Any]) -> Built:

@@ -38,11 +38,11 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ..models import CONVERTED_TE_LAYERS as TE_LAYERS  # the ways to convert a model that is not TE's own
 from .torchao import FP8_DIM_MULTIPLE
 
 log = logging.getLogger(__name__)
 
-TE_LAYERS = ("swap", "transformer_layer")  # the ways to convert a model that is not TE's own
 LLAMA_FAMILY = ("llama", "mistral", "qwen2")  # config.model_type values whose decoder layers transformer_layer takes
 HEAD_DIM_MULTIPLE = 8  # TE's fused attention kernels need the head dimension in multiples of 8
 STATIC_ROPE = ("default", "linear", "llama3")  # rope types whose angles are fixed at init (no per-call update)

@@ -17,10 +17,11 @@ The ``model`` trial field names the source and its target (``hf:qwen2``). Each s
                                                   or any trial starts)
 
 ``common.py`` holds what the sources share (the Built model, the logits adapter). The table below says,
-once, what each source supports: which stacks build its models (TE's MiniGPT builds its own te blocks;
-TE on other sources is not built yet), whether inference, CUDA graphs and multi-rank trials apply, and
-whether MiniGPT's closed forms hold (elsewhere FLOPs are counted). Importing this package imports
-nothing heavy.
+once, what each source supports: which stacks build its models, how TE takes them (MiniGPT: TE builds
+its own te blocks, ``te_layer`` transformer_layer or modules; any other model: TE converts the module
+the source builds, ``te_layer`` swap or transformer_layer, trials/backends/te_convert.py), whether
+inference, CUDA graphs and multi-rank trials apply, and whether MiniGPT's closed forms hold (elsewhere
+FLOPs are counted). Importing this package imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -33,6 +34,14 @@ from typing import Any
 
 
 
+# How TE takes a model it did not build (trials/backends/te_convert.py): swap its Linears and norms for TE's
+# modules, or replace transformers' Llama-family decoder layers by te.TransformerLayer; the first is the default.
+CONVERTED_TE_LAYERS = ("swap", "transformer_layer")
+# TE's inference is built on its own te.TransformerLayer blocks (their KV cache is TE's InferenceParams)
+TE_CONVERTED_INFER = ("TE serves MiniGPT's own te blocks (TE's InferenceParams KV cache); serving a model TE "
+                      "converts is not built")
+
+
 @dataclass(frozen=True)
 class Source:
     name: str
@@ -42,15 +51,24 @@ class Source:
     graphs: bool  # ``cuda_graphs: true`` (the step captured as CUDA graphs) is built for it
     own: bool = False  # JuicyTalk's own network: ``arch``, the shape defaults and the analytic FLOP formula apply
     why_not: str = ""  # what a refused stack or workload is told
+    # how TE takes this source's models: the ``te_layer`` values, the default first; ``te_own``: TE builds the
+    # network from its own modules (MiniGPT's te blocks), else it converts the module the source builds
+    te_layers: tuple[str, ...] = CONVERTED_TE_LAYERS
+    te_own: bool = False
+
+    def te_unsupported(self, workload: str) -> str:
+        """Why TE cannot run ``workload`` on this source's models ('' where it can): the one place that says it."""
+        return TE_CONVERTED_INFER if workload == "infer" and not self.te_own else ""
 
 
 SOURCES: dict[str, Source] = {s.name: s for s in (
-    Source("minigpt", ("te", "torch", "torchao"), infer=True, parallel=True, graphs=True, own=True),
+    Source("minigpt", ("te", "torch", "torchao"), infer=True, parallel=True, graphs=True, own=True,
+           te_layers=("transformer_layer", "modules"), te_own=True),
     # transformers' mask code inspects its inputs on the host, which a CUDA graph capture cannot hold
-    Source("hf", ("torch", "torchao"), infer=False, parallel=False, graphs=False,
-           why_not="TE on transformers models and their inference are not built yet"),
-    Source("py", ("torch", "torchao"), infer=False, parallel=False, graphs=False,
-           why_not="TE on your own modules and their inference are not built yet"),
+    Source("hf", ("te", "torch", "torchao"), infer=False, parallel=False, graphs=False,
+           why_not="inference on transformers models is not built yet"),
+    Source("py", ("te", "torch", "torchao"), infer=False, parallel=False, graphs=False,
+           why_not="inference on your own modules is not built yet"),
 )}
 DEFAULT_MODEL = "minigpt"
 
@@ -104,6 +122,7 @@ class Facts:
     analytic: Any = None
     estimate: Any = None
     attn_width: int | None = None  # heads x head dim: the causal attention term of counted FLOPs
+    model_type: str | None = None  # transformers' config.model_type (hf); None for MiniGPT and py: factories
 
     @property
     def n_layers(self) -> int | None:

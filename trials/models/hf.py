@@ -181,7 +181,7 @@ def _describe(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int)
     head_dim = getattr(cfg, "head_dim", None) or shape["d_model"] // heads
     values = {k: v for k, v in cfg.to_dict().items() if k not in ("dtype", "torch_dtype", "transformers_version")}
     return Facts(type(model).__name__, to_json(values), param_count(model), shape,
-                 estimate=estimate, attn_width=heads * head_dim)
+                 estimate=estimate, attn_width=heads * head_dim, model_type=cfg.model_type)
 
 
 def check(spec: Any) -> None:
