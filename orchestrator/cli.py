@@ -43,7 +43,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from .lock import SweepLocked
     from .runner import MAX_FAILURES, SweepInputError, run_sweep
     from .store import StorageFull, Store
-    from .sweep import SweepError, load_sweep
+    from .sweep import SweepError, load_sweep, shown
 
     _quiet_ray_logs(args.verbose)
     try:
@@ -68,9 +68,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for line in expected_ooms(rows, gpu_memory):
             console.print(f"[yellow]expected OOM[/] {line}", soft_wrap=True)
         for asked, why in sweep.skipped:
-            console.print(f"[cyan]skipped[/] {asked}: {why}")
+            console.print(f"[cyan]skipped[/] {shown(asked)}: {why}", soft_wrap=True)
         for asked, why in sweep.collapsed:
-            console.print(f"[dim]collapsed[/] {asked}: {why}")
+            console.print(f"[dim]collapsed[/] {shown(asked)}: {why}", soft_wrap=True)
         if sweep.search is not None:
             plan = sweep.search
             console.print(f"search: the smallest {plan.axis} in {list(plan.points)} where {plan.label('variant')} "
@@ -83,7 +83,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from .progress import SweepProgress, summary_table
 
     for asked, why in sweep.skipped:
-        console.print(f"[cyan]skipped[/] {asked}: {why}")
+        console.print(f"[cyan]skipped[/] {shown(asked)}: {why}", soft_wrap=True)
     try:
         outcome = run_sweep(sweep, storage, address=args.address, restart=args.restart,
                             max_concurrent=args.max_concurrent, verbose=args.verbose, dashboard=args.dashboard,

@@ -68,6 +68,10 @@ def test_cell_id_is_stable_and_complete():
     ("name: x\ngrid:\n  precision: [fp8]\n  weights: [bf16, fp8]\n", "grid.weights", 4),  # fp8 weights, training
     ("name: x\ngrid:\n  gen_len: [8, 300]\nfixed:\n  workload: infer\n", "grid.gen_len", 3),
     ("name: x\ngrid:\n  arch: [llama]\n  n_kv_heads: [5]\nfixed:\n  n_heads: 12\n", "grid.n_kv_heads", 4),
+    # a recipe no stack has is a typo, never a skipped cell; a grid whose every combination is skipped is bad too
+    ("name: x\ngrid:\n  backend: [te]\n  precision: [fp8]\n  recipe: [delayd]\n", "grid.recipe", 5),
+    ("name: x\ngrid: {backend: [te], precision: [fp8]}\nfixed:\n  recipe: delayd\n", "fixed.recipe", 4),
+    ("name: x\ngrid:\n  - {d_model: [64]}\n  - {backend: [te], precision: [fp8], recipe: [tensorwise]}\n", "grid.1", 4),
 ])
 def test_errors_name_key_and_line(text, key, line):
     with pytest.raises(SweepError) as info:
@@ -75,6 +79,40 @@ def test_errors_name_key_and_line(text, key, line):
     assert info.value.key == key, str(info.value)
     assert info.value.line == line, str(info.value)
     assert str(info.value).startswith(f"s.yaml, line {line}: {key}: ")
+
+
+def test_recipe_typos_name_close_matches_and_other_stacks_recipes_collapse():
+    with pytest.raises(SweepError, match=r"'delayd' is no stack's FP8 recipe \(did you mean delayed\?\)"):
+        sweep("""
+            name: typo
+            grid: {backend: [te], precision: [fp8], recipe: [delayd]}
+        """)
+    with pytest.raises(SweepError, match="leaves no cell to run: backend=te precision=fp8 recipe=tensorwise: recipe "
+                       "tensorwise is a torchao recipe, not te's"):
+        sweep("""
+            name: cross
+            grid: {backend: [te], precision: [fp8], recipe: [tensorwise]}
+        """)
+    s = sweep("""
+        name: mixed
+        grid: {backend: [te, torchao], precision: [fp8], recipe: [delayed, tensorwise]}
+    """)
+    assert sorted(c.label for c in s.cells) == ["d768-L4-te-fp8-delayed", "d768-L4-torchao-fp8-tensorwise"]
+    assert len(s.skipped) == 2
+
+
+def test_yaml_exponent_floats_and_named_name_errors():
+    """YAML 1.1 reads 1e-3 as a string; a sweep file reads it as the number every user means."""
+    s = sweep("""
+        name: lrs
+        grid: {lr: [1e-3, 2.5E-4, 1.0e-2]}
+    """)
+    assert sorted(c.spec.lr for c in s.cells) == [0.00025, 0.001, 0.01]
+    with pytest.raises(SweepError, match=r"name: 'my sweep' has ' ' in it"):
+        sweep("""
+            name: my sweep
+            grid: {d_model: [64]}
+        """)
 
 
 def test_nothing_from_the_file_is_executed():
