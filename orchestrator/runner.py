@@ -100,6 +100,20 @@ def ray_session(address: str | None, dashboard: bool = False, verbose: bool = Fa
         ray.shutdown()
 
 
+def check_address(address: str | None) -> None:
+    """Before anything is written: a ``ray://`` address (Ray Client) needs ``ray[client]`` (grpcio), which
+    a plain ``ray[tune]`` install lacks; Ray would say so in a traceback after the sweep's folder exists."""
+    given = bool(address)
+    address = address or os.environ.get("RAY_ADDRESS") or ""
+    if address.startswith("ray://"):
+        import importlib.util
+
+        if importlib.util.find_spec("grpc") is None:
+            raise SweepInputError(f"{'--address' if given else 'RAY_ADDRESS'} {address}: a ray:// address connects "
+                                  "through Ray Client, which needs the grpcio package: pip install 'ray[client]' "
+                                  "(or give the cluster's GCS address host:6379 from one of its nodes)")
+
+
 CONNECT_PROBE_S = 5.0  # how long the cluster's GCS port may take to accept a TCP connection
 
 
@@ -324,6 +338,7 @@ def run_sweep(sweep: Sweep, storage: str, address: str | None = None, restart: b
 
     One driver per sweep directory: a second one is refused (:func:`~orchestrator.lock.sweep_lock`).
     """
+    check_address(address)
     with sweep_lock(Store(storage, sweep.name)):
         return _run_locked(sweep, storage, address, restart, max_concurrent, verbose, dashboard, progress, launcher)
 

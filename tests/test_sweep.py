@@ -141,6 +141,19 @@ def test_cli_sweep_at_an_address_where_no_ray_answers_is_one_line(tmp_path):
     assert not list(tmp_path.rglob("*.parquet"))
 
 
+def test_cli_ray_client_address_without_ray_client_is_one_line_before_any_folder(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("grpc") is not None:
+        pytest.skip("ray[client] is installed here")
+    out = juicytalk("sweep", "examples/quickstart.yaml", "--out", str(tmp_path / "out"), "--no-progress",
+                    "--address", "ray://127.0.0.1:10001", timeout=120)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+    assert "ray://127.0.0.1:10001" in lines[0] and "pip install 'ray[client]'" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
 def test_cli_dry_run_lists_cells_sizes_and_skips(tmp_path):
     out = juicytalk("sweep", "examples/seed.yaml", "--dry-run", "--out", str(tmp_path), timeout=120)
     assert out.returncode == 0, out.stderr
