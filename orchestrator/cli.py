@@ -146,6 +146,8 @@ def _sweep_dir(path: str) -> tuple[str, str] | None:
 def cmd_collect(args: argparse.Namespace) -> int:
     from .store import Store
 
+    if not Path(args.dir).expanduser().exists():
+        return _fail(f"DIR: {args.dir} does not exist")
     where = _sweep_dir(args.dir)
     if where is None:
         return _fail(f"DIR: {args.dir} is not a sweep directory (it has no trials/ folder)")
@@ -157,6 +159,8 @@ def cmd_collect(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from .report import ReportInputError, build_report
 
+    if args.png and Path(args.png).exists() and not Path(args.png).is_dir():
+        return _fail(f"--png: {args.png} is a file; give a directory (one PNG per chart is written into it)")
     if args.plotlyjs and not args.plotlyjs.endswith(".js"):
         return _fail(f"--plotlyjs: must name a .js file, got {args.plotlyjs!r}")
     try:
@@ -235,6 +239,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         return _fail(f"--mlflow: {why}")
     if not Path(args.results).exists():
         return _fail(f"RESULTS: {args.results} does not exist (a sweep directory or a results.parquet)")
+    if why := mlflow_uri.unreachable(args.mlflow):
+        return _fail(f"--mlflow: {why}")
     from .export import export_mlflow
 
     done = export_mlflow(args.results, args.mlflow, args.experiment)

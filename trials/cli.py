@@ -53,7 +53,15 @@ def add_trial_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def spec_from_args(args: argparse.Namespace) -> TrialSpec:
-    values: dict[str, Any] = json.loads(args.spec_json) if args.spec_json else {}
+    values: dict[str, Any] = {}
+    if args.spec_json:
+        try:
+            values = json.loads(args.spec_json)
+        except json.JSONDecodeError as exc:
+            raise SpecError("--spec-json", f"not JSON ({exc.msg} at character {exc.pos}); give an object such as "
+                            "'{\"d_model\": 256}'") from None
+        if not isinstance(values, dict):
+            raise SpecError("--spec-json", f"must be a JSON object of spec fields, got {type(values).__name__}")
     for name in TrialSpec.field_names():
         value = getattr(args, name, None)
         if value is not None:

@@ -1,0 +1,46 @@
+"""Every bad input to the CLI is one line naming the flag or field, exit 2, and nothing started.
+
+In-process (``orchestrator.cli.main``): these answer before Ray, torch-heavy imports or any trial.
+"""
+
+import importlib.util
+
+import pytest
+
+from orchestrator.cli import main
+
+from .conftest import REPO, _free_port
+
+
+def one_line_error(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_spec_json_that_is_not_json_names_the_flag(capsys):
+    assert one_line_error(capsys, ["trial", "--spec-json", "not json"]).startswith(
+        "juicytalk trial: error: --spec-json: not JSON")
+    assert "--spec-json: must be a JSON object" in one_line_error(capsys, ["trial", "--spec-json", "[1]"])
+
+
+def test_collect_of_a_missing_directory_says_it_does_not_exist(capsys, tmp_path):
+    line = one_line_error(capsys, ["collect", str(tmp_path / "nope")])
+    assert line.endswith("nope does not exist")
+
+
+def test_report_png_that_is_a_file_is_one_line(capsys, tmp_path):
+    png = tmp_path / "chart.png"
+    png.write_text("")
+    seed = REPO / "docs" / "results" / "h200" / "seed" / "results.parquet"  # a real report's input
+    line = one_line_error(capsys, ["report", str(seed), "--out", str(tmp_path / "r.html"), "--png", str(png)])
+    assert f"--png: {png} is a file" in line
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason="needs the mlflow extra")
+def test_export_to_an_mlflow_server_that_does_not_answer_is_one_line(capsys, tmp_path):
+    """MLflow's client retries for minutes and then raises; a TCP probe answers in seconds."""
+    uri = f"http://127.0.0.1:{_free_port()}"
+    line = one_line_error(capsys, ["export", str(tmp_path), "--mlflow", uri])
+    assert f"--mlflow: nothing answers at {uri}" in line
