@@ -41,7 +41,7 @@ def _quiet_ray_logs(verbose: bool) -> None:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from .embedded_ray import RayStartError
     from .lock import SweepLocked
-    from .runner import MAX_FAILURES, SweepInputError, run_sweep
+    from .runner import MAX_FAILURES, SweepInputError, resources_note, run_sweep
     from .store import StorageFull, Store
     from .sweep import SweepError, load_sweep, shown
 
@@ -105,8 +105,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     records = store.read_records(["cell_id", "sample", "step_ms_p50", "error", *INPUT_COLUMNS])
     console.print(summary_table(outcome.items, outcome.statuses, records))
     console.print(f"{outcome.total} trials: {outcome.already_done} already done, {outcome.ran} run now, "
-                  f"{len(outcome.failed)} failed, {len(outcome.missing)} missing; driver wall {outcome.wall_s:.1f}s "
-                  "(Ray's start included)")
+                  f"{len(outcome.failed)} failed, {len(outcome.missing)} missing"
+                  + (" (interrupted)" if outcome.interrupted else "")
+                  + f"; driver wall {outcome.wall_s:.1f}s (Ray's start included)", soft_wrap=True)
+    if note := resources_note(sweep.resources, outcome.resources):
+        console.print(note, soft_wrap=True)
     if outcome.ran:
         eff = run_efficiency(records.to_pandas())
         this_run = eff[eff["run_id"] == outcome.run_id]
@@ -129,9 +132,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             logging.getLogger(__name__).error("report failed: %s", exc)
     for key in outcome.failed:
         console.print(f"[red]failed[/] {key}: {outcome.statuses[key]} (see {store.path('logs', key + '.log')})")
+    labels = {it.key: it.label for it in outcome.items}
     for key in outcome.missing:
-        console.print(f"[red]missing[/] {key}: no record (its worker died {MAX_FAILURES + 1} times or the run "
-                      "was interrupted); rerun the same command to resume")
+        why = "not run: the sweep was interrupted" if outcome.interrupted else \
+            f"no record: its worker died {MAX_FAILURES + 1} times"
+        console.print(f"[red]missing[/] {labels.get(key, key)} ({key}): {why}; rerun the same command to resume",
+                      soft_wrap=True)
     return 0 if outcome.complete else 1
 
 
