@@ -145,6 +145,34 @@ def cell_label(spec: TrialSpec) -> str:
     return "-".join(parts)
 
 
+# How a field other than cell_label's own reads in a label when it has to tell cells apart ("b1", "seq512"):
+# the field's name unless named here; a bool reads as its name or no-<name>; device and workload as their value.
+LABEL_PREFIX = {"batch_size": "b", "seq_len": "seq", "n_heads": "h", "n_kv_heads": "kv", "vocab": "v",
+                "tokens_per_step": "tok", "train_steps": "steps", "warmup_steps": "warmup", "bench_steps": "bench",
+                "repeats": "rep", "gen_len": "gen", "prompt_len": "prompt", "device": "", "workload": ""}
+
+
+def _label_part(name: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return name if value else f"no-{name}"
+    return f"{LABEL_PREFIX.get(name, name)}{value}"
+
+
+def distinct_labels(specs: list[TrialSpec]) -> list[str]:
+    """Labels that tell every cell apart: :func:`cell_label`, plus each field that varies among cells whose
+    cell_label is the same (a batch size, a sequence length), on every cell of the sweep, in declaration
+    order: ``d2048-L4-te-bf16-graphs-b1`` and ``...-b32``. Fields cell_label shows are never repeated."""
+    base = [cell_label(s) for s in specs]
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for label, spec in zip(base, specs):
+        groups.setdefault(label, []).append(spec.to_dict())
+    varying = {name for group in groups.values() if len(group) > 1 for name in group[0]
+               if len({json.dumps(g[name]) for g in group}) > 1}
+    extra = [name for name in TrialSpec.field_names() if name in varying]
+    return ["-".join([label, *(_label_part(name, getattr(spec, name)) for name in extra)])
+            for label, spec in zip(base, specs)]
+
+
 def _lines(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
     """Map each key path to its 1-based line; raise on duplicate keys (safe_load keeps the last silently)."""
     out = {} if out is None else out
@@ -371,3 +399,5 @@ def _expand(sweep: Sweep, prefixes: list[tuple], err) -> None:
             raise err(prefix, f"leaves no cell to run: {shown(skipped[0][0])}: {skipped[0][1]}"
                       + (f" (and {len(skipped) - 1} more combinations like it)" if len(skipped) > 1 else ""))
         sweep.skipped.extend(skipped)
+    labels = distinct_labels([c.spec for c in sweep.cells])
+    sweep.cells[:] = [Cell(spec=c.spec, cell_id=c.cell_id, label=label) for c, label in zip(sweep.cells, labels)]

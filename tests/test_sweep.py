@@ -216,6 +216,28 @@ def test_every_example_sweep_validates(path):
 
     loaded = load_sweep(REPO / "examples" / path)
     assert loaded.cells or loaded.search  # a grid, or a search block (examples/crossover.yaml)
+    labels = [c.label for c in loaded.cells]
+    assert len(set(labels)) == len(labels)  # a label tells its cell apart
+
+
+def test_labels_show_every_axis_that_tells_cells_apart():
+    """examples/inference.yaml has two d2048-L4-te-bf16-graphs cells (batch 1 and 32): each label says which,
+    and a worker rebuilding the item from its Tune config gets the same label."""
+    from orchestrator.sweep import load_sweep
+    from orchestrator.work import WorkItem, grid_items
+
+    s = load_sweep(REPO / "examples" / "inference.yaml")
+    labels = [c.label for c in s.cells]
+    assert "d2048-L4-te-bf16-graphs-b1" in labels and "d2048-L4-te-bf16-graphs-b32" in labels
+    for item in grid_items(s.cells, 1):
+        assert WorkItem.from_config(item.config()).label == item.label
+    plain = sweep("""
+        name: plain
+        grid: {d_model: [64, 128], precision: [bf16, fp32]}
+        fixed: {batch_size: 8, seq_len: 64}
+    """)  # fixed fields and the axes cell_label already shows add nothing
+    assert sorted(c.label for c in plain.cells) == ["d128-L4-auto-bf16", "d128-L4-auto-fp32", "d64-L4-auto-bf16",
+                                                    "d64-L4-auto-fp32"]
 
 
 def test_te_layer_applies_to_te_cells_only_and_arch_labels_cells():
