@@ -25,6 +25,12 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _console() -> Console:
+    """Rich output on stdout: a terminal's width when there is one; piped or redirected, lines as long as
+    they need (rich would wrap at 80 columns and break labels mid-word)."""
+    return Console() if sys.stdout.isatty() else Console(width=10_000)
+
+
 def _quiet_ray_logs(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
@@ -53,14 +59,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.max_concurrent is not None and args.max_concurrent < 1:
         return _fail("--max-concurrent: must be a positive integer")
     storage = args.out or sweep.storage or DEFAULT_OUT
-    console = Console(stderr=False)
+    console = _console()
     if args.dry_run:
+        from .tables import print_table
         from .plan import expected_ooms, local_gpu_memory_bytes, plan_rows, plan_table, unsupported_here
 
         gpu_memory = int(args.gpu_memory * 2**30) if args.gpu_memory else local_gpu_memory_bytes()
         rows = plan_rows(sweep, Store(storage, sweep.name), unsupported_here(sweep))
         if rows:
-            console.print(plan_table(sweep, rows, gpu_memory))
+            print_table(console, plan_table(sweep, rows, gpu_memory))
         for row in rows:
             if row["unsupported"]:
                 console.print(f"[cyan]unsupported here[/] {row['label']}: {row['unsupported']} (it is recorded "
@@ -81,6 +88,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                       f"{Store(storage, sweep.name).root}")
         return 0
     from .progress import SweepProgress, summary_table
+    from .tables import print_table
 
     for asked, why in sweep.skipped:
         console.print(f"[cyan]skipped[/] {shown(asked)}: {why}", soft_wrap=True)
@@ -103,7 +111,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     store = Store(storage, sweep.name)
     records = store.read_records(["cell_id", "sample", "step_ms_p50", "error", *INPUT_COLUMNS])
-    console.print(summary_table(outcome.items, outcome.statuses, records))
+    print_table(console, summary_table(outcome.items, outcome.statuses, records))
     console.print(f"{outcome.total} trials: {outcome.already_done} already done, {outcome.ran} run now, "
                   f"{len(outcome.failed)} failed, {len(outcome.missing)} missing"
                   + (" (interrupted)" if outcome.interrupted else "")

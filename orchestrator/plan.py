@@ -93,8 +93,9 @@ def plan_table(sweep: Sweep, rows: list[dict[str, Any]], gpu_memory_bytes: int |
     gib = 2**30
     where = f" (GPU memory {gpu_memory_bytes / gib:.0f} GiB)" if gpu_memory_bytes else ""
     table = Table(title=f"sweep {sweep.name}: {len(sweep.cells)} cells x {sweep.samples} sample(s){where}")
-    table.add_column("cell", overflow="fold")
-    for col in ("id", "params", "est. memory", "records", "here"):
+    table.add_column("cell", no_wrap=True)  # labels stay whole (and greppable); the other columns wrap
+    table.add_column("id", no_wrap=True)
+    for col in ("params", "est. memory", "records", "here"):
         table.add_column(col)
     for row in rows:
         rec = ", ".join(row["records"]) if row["records"] else "-"

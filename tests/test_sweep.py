@@ -276,3 +276,28 @@ def test_two_fp8_stacks_expand_to_their_own_recipes_and_compile_where_it_applies
     te = [c for c in s.cells if c.spec.backend == "te"]
     assert all(not c.spec.compile for c in te)  # compile means nothing on te: collapsed, never run twice
     assert all(c.spec.backend != "torchao" or c.spec.precision == "fp8" for c in s.cells)
+
+
+def test_plan_and_summary_tables_keep_labels_whole_in_80_columns(tmp_path):
+    """Short labels stay a table, never folded or cut with '…'; labels too long for a table of 80 columns
+    come as plain lines, each label whole."""
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.plan import plan_rows, plan_table
+    from orchestrator.progress import summary_table
+    from orchestrator.store import Store
+    from orchestrator.sweep import load_sweep
+    from orchestrator.tables import print_table
+    from orchestrator.work import grid_items
+
+    for example, boxed in (("quickstart.yaml", True), ("multi-gpu.yaml", False)):
+        s = load_sweep(REPO / "examples" / example)
+        items = grid_items(s.cells, 1)
+        console = Console(width=80, file=io.StringIO())
+        print_table(console, plan_table(s, plan_rows(s, Store(str(tmp_path), s.name)), 80 * 2**30))
+        print_table(console, summary_table(items, {it.key: "error" for it in items}))
+        text = console.file.getvalue()
+        assert all(text.count(c.label + " ") >= 2 for c in s.cells), text
+        assert ("┃" in text) == boxed
