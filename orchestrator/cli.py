@@ -61,19 +61,27 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     storage = args.out or sweep.storage or DEFAULT_OUT
     console = _console()
     if args.dry_run:
-        from .tables import print_table
-        from .plan import expected_ooms, local_gpu_memory_bytes, plan_rows, plan_table, unsupported_here
+        from trials.record import FINAL_STATUSES
 
-        gpu_memory = int(args.gpu_memory * 2**30) if args.gpu_memory else local_gpu_memory_bytes()
-        rows = plan_rows(sweep, Store(storage, sweep.name), unsupported_here(sweep))
+        from .tables import print_table
+        from .plan import (cpu_matmul_flops_per_s, expected_ooms, host_memory_bytes, local_gpu_memory_bytes,
+                           plan_rows, plan_table, slow_on_cpu, unsupported_here)
+
+        local_gpu = local_gpu_memory_bytes()
+        gpu_memory = int(args.gpu_memory * 2**30) if args.gpu_memory else local_gpu
+        rows = plan_rows(sweep, Store(storage, sweep.name), unsupported_here(sweep), cpu_here=gpu_memory is None)
+        host_memory = host_memory_bytes()
         if rows:
-            print_table(console, plan_table(sweep, rows, gpu_memory))
+            print_table(console, plan_table(sweep, rows, gpu_memory, host_memory))
         for row in rows:
             if row["unsupported"]:
                 console.print(f"[cyan]unsupported here[/] {row['label']}: {row['unsupported']} (it is recorded "
                               "as unsupported with this reason)", soft_wrap=True)
-        for line in expected_ooms(rows, gpu_memory):
+        for line in expected_ooms(rows, gpu_memory, host_memory):
             console.print(f"[yellow]expected OOM[/] {line}", soft_wrap=True)
+        if any(row["on_cpu"] and not row["unsupported"] for row in rows):
+            for line in slow_on_cpu(rows, cpu_matmul_flops_per_s()):
+                console.print(f"[yellow]slow on CPU[/] {line}", soft_wrap=True)
         for asked, why in sweep.skipped:
             console.print(f"[cyan]skipped[/] {shown(asked)}: {why}", soft_wrap=True)
         for asked, why in sweep.collapsed:
@@ -84,8 +92,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                           f"beats {plan.label('baseline')} by >= {plan.target:.2f}x; up to {plan.max_trials} trials "
                           f"({plan.samples}-{plan.max_samples} samples per cell), chosen as results arrive",
                           soft_wrap=True)
-        console.print(f"{len(sweep.cells) * sweep.samples} trials{' in the grid' if sweep.search else ''}; results go to "
-                      f"{Store(storage, sweep.name).root}")
+        total = len(sweep.cells) * sweep.samples
+        done = sum(1 for row in rows for status in row["records"] if status in FINAL_STATUSES)
+        console.print(f"{total} trials{' in the grid' if sweep.search else ''}: {done} have a final record, "
+                      f"{total - done} would run now; results go to {Store(storage, sweep.name).root}", soft_wrap=True)
         return 0
     from .progress import SweepProgress, summary_table
     from .tables import print_table
@@ -124,14 +134,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if not this_run.empty:
             console.print(describe(this_run.iloc[0]))
     console.print(f"results: {outcome.results_path}")
-    if outcome.search is not None:
-        console.print(f"[bold]search: {outcome.search.statement}[/]", soft_wrap=True)
+    report = None
     if store.record_files():
         try:
             from .report import answer, build_report
 
             report = None if args.no_report else build_report(store.root, out_html=store.path("report.html"),
                                                                sweep_text=sweep.source_text)
+            if outcome.search is not None and report is None:  # the report's headline leads with it
+                console.print(f"[bold]Crossover search: {outcome.search.statement}[/]", soft_wrap=True)
             for line in report.headline if report else answer(store.root):
                 console.print(f"[bold]{line}[/]", soft_wrap=True)
             if report:

@@ -44,3 +44,21 @@ def test_export_to_an_mlflow_server_that_does_not_answer_is_one_line(capsys, tmp
     uri = f"http://127.0.0.1:{_free_port()}"
     line = one_line_error(capsys, ["export", str(tmp_path), "--mlflow", uri])
     assert f"--mlflow: nothing answers at {uri}" in line
+
+
+def test_dry_run_of_a_finished_sweep_says_none_would_run(capsys, tmp_path):
+    from orchestrator.store import Store
+    from orchestrator.sweep import load_sweep
+    from trials.record import empty_record
+
+    path = tmp_path / "done.yaml"
+    path.write_text("name: done\ngrid: {d_model: [32, 64]}\nfixed: {device: cpu}\n")
+    store = Store(str(tmp_path / "out"), "done")
+    store.ensure()
+    [first, second] = load_sweep(path).cells
+    store.write_record({**empty_record(), "cell_id": first.cell_id, "sample": 0, "status": "ok"})
+    assert main(["sweep", str(path), "--dry-run", "--out", str(tmp_path / "out")]) == 0
+    assert "2 trials: 1 have a final record, 1 would run now" in " ".join(capsys.readouterr().out.split())
+    store.write_record({**empty_record(), "cell_id": second.cell_id, "sample": 0, "status": "unsupported"})
+    assert main(["sweep", str(path), "--dry-run", "--out", str(tmp_path / "out")]) == 0
+    assert "2 trials: 2 have a final record, 0 would run now" in " ".join(capsys.readouterr().out.split())

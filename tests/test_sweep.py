@@ -301,3 +301,23 @@ def test_plan_and_summary_tables_keep_labels_whole_in_80_columns(tmp_path):
         text = console.file.getvalue()
         assert all(text.count(c.label + " ") >= 2 for c in s.cells), text
         assert ("┃" in text) == boxed
+
+
+def test_cpu_cells_are_checked_against_host_memory_and_pace(tmp_path):
+    """On a machine without a GPU a cell runs on CPU: its estimate is held against the host's RAM, and a
+    cell needing hours even at the host's best matmul pace says so."""
+    from orchestrator.plan import expected_ooms, plan_rows, plan_table, slow_on_cpu
+    from orchestrator.store import Store
+
+    s = sweep("""
+        name: big
+        grid: {d_model: [256, 8192], backend: [torch]}
+    """)
+    rows = plan_rows(s, Store(str(tmp_path), s.name), cpu_here=True)
+    gib = 2**30
+    assert expected_ooms(rows, None, 24 * gib) == ["d8192-L4-torch-bf16: estimated 32.5 GiB > 24 GiB of host memory"]
+    slow = slow_on_cpu(rows, flops_per_s=100e9)
+    assert len(slow) == 1 and slow[0].startswith("d8192-L4-torch-bf16: at least ")
+    assert "host memory 24 GiB" in plan_table(s, rows, None, 24 * gib).title
+    on_gpu = plan_rows(s, Store(str(tmp_path), s.name), cpu_here=False)  # a GPU machine: the GPU's memory counts
+    assert expected_ooms(on_gpu, 80 * gib, 24 * gib) == [] and slow_on_cpu(on_gpu, 100e9) == []
