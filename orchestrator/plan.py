@@ -59,10 +59,10 @@ def estimate_memory_bytes(spec: TrialSpec) -> int:
 def unsupported_here(sweep: Sweep) -> dict[str, str]:
     """cell id -> why the cell would be recorded ``unsupported`` on this machine (what a trial here would
     resolve: the same probe and rules, ``trials.capability``). A cluster's GPU nodes may differ."""
-    from trials.capability import probe, resolve
+    from trials.capability import probe, resolve, wants_torchao
 
     want_te = any(cell.spec.backend in ("te", "auto") for cell in sweep.cells)
-    want_torchao = any(cell.spec.backend == "torchao" for cell in sweep.cells)
+    want_torchao = any(wants_torchao(cell.spec) for cell in sweep.cells)
     caps: dict[str, Any] = {}
     out = {}
     for cell in sweep.cells:

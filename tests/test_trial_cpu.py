@@ -116,6 +116,15 @@ def test_fp8_on_cpu_is_unsupported_with_reason():
     assert "fp8" in rec["error"] and "CUDA" in rec["error"]
     assert rec["effective_backend"] is None and rec["loss_curve"] is None
     assert rec["n_params"] > 0  # the cell's size is still known
+    # it says which FP8 path does run here (torchao's float8 matmul runs on CPU where this torch has one)
+    from trials.capability import Capability, resolve
+
+    assert "FP8 that runs here: backend torchao" in rec["error"] or "no FP8 path runs here" in rec["error"], rec["error"]
+    cap = Capability(device_type="cpu", te_error="no CUDA device", fp8={"delayed": (False, "needs a GPU"),
+                                                                       "tensorwise": (True, "")})
+    reason = resolve(TrialSpec(precision="fp8", d_model=64), cap).unsupported
+    assert reason == ("fp8 on backend auto needs Transformer Engine (no CUDA device); FP8 that runs here: backend "
+                      "torchao, recipe tensorwise")
 
 
 @pytest.mark.parametrize("recipe", ["mxfp8", "nvfp4"])
