@@ -34,6 +34,9 @@ def _console() -> Console:
 def _quiet_ray_logs(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    from trials.noise import quiet_third_party
+
+    quiet_third_party(verbose)
     if not verbose:
         for name in ("ray", "ray.tune", "ray.train", "ray.air"):
             logging.getLogger(name).setLevel(logging.ERROR)
@@ -204,7 +207,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from trials.backends import recipe_owner
+    from trials.noise import quiet_third_party
+
+    quiet_third_party()
     from trials.capability import probe
     from trials.fingerprint import fingerprint
     from trials.metrics import peak_tflops
@@ -235,22 +240,39 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=2, default=str))
         return 0
-    c = info["capability"]
-    print(f"device        {c['device_type']}  {c['gpu_name'] or ''}  cc={c['compute_capability']}  "
-          f"SMs={c['sm_count']}  CUDA={c['cuda_version']}")
-    print(f"torch         {info['fingerprint']['torch_version']}   driver {info['fingerprint']['driver_version']}")
-    print(f"TE            {c['te_version'] if c['te_available'] else 'unavailable: ' + str(c['te_error'])}")
-    print(f"torchao       {c['torchao_version'] or 'unavailable: ' + str(c['torchao_error'])}")
-    for recipe, v in c["fp8"].items():
-        print(f"fp8 {recipe_owner(recipe):7} {recipe:18} {'yes' if v['supported'] else 'no '}  {v['reason']}")
-    pw = info["power"]
-    print("power         " + (f"limit {pw['power_limit_w']:g} W, SM clock {pw['sm_clock_mhz']} of {pw['sm_clock_max_mhz']} "
-                              "MHz now" if pw["why"] is None else f"unknown: {pw['why']}"))
-    print(f"peaks         {info['peaks_tflops']} TFLOP/s (dense datasheet; JUICYTALK_PEAK_TFLOPS overrides)")
-    print(f"ray           {info['ray_version']}")
-    if "cluster_resources" in info:
-        print(f"cluster       {info['cluster_resources']}  nodes {info['nodes']}")
+    for line in doctor_lines(info):
+        print(line)
     return 0
+
+
+def doctor_lines(info: dict) -> list[str]:
+    """``juicytalk doctor``'s text: what is known, in words (``--json`` has every field, nulls included)."""
+    c, fp, pw = info["capability"], info["fingerprint"], info["power"]
+    if c["device_type"] == "cuda":
+        device = (f"cuda  {c['gpu_name']}  compute capability {c['compute_capability']}  {c['sm_count']} SMs  "
+                  f"CUDA {c['cuda_version']}")
+    else:
+        device = "cpu (no CUDA device visible)"
+    lines = [f"device        {device}",
+             f"torch         {fp['torch_version']}" + (f"   driver {fp['driver_version']}" if fp["driver_version"] else ""),
+             f"TE            {c['te_version'] if c['te_available'] else 'unavailable: ' + str(c['te_error'])}",
+             f"torchao       {c['torchao_version'] or 'unavailable: ' + str(c['torchao_error'])}"]
+    from trials.backends import recipe_owner
+
+    for recipe, v in c["fp8"].items():
+        lines.append(f"fp8 {recipe_owner(recipe):7} {recipe:18} {'yes' if v['supported'] else 'no '}  {v['reason']}".rstrip())
+    lines.append("power         " + (f"limit {pw['power_limit_w']:g} W, SM clock {pw['sm_clock_mhz']} of "
+                                     f"{pw['sm_clock_max_mhz']} MHz now" if pw["why"] is None else f"unknown: {pw['why']}"))
+    peaks = info["peaks_tflops"]
+    known = ", ".join(f"{p} {v:g}" for p, v in peaks.items() if v is not None)
+    lines.append(f"peaks         {known} TFLOP/s (dense datasheet; JUICYTALK_PEAK_TFLOPS overrides)" if known else
+                 "peaks         unknown for this device (MFU is left out; JUICYTALK_PEAK_TFLOPS gives them)")
+    lines.append(f"ray           {info['ray_version']}")
+    if "cluster_resources" in info:
+        resources = "  ".join(f"{k}={v:g}" for k, v in sorted(info["cluster_resources"].items())
+                              if not k.startswith("node:") and isinstance(v, (int, float)))
+        lines.append(f"cluster       {resources}  nodes {', '.join(info['nodes'])}")
+    return lines
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -62,3 +62,28 @@ def test_dry_run_of_a_finished_sweep_says_none_would_run(capsys, tmp_path):
     store.write_record({**empty_record(), "cell_id": second.cell_id, "sample": 0, "status": "unsupported"})
     assert main(["sweep", str(path), "--dry-run", "--out", str(tmp_path / "out")]) == 0
     assert "2 trials: 2 have a final record, 0 would run now" in " ".join(capsys.readouterr().out.split())
+
+
+def test_doctor_says_what_it_knows_in_words(capsys):
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("device ") and "ray " in out
+    assert "None" not in out and "{" not in out, out
+
+
+def test_trial_quiet_prints_nothing_not_even_third_party_noise():
+    """torchao's 'Failed to load ..._C_mxfp8...so', torch's _pytree warning and Kineto's 'USDT: profiler_start'
+    are not the user's business: a torchao cell with the profiler on, under -q, prints nothing."""
+    import subprocess
+    import sys
+
+    from .conftest import cli_env
+
+    if importlib.util.find_spec("torchao") is None:
+        pytest.skip("needs torchao")
+    out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "trial", "-q", "--device", "cpu",
+                          "--backend", "torchao", "--precision", "fp8", "--recipe", "tensorwise", "--d-model", "64",
+                          "--n-layers", "1", "--seq-len", "32", "--batch-size", "4", "--train-steps", "2",
+                          "--bench-steps", "2", "--warmup-steps", "0", "--profile"],
+                         capture_output=True, text=True, env=cli_env(), cwd=REPO, timeout=300)
+    assert out.returncode == 0 and out.stdout == "" and out.stderr == "", out.stdout[-2000:] + out.stderr[-2000:]

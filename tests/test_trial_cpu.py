@@ -120,6 +120,10 @@ def test_fp8_on_cpu_is_unsupported_with_reason():
     from trials.capability import Capability, resolve
 
     assert "FP8 that runs here: backend torchao" in rec["error"] or "no FP8 path runs here" in rec["error"], rec["error"]
+    from trials.cli import summary
+
+    said = summary(rec)  # no Python internals in what a user reads
+    assert "None" not in said and " B " not in said and "ran as        - (did not run: unsupported)" in said, said
     cap = Capability(device_type="cpu", te_error="no CUDA device", fp8={"delayed": (False, "needs a GPU"),
                                                                        "tensorwise": (True, "")})
     reason = resolve(TrialSpec(precision="fp8", d_model=64), cap).unsupported
