@@ -327,7 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", help="run only trials without a final record (default)")
     mode.add_argument("--restart", action="store_true", help="move earlier results aside and start over")
-    p.add_argument("--max-concurrent", type=int)
+    p.add_argument("--max-concurrent", type=int, metavar="N",
+                   help="run at most N trials at once (default: the file's max_concurrent, else as resources allow)")
     p.add_argument("--launcher", choices=list(LAUNCHERS),
                    help=f"how trials run on a worker (default: the file's launcher, else {DEFAULT_LAUNCHER})")
     p.add_argument("--dashboard", action="store_true", help="start Ray's dashboard (local Ray only)")
@@ -355,8 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("doctor", help="what this machine (and Ray cluster) can run")
     p.add_argument("--ray", action="store_true", help="also start/connect Ray and show cluster resources")
-    p.add_argument("--address")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--address", help="with --ray: the cluster to connect to (default RAY_ADDRESS, else a local Ray)")
+    p.add_argument("--json", action="store_true", help="everything as one JSON object (unknowns as null)")
     return parser
 
 

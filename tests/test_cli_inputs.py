@@ -87,3 +87,20 @@ def test_trial_quiet_prints_nothing_not_even_third_party_noise():
                           "--bench-steps", "2", "--warmup-steps", "0", "--profile"],
                          capture_output=True, text=True, env=cli_env(), cwd=REPO, timeout=300)
     assert out.returncode == 0 and out.stdout == "" and out.stderr == "", out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_readme_usage_lines_show_every_flag_and_every_flag_has_help():
+    import argparse
+
+    from orchestrator.cli import build_parser
+
+    readme = (REPO / "README.md").read_text()
+    usage = readme.split("## Using it", 1)[1].split("\n* ", 1)[0]
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for command in ("sweep", "doctor", "report", "export", "collect"):
+        line = next(ln for ln in usage.split("    juicytalk ")[1:] if ln.startswith(command + " "))
+        for action in sub.choices[command]._actions:
+            flags = [f for f in action.option_strings if f not in ("-h", "--help")]
+            if flags:
+                assert any(f in line for f in flags), (command, flags)
+                assert action.help, (command, flags)
