@@ -25,9 +25,18 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _console() -> Console:
+    """Rich output on stdout: a terminal's width when there is one; piped or redirected, lines as long as
+    they need (rich would wrap at 80 columns and break labels mid-word)."""
+    return Console() if sys.stdout.isatty() else Console(width=10_000)
+
+
 def _quiet_ray_logs(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    from trials.noise import quiet_third_party
+
+    quiet_third_party(verbose)
     if not verbose:
         for name in ("ray", "ray.tune", "ray.train", "ray.air"):
             logging.getLogger(name).setLevel(logging.ERROR)
@@ -41,9 +50,9 @@ def _quiet_ray_logs(verbose: bool) -> None:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from .embedded_ray import RayStartError
     from .lock import SweepLocked
-    from .runner import MAX_FAILURES, SweepInputError, run_sweep
+    from .runner import MAX_FAILURES, SweepInputError, resources_note, run_sweep
     from .store import StorageFull, Store
-    from .sweep import SweepError, load_sweep
+    from .sweep import SweepError, load_sweep, shown
 
     _quiet_ray_logs(args.verbose)
     try:
@@ -53,37 +62,49 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.max_concurrent is not None and args.max_concurrent < 1:
         return _fail("--max-concurrent: must be a positive integer")
     storage = args.out or sweep.storage or DEFAULT_OUT
-    console = Console(stderr=False)
+    console = _console()
     if args.dry_run:
-        from .plan import expected_ooms, local_gpu_memory_bytes, plan_rows, plan_table, unsupported_here
+        from trials.record import FINAL_STATUSES
 
-        gpu_memory = int(args.gpu_memory * 2**30) if args.gpu_memory else local_gpu_memory_bytes()
-        rows = plan_rows(sweep, Store(storage, sweep.name), unsupported_here(sweep))
+        from .tables import print_table
+        from .plan import (cpu_matmul_flops_per_s, expected_ooms, host_memory_bytes, local_gpu_memory_bytes,
+                           plan_rows, plan_table, slow_on_cpu, unsupported_here)
+
+        local_gpu = local_gpu_memory_bytes()
+        gpu_memory = int(args.gpu_memory * 2**30) if args.gpu_memory else local_gpu
+        rows = plan_rows(sweep, Store(storage, sweep.name), unsupported_here(sweep), cpu_here=gpu_memory is None)
+        host_memory = host_memory_bytes()
         if rows:
-            console.print(plan_table(sweep, rows, gpu_memory))
+            print_table(console, plan_table(sweep, rows, gpu_memory, host_memory))
         for row in rows:
             if row["unsupported"]:
                 console.print(f"[cyan]unsupported here[/] {row['label']}: {row['unsupported']} (it is recorded "
                               "as unsupported with this reason)", soft_wrap=True)
-        for line in expected_ooms(rows, gpu_memory):
+        for line in expected_ooms(rows, gpu_memory, host_memory):
             console.print(f"[yellow]expected OOM[/] {line}", soft_wrap=True)
+        if any(row["on_cpu"] and not row["unsupported"] for row in rows):
+            for line in slow_on_cpu(rows, cpu_matmul_flops_per_s()):
+                console.print(f"[yellow]slow on CPU[/] {line}", soft_wrap=True)
         for asked, why in sweep.skipped:
-            console.print(f"[cyan]skipped[/] {asked}: {why}")
+            console.print(f"[cyan]skipped[/] {shown(asked)}: {why}", soft_wrap=True)
         for asked, why in sweep.collapsed:
-            console.print(f"[dim]collapsed[/] {asked}: {why}")
+            console.print(f"[dim]collapsed[/] {shown(asked)}: {why}", soft_wrap=True)
         if sweep.search is not None:
             plan = sweep.search
             console.print(f"search: the smallest {plan.axis} in {list(plan.points)} where {plan.label('variant')} "
                           f"beats {plan.label('baseline')} by >= {plan.target:.2f}x; up to {plan.max_trials} trials "
                           f"({plan.samples}-{plan.max_samples} samples per cell), chosen as results arrive",
                           soft_wrap=True)
-        console.print(f"{len(sweep.cells) * sweep.samples} trials{' in the grid' if sweep.search else ''}; results go to "
-                      f"{Store(storage, sweep.name).root}")
+        total = len(sweep.cells) * sweep.samples
+        done = sum(1 for row in rows for status in row["records"] if status in FINAL_STATUSES)
+        console.print(f"{total} trials{' in the grid' if sweep.search else ''}: {done} have a final record, "
+                      f"{total - done} would run now; results go to {Store(storage, sweep.name).root}", soft_wrap=True)
         return 0
     from .progress import SweepProgress, summary_table
+    from .tables import print_table
 
     for asked, why in sweep.skipped:
-        console.print(f"[cyan]skipped[/] {asked}: {why}")
+        console.print(f"[cyan]skipped[/] {shown(asked)}: {why}", soft_wrap=True)
     try:
         outcome = run_sweep(sweep, storage, address=args.address, restart=args.restart,
                             max_concurrent=args.max_concurrent, verbose=args.verbose, dashboard=args.dashboard,
@@ -103,24 +124,28 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     store = Store(storage, sweep.name)
     records = store.read_records(["cell_id", "sample", "step_ms_p50", "error", *INPUT_COLUMNS])
-    console.print(summary_table(outcome.items, outcome.statuses, records))
+    print_table(console, summary_table(outcome.items, outcome.statuses, records))
     console.print(f"{outcome.total} trials: {outcome.already_done} already done, {outcome.ran} run now, "
-                  f"{len(outcome.failed)} failed, {len(outcome.missing)} missing; driver wall {outcome.wall_s:.1f}s "
-                  "(Ray's start included)")
+                  f"{len(outcome.failed)} failed, {len(outcome.missing)} missing"
+                  + (" (interrupted)" if outcome.interrupted else "")
+                  + f"; driver wall {outcome.wall_s:.1f}s (Ray's start included)", soft_wrap=True)
+    if note := resources_note(sweep.resources, outcome.resources):
+        console.print(note, soft_wrap=True)
     if outcome.ran:
         eff = run_efficiency(records.to_pandas())
         this_run = eff[eff["run_id"] == outcome.run_id]
         if not this_run.empty:
             console.print(describe(this_run.iloc[0]))
     console.print(f"results: {outcome.results_path}")
-    if outcome.search is not None:
-        console.print(f"[bold]search: {outcome.search.statement}[/]", soft_wrap=True)
+    report = None
     if store.record_files():
         try:
             from .report import answer, build_report
 
             report = None if args.no_report else build_report(store.root, out_html=store.path("report.html"),
                                                                sweep_text=sweep.source_text)
+            if outcome.search is not None and report is None:  # the report's headline leads with it
+                console.print(f"[bold]Crossover search: {outcome.search.statement}[/]", soft_wrap=True)
             for line in report.headline if report else answer(store.root):
                 console.print(f"[bold]{line}[/]", soft_wrap=True)
             if report:
@@ -129,9 +154,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             logging.getLogger(__name__).error("report failed: %s", exc)
     for key in outcome.failed:
         console.print(f"[red]failed[/] {key}: {outcome.statuses[key]} (see {store.path('logs', key + '.log')})")
+    labels = {it.key: it.label for it in outcome.items}
     for key in outcome.missing:
-        console.print(f"[red]missing[/] {key}: no record (its worker died {MAX_FAILURES + 1} times or the run "
-                      "was interrupted); rerun the same command to resume")
+        why = "not run: the sweep was interrupted" if outcome.interrupted else \
+            f"no record: its worker died {MAX_FAILURES + 1} times"
+        console.print(f"[red]missing[/] {labels.get(key, key)} ({key}): {why}; rerun the same command to resume",
+                      soft_wrap=True)
     return 0 if outcome.complete else 1
 
 
@@ -146,6 +174,8 @@ def _sweep_dir(path: str) -> tuple[str, str] | None:
 def cmd_collect(args: argparse.Namespace) -> int:
     from .store import Store
 
+    if not Path(args.dir).expanduser().exists():
+        return _fail(f"DIR: {args.dir} does not exist")
     where = _sweep_dir(args.dir)
     if where is None:
         return _fail(f"DIR: {args.dir} is not a sweep directory (it has no trials/ folder)")
@@ -157,6 +187,8 @@ def cmd_collect(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from .report import ReportInputError, build_report
 
+    if args.png and Path(args.png).exists() and not Path(args.png).is_dir():
+        return _fail(f"--png: {args.png} is a file; give a directory (one PNG per chart is written into it)")
     if args.plotlyjs and not args.plotlyjs.endswith(".js"):
         return _fail(f"--plotlyjs: must name a .js file, got {args.plotlyjs!r}")
     try:
@@ -175,7 +207,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from trials.backends import recipe_owner
+    from trials.noise import quiet_third_party
+
+    quiet_third_party()
     from trials.capability import probe
     from trials.fingerprint import fingerprint
     from trials.metrics import peak_tflops
@@ -206,22 +240,39 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=2, default=str))
         return 0
-    c = info["capability"]
-    print(f"device        {c['device_type']}  {c['gpu_name'] or ''}  cc={c['compute_capability']}  "
-          f"SMs={c['sm_count']}  CUDA={c['cuda_version']}")
-    print(f"torch         {info['fingerprint']['torch_version']}   driver {info['fingerprint']['driver_version']}")
-    print(f"TE            {c['te_version'] if c['te_available'] else 'unavailable: ' + str(c['te_error'])}")
-    print(f"torchao       {c['torchao_version'] or 'unavailable: ' + str(c['torchao_error'])}")
-    for recipe, v in c["fp8"].items():
-        print(f"fp8 {recipe_owner(recipe):7} {recipe:18} {'yes' if v['supported'] else 'no '}  {v['reason']}")
-    pw = info["power"]
-    print("power         " + (f"limit {pw['power_limit_w']:g} W, SM clock {pw['sm_clock_mhz']} of {pw['sm_clock_max_mhz']} "
-                              "MHz now" if pw["why"] is None else f"unknown: {pw['why']}"))
-    print(f"peaks         {info['peaks_tflops']} TFLOP/s (dense datasheet; JUICYTALK_PEAK_TFLOPS overrides)")
-    print(f"ray           {info['ray_version']}")
-    if "cluster_resources" in info:
-        print(f"cluster       {info['cluster_resources']}  nodes {info['nodes']}")
+    for line in doctor_lines(info):
+        print(line)
     return 0
+
+
+def doctor_lines(info: dict) -> list[str]:
+    """``juicytalk doctor``'s text: what is known, in words (``--json`` has every field, nulls included)."""
+    c, fp, pw = info["capability"], info["fingerprint"], info["power"]
+    if c["device_type"] == "cuda":
+        device = (f"cuda  {c['gpu_name']}  compute capability {c['compute_capability']}  {c['sm_count']} SMs  "
+                  f"CUDA {c['cuda_version']}")
+    else:
+        device = "cpu (no CUDA device visible)"
+    lines = [f"device        {device}",
+             f"torch         {fp['torch_version']}" + (f"   driver {fp['driver_version']}" if fp["driver_version"] else ""),
+             f"TE            {c['te_version'] if c['te_available'] else 'unavailable: ' + str(c['te_error'])}",
+             f"torchao       {c['torchao_version'] or 'unavailable: ' + str(c['torchao_error'])}"]
+    from trials.backends import recipe_owner
+
+    for recipe, v in c["fp8"].items():
+        lines.append(f"fp8 {recipe_owner(recipe):7} {recipe:18} {'yes' if v['supported'] else 'no '}  {v['reason']}".rstrip())
+    lines.append("power         " + (f"limit {pw['power_limit_w']:g} W, SM clock {pw['sm_clock_mhz']} of "
+                                     f"{pw['sm_clock_max_mhz']} MHz now" if pw["why"] is None else f"unknown: {pw['why']}"))
+    peaks = info["peaks_tflops"]
+    known = ", ".join(f"{p} {v:g}" for p, v in peaks.items() if v is not None)
+    lines.append(f"peaks         {known} TFLOP/s (dense datasheet; JUICYTALK_PEAK_TFLOPS overrides)" if known else
+                 "peaks         unknown for this device (MFU is left out; JUICYTALK_PEAK_TFLOPS gives them)")
+    lines.append(f"ray           {info['ray_version']}")
+    if "cluster_resources" in info:
+        resources = "  ".join(f"{k}={v:g}" for k, v in sorted(info["cluster_resources"].items())
+                              if not k.startswith("node:") and isinstance(v, (int, float)))
+        lines.append(f"cluster       {resources}  nodes {', '.join(info['nodes'])}")
+    return lines
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -235,6 +286,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         return _fail(f"--mlflow: {why}")
     if not Path(args.results).exists():
         return _fail(f"RESULTS: {args.results} does not exist (a sweep directory or a results.parquet)")
+    if why := mlflow_uri.unreachable(args.mlflow):
+        return _fail(f"--mlflow: {why}")
     from .export import export_mlflow
 
     done = export_mlflow(args.results, args.mlflow, args.experiment)
@@ -274,7 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", help="run only trials without a final record (default)")
     mode.add_argument("--restart", action="store_true", help="move earlier results aside and start over")
-    p.add_argument("--max-concurrent", type=int)
+    p.add_argument("--max-concurrent", type=int, metavar="N",
+                   help="run at most N trials at once (default: the file's max_concurrent, else as resources allow)")
     p.add_argument("--launcher", choices=list(LAUNCHERS),
                    help=f"how trials run on a worker (default: the file's launcher, else {DEFAULT_LAUNCHER})")
     p.add_argument("--dashboard", action="store_true", help="start Ray's dashboard (local Ray only)")
@@ -302,8 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("doctor", help="what this machine (and Ray cluster) can run")
     p.add_argument("--ray", action="store_true", help="also start/connect Ray and show cluster resources")
-    p.add_argument("--address")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--address", help="with --ray: the cluster to connect to (default RAY_ADDRESS, else a local Ray)")
+    p.add_argument("--json", action="store_true", help="everything as one JSON object (unknowns as null)")
     return parser
 
 

@@ -1,13 +1,21 @@
-"""Dry-run plan: every cell with its size, a memory estimate, and what already has a record."""
+"""Dry-run plan: every cell with its size, a memory estimate, and what already has a record.
+
+The estimate is checked against the memory of where a cell runs: the GPU's (this machine's, or
+``--gpu-memory``), or, for cells that run on CPU here, the host's RAM; CPU cells whose steps would take
+hours even at the host's best matmul pace are flagged too.
+"""
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
 
 from rich.table import Table
 
 from trials.backends import STACKS, recipe_owner
 from trials import models
+from trials.metrics import flops_per_step
 from trials.spec import TrialSpec
 
 from .store import Store, trial_key
@@ -15,6 +23,7 @@ from .sweep import Sweep
 
 
 MASTER_AND_MOMENTS_BYTES = 12  # per parameter: an fp32 master weight and Adam's two fp32 moments
+CPU_SLOW_S = 3600.0  # a CPU cell whose steps need longer than this, at the host's best matmul pace, is flagged
 
 
 def estimate_memory_bytes(spec: TrialSpec) -> int:
@@ -50,10 +59,10 @@ def estimate_memory_bytes(spec: TrialSpec) -> int:
 def unsupported_here(sweep: Sweep) -> dict[str, str]:
     """cell id -> why the cell would be recorded ``unsupported`` on this machine (what a trial here would
     resolve: the same probe and rules, ``trials.capability``). A cluster's GPU nodes may differ."""
-    from trials.capability import probe, resolve
+    from trials.capability import probe, resolve, wants_torchao
 
     want_te = any(cell.spec.backend in ("te", "auto") for cell in sweep.cells)
-    want_torchao = any(cell.spec.backend == "torchao" for cell in sweep.cells)
+    want_torchao = any(wants_torchao(cell.spec) for cell in sweep.cells)
     caps: dict[str, Any] = {}
     out = {}
     for cell in sweep.cells:
@@ -65,7 +74,23 @@ def unsupported_here(sweep: Sweep) -> dict[str, str]:
     return out
 
 
-def plan_rows(sweep: Sweep, store: Store, unsupported: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def estimate_flops(spec: TrialSpec) -> float:
+    """Model FLOPs of a training trial's steps (training and timed), all ranks: what a CPU cell must get
+    through. Inference cells: the same steps' forward passes are far fewer; estimated as training's third."""
+    facts = models.describe(spec)
+    steps = spec.train_steps + spec.bench_steps * spec.repeats
+    tokens = spec.tokens * spec.world_size
+    if facts.estimate is not None:  # MiniGPT's shape, or a model's Llama-shaped stand-in
+        per_step = flops_per_step(facts.estimate, tokens)
+    else:  # a factory's model of unknown shape: its weights' GEMMs only
+        per_step = 6.0 * (facts.n_params or 0) * tokens
+    flops = per_step * steps
+    return flops if spec.workload == "train" else flops / 3
+
+
+def plan_rows(sweep: Sweep, store: Store, unsupported: dict[str, str] | None = None,
+              cpu_here: bool = False) -> list[dict[str, Any]]:
+    """One row per cell; ``cpu_here``: this machine has no GPU, so its ``device: auto`` cells run on CPU."""
     statuses = store.statuses()
     unsupported = unsupported or {}
     rows = []
@@ -75,10 +100,33 @@ def plan_rows(sweep: Sweep, store: Store, unsupported: dict[str, str] | None = N
             "label": cell.label, "cell_id": cell.cell_id,
             "params": models.describe(cell.spec).n_params,
             "est_mem_bytes": estimate_memory_bytes(cell.spec),
+            "est_flops": estimate_flops(cell.spec),
+            "on_cpu": cell.spec.device == "cpu" or (cpu_here and cell.spec.device == "auto"),
             "records": [s for s in have if s], "samples": sweep.samples,
             "unsupported": unsupported.get(cell.cell_id),
         })
     return rows
+
+
+def host_memory_bytes() -> int | None:
+    """This host's RAM (what a CPU cell's estimate is checked against), or None where the OS does not say."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def cpu_matmul_flops_per_s(n: int = 1024, tries: int = 3) -> float:
+    """The host's fp32 matmul pace, best of ``tries`` (a trial's steps reach a fraction of it: a best case)."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    best = float("inf")
+    for _ in range(tries):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n**3 / max(best, 1e-9)
 
 
 def local_gpu_memory_bytes() -> int | None:
@@ -88,18 +136,29 @@ def local_gpu_memory_bytes() -> int | None:
     return int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else None
 
 
-def plan_table(sweep: Sweep, rows: list[dict[str, Any]], gpu_memory_bytes: int | None = None) -> Table:
-    """The dry-run table of ``plan_rows``; with a GPU memory size, cells whose estimate exceeds it say 'OOM?'."""
+def _limit(row: dict[str, Any], gpu_memory_bytes: int | None, host_memory_bytes: int | None) -> int | None:
+    return host_memory_bytes if row.get("on_cpu") else gpu_memory_bytes
+
+
+def plan_table(sweep: Sweep, rows: list[dict[str, Any]], gpu_memory_bytes: int | None = None,
+               host_memory_bytes: int | None = None) -> Table:
+    """The dry-run table of ``plan_rows``; cells whose estimate exceeds the memory where they run (the GPU's,
+    or the host's for CPU cells) say 'OOM?'."""
     gib = 2**30
-    where = f" (GPU memory {gpu_memory_bytes / gib:.0f} GiB)" if gpu_memory_bytes else ""
+    sizes = [f"GPU memory {gpu_memory_bytes / gib:.0f} GiB"] if gpu_memory_bytes else []
+    if host_memory_bytes and any(r.get("on_cpu") for r in rows):
+        sizes.append(f"host memory {host_memory_bytes / gib:.0f} GiB")
+    where = f" ({', '.join(sizes)})" if sizes else ""
     table = Table(title=f"sweep {sweep.name}: {len(sweep.cells)} cells x {sweep.samples} sample(s){where}")
-    table.add_column("cell", overflow="fold")
-    for col in ("id", "params", "est. memory", "records", "here"):
+    table.add_column("cell", no_wrap=True)  # labels stay whole (and greppable); the other columns wrap
+    table.add_column("id", no_wrap=True)
+    for col in ("params", "est. memory", "records", "here"):
         table.add_column(col)
     for row in rows:
         rec = ", ".join(row["records"]) if row["records"] else "-"
         memory = f"{row['est_mem_bytes'] / gib:.2f} GiB"
-        if gpu_memory_bytes and row["est_mem_bytes"] > gpu_memory_bytes:
+        limit = _limit(row, gpu_memory_bytes, host_memory_bytes)
+        if limit and row["est_mem_bytes"] > limit:
             memory += " OOM?"
         params = "?" if row["params"] is None else f"{row['params'] / 1e6:.1f}M"
         table.add_row(row["label"], row["cell_id"], params, memory,
@@ -108,11 +167,27 @@ def plan_table(sweep: Sweep, rows: list[dict[str, Any]], gpu_memory_bytes: int |
     return table
 
 
-def expected_ooms(rows: list[dict[str, Any]], gpu_memory_bytes: int | None) -> list[str]:
-    """One line per ``plan_rows`` cell whose estimate exceeds the GPU's memory (it still runs, and records
-    oom if it does)."""
-    if not gpu_memory_bytes:
-        return []
-    return [f"{row['label']}: estimated {row['est_mem_bytes'] / 2**30:.1f} GiB > "
-            f"{gpu_memory_bytes / 2**30:.0f} GiB of GPU memory" for row in rows
-            if row["est_mem_bytes"] > gpu_memory_bytes]
+def expected_ooms(rows: list[dict[str, Any]], gpu_memory_bytes: int | None,
+                  host_memory_bytes: int | None = None) -> list[str]:
+    """One line per ``plan_rows`` cell whose estimate exceeds the memory where it runs: the GPU's, or the
+    host's for a CPU cell (it still runs, and records oom if it does)."""
+    out = []
+    for row in rows:
+        limit = _limit(row, gpu_memory_bytes, host_memory_bytes)
+        if limit and row["est_mem_bytes"] > limit and not (row.get("on_cpu") and row.get("unsupported")):
+            out.append(f"{row['label']}: estimated {row['est_mem_bytes'] / 2**30:.1f} GiB > {limit / 2**30:.0f} GiB "
+                       f"of {'host' if row.get('on_cpu') else 'GPU'} memory")
+    return out
+
+
+def slow_on_cpu(rows: list[dict[str, Any]], flops_per_s: float) -> list[str]:
+    """One line per CPU cell whose steps need more than ``CPU_SLOW_S`` at ``flops_per_s`` (the host's best
+    matmul pace: the trial itself is slower still)."""
+    out = []
+    for row in rows:
+        seconds = row["est_flops"] / flops_per_s
+        if row.get("on_cpu") and not row.get("unsupported") and seconds > CPU_SLOW_S:
+            out.append(f"{row['label']}: at least {seconds / 3600:.1f} h on this CPU ({row['est_flops'] / 1e12:.0f} "
+                       f"TFLOP of steps at its best matmul pace, {flops_per_s / 1e9:.0f} GFLOP/s); a GPU runs it, or "
+                       "make the cell smaller")
+    return out

@@ -94,7 +94,8 @@ def summary_table(items: list[WorkItem], statuses: dict[str, str], records: Any 
             p50[f"{cid}-s{s}"] = v
             why[f"{cid}-s{s}"] = str(error).splitlines()[0][:WHY_CHARS] if error else ""
     table = Table(title="sweep summary")
-    for col in ("cell", "sample", "status", "p50 ms", "key"):
+    table.add_column("cell", no_wrap=True)  # labels stay whole in 80 columns; "why" folds instead
+    for col in ("sample", "status", "p50 ms", "key"):
         table.add_column(col)
     table.add_column("why", overflow="fold")
     for it in items:

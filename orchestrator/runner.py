@@ -53,6 +53,8 @@ class SweepOutcome:
     wall_s: float = 0.0
     results_path: str | None = None
     search: Any = None  # the crossover search's Answer (orchestrator/crossover.py), when the sweep has one
+    interrupted: bool = False  # Ctrl-C or SIGTERM stopped the run
+    resources: dict[str, float] = field(default_factory=dict)  # what each trial got (after a CPU fallback)
     items: list[WorkItem] = field(default_factory=list)  # every (cell, sample) of the run: the grid's, the search's
 
     @property
@@ -100,6 +102,20 @@ def ray_session(address: str | None, dashboard: bool = False, verbose: bool = Fa
         ray.shutdown()
 
 
+def check_address(address: str | None) -> None:
+    """Before anything is written: a ``ray://`` address (Ray Client) needs ``ray[client]`` (grpcio), which
+    a plain ``ray[tune]`` install lacks; Ray would say so in a traceback after the sweep's folder exists."""
+    given = bool(address)
+    address = address or os.environ.get("RAY_ADDRESS") or ""
+    if address.startswith("ray://"):
+        import importlib.util
+
+        if importlib.util.find_spec("grpc") is None:
+            raise SweepInputError(f"{'--address' if given else 'RAY_ADDRESS'} {address}: a ray:// address connects "
+                                  "through Ray Client, which needs the grpcio package: pip install 'ray[client]' "
+                                  "(or give the cluster's GCS address host:6379 from one of its nodes)")
+
+
 CONNECT_PROBE_S = 5.0  # how long the cluster's GCS port may take to accept a TCP connection
 
 
@@ -144,6 +160,42 @@ def _term_like_int() -> Any:
     return signal.signal(signal.SIGTERM, on_term)
 
 
+class Interrupts:
+    """Whether Ctrl-C (or SIGTERM, which does what SIGINT does) stopped a Tune run, so the summary can say
+    "interrupted" instead of guessing. Tune stops its loop on its own SIGINT handler and returns normally,
+    keeping what it saw to itself; while :meth:`catching`, the driver's handler notes the signal and hands it
+    to Tune's SIGUSR1 handler (the same stop Tune's SIGINT handler makes). A second Ctrl-C raises
+    KeyboardInterrupt, as it does under Tune."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def _on_int(self, signum: int, frame: Any) -> None:
+        stop = signal.getsignal(signal.SIGUSR1) if hasattr(signal, "SIGUSR1") else None
+        if self.seen or not callable(stop):
+            self.seen = True
+            raise KeyboardInterrupt
+        self.seen = True
+        stop(signum, frame)
+
+    @contextmanager
+    def catching(self) -> Iterator["Interrupts"]:
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        before_env = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
+        os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # Tune leaves SIGINT to this handler; SIGUSR1 stays its
+        before = signal.signal(signal.SIGINT, self._on_int)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, before)
+            if before_env is None:
+                os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
+            else:
+                os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = before_env
+
+
 def check_resources(ray: Any, resources: dict[str, float]) -> dict[str, float]:
     """Fail fast when no node can ever hold one trial; without GPUs anywhere, fall back to CPU.
 
@@ -167,10 +219,23 @@ def check_resources(ray: Any, resources: dict[str, float]) -> dict[str, float]:
                               f"gpu={wanted.get('gpu', 0):g} (nodes: {best}); lower resources in the sweep file")
     if wanted.get("gpu", 0) == 0:
         wanted["cpu"] = min(n["Resources"]["CPU"] for n in fits)
-    if fallback:
-        log.warning("no GPUs in this Ray cluster: trials run on CPU (torch backend), one per host at a time "
-                    "(cpu=%g each); te/fp8 cells are unsupported", wanted["cpu"])
+    if fallback:  # the sweep's summary says so in one line (resources_note)
+        log.info("no GPUs in this Ray cluster: trials run on CPU (torch backend), one per host at a time "
+                 "(cpu=%g each); te/fp8 cells are unsupported", wanted["cpu"])
     return wanted
+
+
+def resources_note(asked: dict[str, float], got: dict[str, float]) -> str | None:
+    """One line for the summary when :func:`check_resources` gave each trial other resources than the file
+    asked (no GPUs: CPU trials, each taking a whole host), else None."""
+    if not got or all(got.get(k, 0) == asked.get(k, 0) for k in ("gpu", "cpu")):
+        return None
+    def fmt(r: dict[str, float]) -> str:
+        return f"gpu={r.get('gpu', 0):g} cpu={r.get('cpu', 0):g}"
+    why = ("no GPUs in this Ray cluster: trials ran on CPU" if asked.get("gpu") and not got.get("gpu")
+           else "CPU trials")
+    return (f"resources: {why}, each taking a whole host so that two never time each other: {fmt(got)} per trial "
+            f"(the file asks {fmt(asked)})")
 
 
 def check_ranks(ray: Any, world_sizes: list[int], resources: dict[str, float]) -> int | None:
@@ -256,9 +321,9 @@ def _stop_when_storage_is_full() -> Any:
 
 def fit(ray: Any, sweep: Sweep, store: Store, context: Context, resources: dict[str, float],
         max_concurrent: int | None, verbose: bool, items: list[WorkItem] | None = None, searcher: Any = None,
-        max_trials: int = 1) -> None:
+        max_trials: int = 1, interrupts: Interrupts | None = None) -> None:
     """Run ``items`` (a grid) or what ``searcher`` proposes (at most ``max_trials``) as Tune trials;
-    raises :class:`StorageFull` when the store ran out of room."""
+    raises :class:`StorageFull` when the store ran out of room; ``interrupts`` notes a Ctrl-C."""
     from ray import tune
 
     from .trackers import build_callbacks
@@ -272,6 +337,7 @@ def fit(ray: Any, sweep: Sweep, store: Store, context: Context, resources: dict[
         # one trial's resources per rank, less that sliver on CPU (trials/ranks: orchestrator/launchers/ranks.py)
         return {"cpu": RANKS_DRIVER_CPU, "gpu": 0} if int(config.get("world_size", 1)) > 1 else one
 
+    interrupts = interrupts or Interrupts()
     trainable = tune.with_resources(tune.with_parameters(TrialTrainable, context=context), per_trial)
     tuner = tune.Tuner(
         trainable,
@@ -296,7 +362,8 @@ def fit(ray: Any, sweep: Sweep, store: Store, context: Context, resources: dict[
             log_to_file=True,
         ),
     )
-    results = tuner.fit()
+    with interrupts.catching():
+        results = tuner.fit()
     full = next((r.metrics[STORAGE_FULL] for r in results if (r.metrics or {}).get(STORAGE_FULL)), None)
     if full:
         raise StorageFull(store.root, f"no space left on device (first failed write: {full})")
@@ -324,6 +391,7 @@ def run_sweep(sweep: Sweep, storage: str, address: str | None = None, restart: b
 
     One driver per sweep directory: a second one is refused (:func:`~orchestrator.lock.sweep_lock`).
     """
+    check_address(address)
     with sweep_lock(Store(storage, sweep.name)):
         return _run_locked(sweep, storage, address, restart, max_concurrent, verbose, dashboard, progress, launcher)
 
@@ -343,6 +411,7 @@ def _run_locked(sweep: Sweep, storage: str, address: str | None, restart: bool, 
     search = None if sweep.search is None else Search(sweep.search, store)
     world_sizes = [int(it.spec.get("world_size", 1)) for it in pending] + (
         [] if search is None else [int(search.item(side, x, 0).spec.get("world_size", 1)) for side, x in search.cells.values()])
+    interrupts, resources = Interrupts(), dict(sweep.resources)
     if pending or (search is not None and not search.finished):
         with ray_session(address, dashboard=dashboard, verbose=verbose) as ray:
             resources = check_resources(ray, sweep.resources)
@@ -355,12 +424,12 @@ def _run_locked(sweep: Sweep, storage: str, address: str | None, restart: bool, 
             try:
                 limit = min((v for v in (max_concurrent or sweep.max_concurrent, ranks_limit) if v), default=None)
                 if pending:
-                    fit(ray, sweep, store, context, resources, limit, verbose, items=pending)
-                if search is not None:
+                    fit(ray, sweep, store, context, resources, limit, verbose, items=pending, interrupts=interrupts)
+                if search is not None and not interrupts.seen:
                     search.refresh()  # the grid's records, just written, are the search's too
                     if not search.finished:
                         fit(ray, sweep, store, context, resources, limit, verbose, searcher=search.searcher(),
-                            max_trials=search.plan.max_trials)
+                            max_trials=search.plan.max_trials, interrupts=interrupts)
             finally:
                 if progress is not None:
                     progress.stop()
@@ -371,8 +440,9 @@ def _run_locked(sweep: Sweep, storage: str, address: str | None, restart: bool, 
     statuses = store.statuses()
     keys = {it.key for it in items}
     path, _ = store.collect()
-    return SweepOutcome(total=len(items), ran=sum(1 for k in keys if k not in done),
+    return SweepOutcome(total=len(items), ran=sum(1 for k in keys if k not in done and k in statuses),
                         already_done=sum(1 for k in keys if k in done),
                         run_id=run["run_id"], statuses={k: v for k, v in statuses.items() if k in keys},
                         missing=sorted(keys - statuses.keys()), wall_s=time.perf_counter() - t0,
-                        results_path=path, search=None if search is None else search.answer(), items=items)
+                        results_path=path, search=None if search is None else search.answer(), items=items,
+                        interrupted=interrupts.seen, resources=resources)

@@ -1,6 +1,7 @@
 """Sweep files: load, validate (every error names its key and line), expand into cells.
 
-A sweep file is YAML read with ``yaml.safe_load`` semantics; nothing in it is ever executed.
+A sweep file is YAML read with ``yaml.safe_load`` semantics (``1e-3`` is a number, as in YAML 1.2); nothing in
+it is ever executed.
 
     name: seed                # letters, digits, '-', '_' (it becomes a directory under --out)
     grid:                     # lists over any trial spec field; the cartesian product is the cells
@@ -42,11 +43,11 @@ from typing import Any
 
 import yaml
 
-from trials.backends import STACKS, fp8_stacks, recipe_owner
+from trials.backends import RECIPES, STACKS, fp8_stacks, recipe_owner
 from trials.models import ModelError
 from trials.models import parse as parse_model
-from trials.spec import (SpecError, TrialSpec, applies, check_model, defaults_for, field_default, only_fields,
-                         te_layer_refusal, variant_name)
+from trials.spec import (SpecError, TrialSpec, applies, check_model, close_matches, defaults_for, field_default,
+                         only_fields, te_layer_refusal, variant_name)
 
 from .crossover import CrossoverPlan, parse_search
 from .launchers import DEFAULT_LAUNCHER, DEFAULT_WARM_MAX_TRIALS, LAUNCHERS
@@ -57,6 +58,16 @@ TOP_KEYS = ("name", "grid", "search", "fixed", "samples", "resources", "max_conc
             "launcher", "warm_max_trials", "compile_cache", "trackers")
 RESOURCE_KEYS = ("gpu", "cpu")
 _DEFAULTS = TrialSpec().to_dict()  # MiniGPT's; defaults_for(values) for a cell of another model source
+
+
+class _Loader(yaml.SafeLoader):
+    """``yaml.safe_load``, but ``1e-3`` is a number as YAML 1.2 (and every user) reads it: YAML 1.1's float
+    needs a dot (``1.0e-3``), so safe_load gives the string '1e-3'."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
 
 
 class SweepError(ValueError):
@@ -137,6 +148,34 @@ def cell_label(spec: TrialSpec) -> str:
     return "-".join(parts)
 
 
+# How a field other than cell_label's own reads in a label when it has to tell cells apart ("b1", "seq512"):
+# the field's name unless named here; a bool reads as its name or no-<name>; device and workload as their value.
+LABEL_PREFIX = {"batch_size": "b", "seq_len": "seq", "n_heads": "h", "n_kv_heads": "kv", "vocab": "v",
+                "tokens_per_step": "tok", "train_steps": "steps", "warmup_steps": "warmup", "bench_steps": "bench",
+                "repeats": "rep", "gen_len": "gen", "prompt_len": "prompt", "device": "", "workload": ""}
+
+
+def _label_part(name: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return name if value else f"no-{name}"
+    return f"{LABEL_PREFIX.get(name, name)}{value}"
+
+
+def distinct_labels(specs: list[TrialSpec]) -> list[str]:
+    """Labels that tell every cell apart: :func:`cell_label`, plus each field that varies among cells whose
+    cell_label is the same (a batch size, a sequence length), on every cell of the sweep, in declaration
+    order: ``d2048-L4-te-bf16-graphs-b1`` and ``...-b32``. Fields cell_label shows are never repeated."""
+    base = [cell_label(s) for s in specs]
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for label, spec in zip(base, specs):
+        groups.setdefault(label, []).append(spec.to_dict())
+    varying = {name for group in groups.values() if len(group) > 1 for name in group[0]
+               if len({json.dumps(g[name]) for g in group}) > 1}
+    extra = [name for name in TrialSpec.field_names() if name in varying]
+    return ["-".join([label, *(_label_part(name, getattr(spec, name)) for name in extra)])
+            for label, spec in zip(base, specs)]
+
+
 def _lines(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
     """Map each key path to its 1-based line; raise on duplicate keys (safe_load keeps the last silently)."""
     out = {} if out is None else out
@@ -167,8 +206,8 @@ def load_sweep(path: str | Path) -> Sweep:
 
 def parse_sweep(text: str, source: str = "sweep") -> Sweep:
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        root = yaml.compose(text, Loader=_Loader)
+        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise SweepError("yaml", str(getattr(exc, "problem", exc)), mark.line + 1 if mark else None, source) from None
@@ -187,8 +226,13 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
         if key not in TOP_KEYS:
             raise err((key,), f"unknown key; allowed: {', '.join(TOP_KEYS)}")
     name = data.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if name is None:
         raise err(("name",), "required; letters, digits, '-' and '_' only (1-64 characters)")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        bad = sorted(set(re.sub(r"[A-Za-z0-9_-]", "", str(name))))
+        what = f"has {' and '.join(repr(c) for c in bad)} in it" if bad else "is not 1-64 characters"
+        raise err(("name",), f"{str(name)!r} {what}; it becomes a directory: use letters, digits, '-' and '_' "
+                  "only (1-64 characters)")
     grid = data.get("grid")
     grids = [] if grid is None and "search" in data else grid if isinstance(grid, list) else [grid]
     fixed = data.get("fixed") or {}
@@ -208,6 +252,9 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
                 raise err(prefix + (key,), "must be a non-empty list")
             if len(set(map(json.dumps, values))) != len(values):
                 raise err(prefix + (key,), "has repeated values")
+            if key == "recipe":
+                for value in values:
+                    _check_recipe(value, lambda message: err(prefix + (key,), message))
     for key, value in fixed.items():
         if key not in fields:
             raise err(("fixed", key), f"unknown trial field; allowed: {', '.join(sorted(fields))}")
@@ -215,6 +262,8 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
             raise err(("fixed", key), "must be a single value (put lists under grid)")
         if any(key in one for one in grids):
             raise err(("fixed", key), "is also in grid; give it in one place")
+        if key == "recipe":
+            _check_recipe(value, lambda message: err(("fixed", key), message))
 
     samples = data.get("samples", 1)
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
@@ -272,6 +321,18 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
     return sweep
 
 
+def _check_recipe(value: Any, err) -> None:
+    """A recipe no stack has is a typo, not a cell to skip: one line with the close matches."""
+    if value not in RECIPES:
+        by_stack = "; ".join(f"{s.name}: {', '.join(s.recipes)}" for s in STACKS.values() if s.recipes)
+        raise err(f"{value!r} is no stack's FP8 recipe{close_matches(value, RECIPES)}; recipes are {by_stack}")
+
+
+def shown(values: dict[str, Any]) -> str:
+    """``backend=te precision=fp8``: a grid combination as a user reads it (never a dict's repr)."""
+    return " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items())
+
+
 def _skip_reason(cell: dict[str, Any], asked: dict[str, Any]) -> str | None:
     """Why a grid combination names no cell (a stack without that FP8 recipe, ...), or None.
 
@@ -310,12 +371,13 @@ def _expand(sweep: Sweep, prefixes: list[tuple], err) -> None:
     seen: set[str] = set()
     for prefix, grid in zip(prefixes, sweep.grids):
         keys = list(grid)
+        skipped = []
         for combo in itertools.product(*(grid[k] for k in keys)):
             asked = dict(zip(keys, combo))
             values = {**sweep.fixed, **asked}
             why = _skip_reason({**defaults_for(values), **values}, asked)
             if why:
-                sweep.skipped.append((asked, why))
+                skipped.append((asked, why))
                 continue
             if values.get("backend") == "torchao" and values.get("precision", _DEFAULTS["precision"]) != "fp8":
                 values["backend"] = "torch"  # torchao converts Linears to FP8; without FP8 it is the twin
@@ -331,14 +393,21 @@ def _expand(sweep: Sweep, prefixes: list[tuple], err) -> None:
                 check_model(spec)  # an hf: or py: model that cannot be built: one line, before Ray
             except SpecError as exc:
                 place = prefix + (exc.field,) if exc.field in grid else ("fixed", exc.field)
-                shown = ", ".join(f"{k}={v}" for k, v in zip(keys, combo))
-                raise err(place, f"{exc} (in cell {shown})") from None
+                raise err(place, f"{exc} (in cell {shown(asked)})") from None
             cid = cell_id(spec)
             if cid in seen:
                 dropped = {k: v for k, v in asked.items() if values.get(k, _DEFAULTS.get(k)) != v}
                 sweep.collapsed.append((asked, f"{cell_label(spec)} appears more than once"
-                                        + (f" ({dropped} means nothing for this cell)" if dropped else "")
+                                        + (f" ({shown(dropped)} means nothing for this cell)" if dropped else "")
                                         + "; it runs once"))
                 continue
             seen.add(cid)
             sweep.cells.append(Cell(spec=spec, cell_id=cid, label=cell_label(spec)))
+        if skipped and len(skipped) == len(list(itertools.product(*grid.values()))):
+            # every combination of this grid names no cell: the grid asks for nothing runnable (a te recipe on
+            # torchao, fp8 on torch); skipping all of it quietly would run 0 trials and exit 0
+            raise err(prefix, f"leaves no cell to run: {shown(skipped[0][0])}: {skipped[0][1]}"
+                      + (f" (and {len(skipped) - 1} more combinations like it)" if len(skipped) > 1 else ""))
+        sweep.skipped.extend(skipped)
+    labels = distinct_labels([c.spec for c in sweep.cells])
+    sweep.cells[:] = [Cell(spec=c.spec, cell_id=c.cell_id, label=label) for c, label in zip(sweep.cells, labels)]

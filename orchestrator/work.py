@@ -47,23 +47,26 @@ class WorkItem:
         return trial_key(self.cell_id, self.sample)
 
     @classmethod
-    def of(cls, cell_spec: TrialSpec, sample: int) -> "WorkItem":
-        """Sample ``sample`` of a cell: independent seeds, the same across the cells they pair with."""
+    def of(cls, cell_spec: TrialSpec, sample: int, label: str | None = None) -> "WorkItem":
+        """Sample ``sample`` of a cell: independent seeds, the same across the cells they pair with. ``label``:
+        the sweep's (which tells its cells apart), else :func:`~orchestrator.sweep.cell_label`."""
         spec = cell_spec.to_dict()
         spec["seed"] = cell_spec.seed + sample
-        return cls(cell_id(cell_spec), sample, cell_label(cell_spec), spec)
+        return cls(cell_id(cell_spec), sample, label or cell_label(cell_spec), spec)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "WorkItem":
         """The item a Tune config describes (grid or searcher): the cell is the spec with its seed un-offset."""
         sample = int(config["sample"])
         spec = {k: config[k] for k in SPEC_FIELDS if k in config}
-        return cls.of(TrialSpec.from_dict({**spec, "seed": spec["seed"] - sample}), sample)
+        return cls.of(TrialSpec.from_dict({**spec, "seed": spec["seed"] - sample}), sample, config.get("cell_label"))
 
     def config(self) -> dict[str, Any]:
-        """What Tune (and its callbacks and trackers) sees: the flattened spec, sample, cell id, store key."""
-        return {**self.spec, "sample": self.sample, "cell_id": self.cell_id, "trial": self.key}
+        """What Tune (and its callbacks and trackers) sees: the flattened spec, sample, cell id and label, store
+        key."""
+        return {**self.spec, "sample": self.sample, "cell_id": self.cell_id, "cell_label": self.label,
+                "trial": self.key}
 
 
 def grid_items(cells: list[Cell], samples: int) -> list[WorkItem]:
-    return [WorkItem.of(cell.spec, sample) for cell in cells for sample in range(samples)]
+    return [WorkItem.of(cell.spec, sample, cell.label) for cell in cells for sample in range(samples)]

@@ -128,7 +128,8 @@ def test_report_renders_offline_in_chromium(quickstart, tmp_path):
     # the first section answers the question for this run, before any chart: FP8 could not run, and why
     first = re.search(r"<section[^>]*>(.*?)</section>", dom, re.S)
     assert first and "What this run says" in first.group(1), dom[:3000]
-    assert "FP8 could not run on this machine: fp8 needs Transformer Engine: no CUDA device" in first.group(1)
+    assert ("FP8 could not run on this machine: fp8 on backend auto needs Transformer Engine (no CUDA device); FP8 "
+            "that runs here: backend torchao") in first.group(1)
     assert "compare bf16 and fp32" in first.group(1)
     # charts with nothing to show say so instead of drawing axes around nothing
     for name in ("fp8_speedup", "mfu", "memory"):

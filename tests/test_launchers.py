@@ -150,7 +150,12 @@ def _interrupt(tmp_path: Path, sig: int, mid_trial: bool) -> int:
     out, err = driver.communicate(timeout=120)
     assert driver.returncode == 1, (sig, driver.returncode, err[-2000:])  # interrupted: cells are missing
     assert "SIGTERM received" not in err and "Traceback" not in err, err[-2000:]
-    assert "rerun the same command to resume" in " ".join(out.split()), out[-2000:]
+    text = " ".join(out.split())
+    assert "rerun the same command to resume" in text, out[-2000:]
+    # the summary counts what ran (not what was pending) and says the driver was interrupted
+    now = len(records(tmp_path, "int"))
+    assert f"{now - before} run now" in text and "missing (interrupted)" in text, text[-2000:]
+    assert "not run: the sweep was interrupted" in text and "worker died" not in text, text[-2000:]
     deadline = time.time() + 60
     while time.time() < deadline:
         left = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
@@ -159,6 +164,31 @@ def _interrupt(tmp_path: Path, sig: int, mid_trial: bool) -> int:
         time.sleep(0.5)
     assert not left, [" ".join(p.cmdline())[:120] for p in left]
     return len(records(tmp_path, "int"))
+
+
+def test_ctrl_c_during_a_fit_is_noted_and_handed_to_tunes_stop():
+    """The driver's SIGINT handler notes the interrupt and calls the SIGUSR1 handler (Tune's stop, here a
+    stand-in function); a second Ctrl-C raises KeyboardInterrupt; the handlers before are restored."""
+    from orchestrator.runner import Interrupts
+
+    stops = []
+    before_usr1 = signal.signal(signal.SIGUSR1, lambda signum, frame: stops.append(signum))
+    before_int = signal.getsignal(signal.SIGINT)
+    try:
+        interrupts = Interrupts()
+        with interrupts.catching():
+            assert os.environ["TUNE_DISABLE_SIGINT_HANDLER"] == "1"
+            os.kill(os.getpid(), signal.SIGINT)
+            wait_for(lambda: stops, 5, interval=0.01)
+            assert interrupts.seen and stops == [signal.SIGINT]
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)
+        assert signal.getsignal(signal.SIGINT) is before_int
+        assert "TUNE_DISABLE_SIGINT_HANDLER" not in os.environ
+    finally:
+        signal.signal(signal.SIGUSR1, before_usr1)
+    assert not Interrupts().seen
 
 
 def test_sigint_and_sigterm_stop_everything_and_the_rerun_resumes(tmp_path, ray_cluster):

@@ -447,3 +447,21 @@ def test_per_layer_cost_with_unset_shape_fields(tmp_path):
                                          10.0 + layers * layer))
     md = open(build_report(store.root).md_path).read()
     assert "## Per-layer cost" in md and "per-layer FP8 speedup 1.33x" in md
+
+
+def test_an_auto_fp8_cell_that_could_not_run_names_no_phantom_partner(tmp_path):
+    """On a CPU machine the auto fp8 cell is unsupported and the auto bf16 cell ran as torch: 'Unpaired
+    cells' says why the fp8 cell did not run, and names no te-bf16 'not in this run'."""
+    from orchestrator.report.analysis import pair_cells
+
+    store = Store(str(tmp_path), "cpu")
+    store.ensure()
+    ran = _rec(64, "auto", "bf16", None, 10.0)
+    ran.update(effective_backend="torch", cell_id="bf16-64")
+    failed = _rec(64, "auto", "fp8", "delayed", 10.0, status="unsupported")
+    failed.update(error="fp8 on backend auto needs Transformer Engine (no CUDA device)", cell_id="fp8-64")
+    for rec in (ran, failed):
+        store.write_record(rec)
+    pairs = pair_cells(prepare(store.read_records().to_pandas()))
+    [row] = pairs.unpaired.to_dict("records")
+    assert row["partner"] == "-" and "needs Transformer Engine" in row["reason"], row

@@ -13,6 +13,25 @@ def test_defaults_follow_d_model():
     assert spec.replace(d_model=2048, n_heads=8).n_heads == 8
 
 
+def test_default_heads_divide_d_model_with_a_head_te_and_sdpa_take():
+    """d_model 224 (a search in steps of 32) once got 224 // 64 = 3 heads, which do not divide it. The rule
+    leaves every default that was valid alone (those numbers do not move) and fixes the rest."""
+    spec = TrialSpec(d_model=224)
+    assert (spec.n_heads, spec.head_dim) == (2, 112)
+    assert TrialSpec(d_model=536).head_dim == 8  # 8 * 67: only 8-wide heads divide it within 256
+    for d in range(8, 16392, 8):
+        old = max(1, d // 64)
+        n = TrialSpec(d_model=d).n_heads
+        assert d % n == 0 and (d // n) % 8 == 0 and d // n <= 256, d
+        if d % old == 0 and (d // old) % 8 == 0:
+            assert n == old, d
+
+
+def test_choice_errors_suggest_close_names():
+    with pytest.raises(SpecError, match=r"got 'bf61' \(did you mean bf16\?\)"):
+        TrialSpec(precision="bf61")
+
+
 @pytest.mark.parametrize("kwargs,field", [
     ({"backend": "jax"}, "backend"),
     ({"precision": "fp16"}, "precision"),

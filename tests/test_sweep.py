@@ -68,6 +68,10 @@ def test_cell_id_is_stable_and_complete():
     ("name: x\ngrid:\n  precision: [fp8]\n  weights: [bf16, fp8]\n", "grid.weights", 4),  # fp8 weights, training
     ("name: x\ngrid:\n  gen_len: [8, 300]\nfixed:\n  workload: infer\n", "grid.gen_len", 3),
     ("name: x\ngrid:\n  arch: [llama]\n  n_kv_heads: [5]\nfixed:\n  n_heads: 12\n", "grid.n_kv_heads", 4),
+    # a recipe no stack has is a typo, never a skipped cell; a grid whose every combination is skipped is bad too
+    ("name: x\ngrid:\n  backend: [te]\n  precision: [fp8]\n  recipe: [delayd]\n", "grid.recipe", 5),
+    ("name: x\ngrid: {backend: [te], precision: [fp8]}\nfixed:\n  recipe: delayd\n", "fixed.recipe", 4),
+    ("name: x\ngrid:\n  - {d_model: [64]}\n  - {backend: [te], precision: [fp8], recipe: [tensorwise]}\n", "grid.1", 4),
 ])
 def test_errors_name_key_and_line(text, key, line):
     with pytest.raises(SweepError) as info:
@@ -75,6 +79,40 @@ def test_errors_name_key_and_line(text, key, line):
     assert info.value.key == key, str(info.value)
     assert info.value.line == line, str(info.value)
     assert str(info.value).startswith(f"s.yaml, line {line}: {key}: ")
+
+
+def test_recipe_typos_name_close_matches_and_other_stacks_recipes_collapse():
+    with pytest.raises(SweepError, match=r"'delayd' is no stack's FP8 recipe \(did you mean delayed\?\)"):
+        sweep("""
+            name: typo
+            grid: {backend: [te], precision: [fp8], recipe: [delayd]}
+        """)
+    with pytest.raises(SweepError, match="leaves no cell to run: backend=te precision=fp8 recipe=tensorwise: recipe "
+                       "tensorwise is a torchao recipe, not te's"):
+        sweep("""
+            name: cross
+            grid: {backend: [te], precision: [fp8], recipe: [tensorwise]}
+        """)
+    s = sweep("""
+        name: mixed
+        grid: {backend: [te, torchao], precision: [fp8], recipe: [delayed, tensorwise]}
+    """)
+    assert sorted(c.label for c in s.cells) == ["d768-L4-te-fp8-delayed", "d768-L4-torchao-fp8-tensorwise"]
+    assert len(s.skipped) == 2
+
+
+def test_yaml_exponent_floats_and_named_name_errors():
+    """YAML 1.1 reads 1e-3 as a string; a sweep file reads it as the number every user means."""
+    s = sweep("""
+        name: lrs
+        grid: {lr: [1e-3, 2.5E-4, 1.0e-2]}
+    """)
+    assert sorted(c.spec.lr for c in s.cells) == [0.00025, 0.001, 0.01]
+    with pytest.raises(SweepError, match=r"name: 'my sweep' has ' ' in it"):
+        sweep("""
+            name: my sweep
+            grid: {d_model: [64]}
+        """)
 
 
 def test_nothing_from_the_file_is_executed():
@@ -101,6 +139,19 @@ def test_cli_sweep_at_an_address_where_no_ray_answers_is_one_line(tmp_path):
     assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
     assert f"--address {address}: no Ray cluster answers there" in lines[0]
     assert not list(tmp_path.rglob("*.parquet"))
+
+
+def test_cli_ray_client_address_without_ray_client_is_one_line_before_any_folder(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("grpc") is not None:
+        pytest.skip("ray[client] is installed here")
+    out = juicytalk("sweep", "examples/quickstart.yaml", "--out", str(tmp_path / "out"), "--no-progress",
+                    "--address", "ray://127.0.0.1:10001", timeout=120)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+    assert "ray://127.0.0.1:10001" in lines[0] and "pip install 'ray[client]'" in lines[0]
+    assert not (tmp_path / "out").exists()
 
 
 def test_cli_dry_run_lists_cells_sizes_and_skips(tmp_path):
@@ -165,6 +216,28 @@ def test_every_example_sweep_validates(path):
 
     loaded = load_sweep(REPO / "examples" / path)
     assert loaded.cells or loaded.search  # a grid, or a search block (examples/crossover.yaml)
+    labels = [c.label for c in loaded.cells]
+    assert len(set(labels)) == len(labels)  # a label tells its cell apart
+
+
+def test_labels_show_every_axis_that_tells_cells_apart():
+    """examples/inference.yaml has two d2048-L4-te-bf16-graphs cells (batch 1 and 32): each label says which,
+    and a worker rebuilding the item from its Tune config gets the same label."""
+    from orchestrator.sweep import load_sweep
+    from orchestrator.work import WorkItem, grid_items
+
+    s = load_sweep(REPO / "examples" / "inference.yaml")
+    labels = [c.label for c in s.cells]
+    assert "d2048-L4-te-bf16-graphs-b1" in labels and "d2048-L4-te-bf16-graphs-b32" in labels
+    for item in grid_items(s.cells, 1):
+        assert WorkItem.from_config(item.config()).label == item.label
+    plain = sweep("""
+        name: plain
+        grid: {d_model: [64, 128], precision: [bf16, fp32]}
+        fixed: {batch_size: 8, seq_len: 64}
+    """)  # fixed fields and the axes cell_label already shows add nothing
+    assert sorted(c.label for c in plain.cells) == ["d128-L4-auto-bf16", "d128-L4-auto-fp32", "d64-L4-auto-bf16",
+                                                    "d64-L4-auto-fp32"]
 
 
 def test_te_layer_applies_to_te_cells_only_and_arch_labels_cells():
@@ -203,3 +276,48 @@ def test_two_fp8_stacks_expand_to_their_own_recipes_and_compile_where_it_applies
     te = [c for c in s.cells if c.spec.backend == "te"]
     assert all(not c.spec.compile for c in te)  # compile means nothing on te: collapsed, never run twice
     assert all(c.spec.backend != "torchao" or c.spec.precision == "fp8" for c in s.cells)
+
+
+def test_plan_and_summary_tables_keep_labels_whole_in_80_columns(tmp_path):
+    """Short labels stay a table, never folded or cut with '…'; labels too long for a table of 80 columns
+    come as plain lines, each label whole."""
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.plan import plan_rows, plan_table
+    from orchestrator.progress import summary_table
+    from orchestrator.store import Store
+    from orchestrator.sweep import load_sweep
+    from orchestrator.tables import print_table
+    from orchestrator.work import grid_items
+
+    for example, boxed in (("quickstart.yaml", True), ("multi-gpu.yaml", False)):
+        s = load_sweep(REPO / "examples" / example)
+        items = grid_items(s.cells, 1)
+        console = Console(width=80, file=io.StringIO())
+        print_table(console, plan_table(s, plan_rows(s, Store(str(tmp_path), s.name)), 80 * 2**30))
+        print_table(console, summary_table(items, {it.key: "error" for it in items}))
+        text = console.file.getvalue()
+        assert all(text.count(c.label + " ") >= 2 for c in s.cells), text
+        assert ("┃" in text) == boxed
+
+
+def test_cpu_cells_are_checked_against_host_memory_and_pace(tmp_path):
+    """On a machine without a GPU a cell runs on CPU: its estimate is held against the host's RAM, and a
+    cell needing hours even at the host's best matmul pace says so."""
+    from orchestrator.plan import expected_ooms, plan_rows, plan_table, slow_on_cpu
+    from orchestrator.store import Store
+
+    s = sweep("""
+        name: big
+        grid: {d_model: [256, 8192], backend: [torch]}
+    """)
+    rows = plan_rows(s, Store(str(tmp_path), s.name), cpu_here=True)
+    gib = 2**30
+    assert expected_ooms(rows, None, 24 * gib) == ["d8192-L4-torch-bf16: estimated 32.5 GiB > 24 GiB of host memory"]
+    slow = slow_on_cpu(rows, flops_per_s=100e9)
+    assert len(slow) == 1 and slow[0].startswith("d8192-L4-torch-bf16: at least ")
+    assert "host memory 24 GiB" in plan_table(s, rows, None, 24 * gib).title
+    on_gpu = plan_rows(s, Store(str(tmp_path), s.name), cpu_here=False)  # a GPU machine: the GPU's memory counts
+    assert expected_ooms(on_gpu, 80 * gib, 24 * gib) == [] and slow_on_cpu(on_gpu, 100e9) == []

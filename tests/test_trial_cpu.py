@@ -4,6 +4,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -116,6 +117,19 @@ def test_fp8_on_cpu_is_unsupported_with_reason():
     assert "fp8" in rec["error"] and "CUDA" in rec["error"]
     assert rec["effective_backend"] is None and rec["loss_curve"] is None
     assert rec["n_params"] > 0  # the cell's size is still known
+    # it says which FP8 path does run here (torchao's float8 matmul runs on CPU where this torch has one)
+    from trials.capability import Capability, resolve
+
+    assert "FP8 that runs here: backend torchao" in rec["error"] or "no FP8 path runs here" in rec["error"], rec["error"]
+    from trials.cli import summary
+
+    said = summary(rec)  # no Python internals in what a user reads
+    assert "None" not in said and " B " not in said and "ran as        - (did not run: unsupported)" in said, said
+    cap = Capability(device_type="cpu", te_error="no CUDA device", fp8={"delayed": (False, "needs a GPU"),
+                                                                       "tensorwise": (True, "")})
+    reason = resolve(TrialSpec(precision="fp8", d_model=64), cap).unsupported
+    assert reason == ("fp8 on backend auto needs Transformer Engine (no CUDA device); FP8 that runs here: backend "
+                      "torchao, recipe tensorwise")
 
 
 @pytest.mark.parametrize("recipe", ["mxfp8", "nvfp4"])
@@ -210,6 +224,38 @@ def test_git_revision_marks_an_edited_tree_dirty(tmp_path):
     assert git_revision(tmp_path) == clean
     (tmp_path / "model.py").write_text("a = 2\n")
     assert git_revision(tmp_path) == clean + "-dirty"
+
+
+def test_source_identity_is_juicytalks_own_never_an_enclosing_repositorys(tmp_path):
+    """Run from a copy inside another repository, the record said that repository's sha: now the package's
+    own checkout gives its sha, and anything else the version and a hash of the sources."""
+    import shutil
+
+    from trials.fingerprint import source_hash, source_identity
+
+    def git(where, *args):
+        return subprocess.run(["git", "-C", str(where), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+    def commit(where):
+        git(where, "init", "-q")
+        git(where, "add", "-A")
+        git(where, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+        return git(where, "rev-parse", "HEAD")
+
+    repo = Path(__file__).resolve().parent.parent
+    outer = tmp_path / "outer"
+    (outer / "vendor").mkdir(parents=True)
+    (outer / "notes.txt").write_text("another project\n")
+    outer_sha = commit(outer)
+    copy = outer / "vendor" / "juicytalk"
+    for package in ("trials", "orchestrator"):
+        shutil.copytree(repo / package, copy / package, ignore=shutil.ignore_patterns("__pycache__"))
+    identity = source_identity(copy / "trials")
+    assert outer_sha not in identity and identity.endswith(f"+src.{source_hash(copy)}")
+    (copy / "trials" / "spec.py").write_text((copy / "trials" / "spec.py").read_text() + "\n# edited\n")
+    assert source_identity(copy / "trials") != identity  # the hash follows the code
+    own_sha = commit(copy)  # JuicyTalk's own checkout: its sha
+    assert source_identity(copy / "trials") == own_sha
 
 
 def test_torchao_float8_trial_converts_the_block_linears_and_keeps_the_head():

@@ -60,6 +60,13 @@ class Capability:
         }
 
 
+def wants_torchao(spec: TrialSpec) -> bool:
+    """Whether to probe torchao for ``spec``: its own cells, and FP8 cells on ``auto`` where no GPU is visible
+    (Transformer Engine cannot run there, and the reason then names the FP8 path that does)."""
+    no_gpu = spec.device == "cpu" or not torch.cuda.is_available()
+    return spec.backend == "torchao" or (spec.backend == "auto" and spec.precision == "fp8" and no_gpu)
+
+
 def probe(device: str = "auto", want_te: bool = True, want_torchao: bool = False) -> Capability:
     """Look at the device (and TE and torchao, when wanted) without allocating anything large."""
     cap = _probe_te(device, want_te)
@@ -124,6 +131,19 @@ class Resolution:
     unsupported: str | None = None
 
 
+def _fp8_here(cap: Capability) -> str:
+    """Which FP8 path does run on this device (from the probe), for a reason that says what to ask for."""
+    runs: dict[str, list[str]] = {}
+    for recipe, (ok, _) in cap.fp8.items():
+        if ok:
+            runs.setdefault(backends.recipe_owner(recipe) or "?", []).append(recipe)
+    if runs:
+        return "FP8 that runs here: " + "; ".join(f"backend {b}, recipe {' or '.join(r)}" for b, r in runs.items())
+    probed = any(backends.recipe_owner(r) != "te" for r in cap.fp8)
+    return ("no FP8 path runs here" if probed else
+            "backend torchao may run FP8 here (juicytalk doctor lists what does)")
+
+
 def resolve(spec: TrialSpec, cap: Capability) -> Resolution:
     device = "cuda" if cap.device_type == "cuda" else "cpu"
     recipe = spec.recipe if spec.precision == "fp8" else None
@@ -150,7 +170,8 @@ def resolve(spec: TrialSpec, cap: Capability) -> Resolution:
         return no(f"backend torchao: {cap.torchao_error}")
     if spec.precision == "fp8":
         if not STACKS[backend].recipes:  # auto resolved to the twin
-            return no(f"fp8 needs Transformer Engine: {cap.te_error or 'backend resolved to torch'}")
+            return no(f"fp8 on backend auto needs Transformer Engine ({cap.te_error or 'backend resolved to torch'})"
+                      f"; {_fp8_here(cap)}")
         ok, reason = cap.fp8.get(spec.recipe, (False, "not probed"))
         if not ok:
             return no(f"fp8 recipe {spec.recipe}: {reason or 'not supported on this GPU'}")

@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 from .atomic import write_text_atomic
 from .models import DEFAULT_MODEL, SOURCES
+from .noise import quiet_third_party
 from .numbers import DIGITS, fmt_sig
 from .spec import SOURCE_DEFAULTS, SpecError, TrialSpec, check_model, spec_field_types
 
@@ -56,7 +58,15 @@ def add_trial_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def spec_from_args(args: argparse.Namespace) -> TrialSpec:
-    values: dict[str, Any] = json.loads(args.spec_json) if args.spec_json else {}
+    values: dict[str, Any] = {}
+    if args.spec_json:
+        try:
+            values = json.loads(args.spec_json)
+        except json.JSONDecodeError as exc:
+            raise SpecError("--spec-json", f"not JSON ({exc.msg} at character {exc.pos}); give an object such as "
+                            "'{\"d_model\": 256}'") from None
+        if not isinstance(values, dict):
+            raise SpecError("--spec-json", f"must be a JSON object of spec fields, got {type(values).__name__}")
     for name in TrialSpec.field_names():
         value = getattr(args, name, None)
         if value is not None:
@@ -74,9 +84,18 @@ def write_json_atomic(path: Path, record: dict[str, Any]) -> None:
 
 def _fmt(value: Any, unit: str = "", digits: int = DIGITS) -> str:
     """Floats to ``digits`` significant figures (a CPU trial's 0.0412 TFLOP/s is not '0.0')."""
+    if isinstance(value, bool):  # as the flags write it
+        return str(value).lower()
     if isinstance(value, float) or value is None:
         return fmt_sig(value, digits, unit)
     return f"{value}{unit}"
+
+
+def _bytes(value: Any) -> str:
+    """A size as a user reads it ('-' when unknown, never '- B')."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value / 2**20:.1f} MiB" if value < 2**30 else f"{value / 2**30:.2f} GiB"
 
 
 def _model_name(r: dict[str, Any]) -> str:
@@ -90,25 +109,27 @@ def summary(record: dict[str, Any]) -> str:
     lines = [
         f"status        {r['status']}" + (f"  ({r['error']})" if r.get("error") else ""),
         f"cell          {r.get('workload') or 'train'} {_model_name(r)} d_model={r['d_model']} n_layers={r['n_layers']} heads={r['n_heads']} ffn={r['ffn']} "
-        f"batch={r['batch_size']} seq={r['seq_len']} cuda_graphs={r['cuda_graphs']} compile={r.get('compile')}",
+        f"batch={r['batch_size']} seq={r['seq_len']} cuda_graphs={_fmt(r['cuda_graphs'])} compile={_fmt(r.get('compile'))}",
         f"requested     backend={r['backend']} precision={r['precision']}"
         + (f" recipe={r['recipe']}" if r["precision"] == "fp8" else "") + f" device={r['device']}",
-        f"ran as        device={r['effective_device']} backend={r['effective_backend']} "
-        f"precision={r['effective_precision']} recipe={r['effective_recipe']}",
+        (f"ran as        device={r['effective_device']} backend={r['effective_backend']} "
+         f"precision={r['effective_precision']}" + (f" recipe={r['effective_recipe']}" if r["effective_recipe"] else "")
+         if r.get("effective_backend") else f"ran as        - (did not run: {r['status']})"),
         f"params        {_fmt(r['n_params'])}  ({_fmt((r['n_params'] or 0) / 1e6, 'M')})",
         f"loss          first {_fmt(r['loss_first'], digits=4)}  final {_fmt(r['loss_final'], digits=4)}",
         f"step          p50 {_fmt(r['step_ms_p50'], ' ms')}  p90 {_fmt(r['step_ms_p90'], ' ms')}  "
         f"mean {_fmt(r['step_ms_mean'], ' ms')}  std {_fmt(r['step_ms_std'], ' ms')}  [{r['timer'] or '-'}]",
         f"throughput    {_fmt(r['tokens_per_s'], ' tok/s')}  {_fmt(r['model_tflops'], ' TFLOP/s')}  "
         f"MFU(bf16 peak) {_fmt(r['mfu_bf16_peak'])}  MFU(own peak) {_fmt(r['mfu_precision_peak'])}",
-        f"host          {_fmt(r['host_ms_per_step'], ' ms/step to issue')}  launch_bound={r['launch_bound']}",
-        f"memory        allocated {_fmt(r['peak_mem_allocated_bytes'])} B  reserved {_fmt(r['peak_mem_reserved_bytes'])} B",
+        f"host          {_fmt(r['host_ms_per_step'], ' ms/step to issue')}  launch_bound={_fmt(r['launch_bound'])}",
+        f"memory        allocated {_bytes(r['peak_mem_allocated_bytes'])}  reserved {_bytes(r['peak_mem_reserved_bytes'])}",
         f"generation    stride accuracy {_fmt(r['gen_stride_accuracy'])}",
         *([f"inference     prefill p50 {_fmt(r['prefill_ms_p50'], ' ms')}  decode p50 "
            f"{_fmt(r['decode_ms_per_token_p50'], ' ms/token')}  {_fmt(r['decode_tokens_per_s'], ' tok/s')}  "
-           f"weights {_fmt(r['weight_bytes'])} B  kv {_fmt(r['kv_cache_bytes'])} B  "
+           f"weights {_bytes(r['weight_bytes'])}  kv {_bytes(r['kv_cache_bytes'])}  "
            f"FP8 token agreement {_fmt(r['gen_match_rate'])}"] if r.get("workload") == "infer" else []),
-        f"device        {r['gpu_name'] or 'cpu'} cc={r['compute_capability']} torch={r['torch_version']} te={r['te_version']}",
+        f"device        {r['gpu_name'] or 'cpu'}" + (f" cc={r['compute_capability']}" if r["compute_capability"] else "")
+        + f" torch={r['torch_version']}" + (f" te={r['te_version']}" if r["te_version"] else ""),
         f"time          {_fmt(r['duration_s'], ' s')} (setup {_fmt(r['setup_s'], ' s')}, train {_fmt(r['train_s'], ' s')}, "
         f"bench {_fmt(r['bench_s'], ' s')})",
     ]
@@ -118,6 +139,7 @@ def summary(record: dict[str, Any]) -> str:
 def run_from_args(args: argparse.Namespace, prog: str) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    quiet_third_party(args.verbose)
     try:
         spec = spec_from_args(args)
     except (SpecError, json.JSONDecodeError, TypeError) as exc:

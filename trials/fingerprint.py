@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import platform
 import socket
@@ -44,10 +45,39 @@ def git_revision(path: str | Path) -> str | None:
     return head.stdout.strip() + ("-dirty" if dirty else "")
 
 
+SOURCE_PACKAGES = ("trials", "orchestrator")  # JuicyTalk's own code, beside each other under one root
+
+
+def source_hash(root: Path) -> str:
+    """sha256 (12 hex digits) of JuicyTalk's Python sources under ``root``: their paths and contents."""
+    digest = hashlib.sha256()
+    for package in SOURCE_PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def source_identity(package_dir: str | Path) -> str:
+    """What code ran: the git revision of the checkout ``package_dir`` (``trials/``) belongs to, only when
+    that checkout is JuicyTalk's own (its top level is the package's parent); else, run from an unpacked
+    archive or a site-packages install that may sit inside some other repository, the package version plus
+    a hash of its sources (``0.3.0+src.1a2b3c4d5e6f``), never the enclosing repository's sha."""
+    package_dir = Path(package_dir).resolve()
+    root = package_dir.parent
+    try:
+        top = subprocess.run(["git", "-C", str(package_dir), "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, timeout=5, check=False)
+        own = top.returncode == 0 and Path(top.stdout.strip()).resolve() == root
+    except (OSError, subprocess.SubprocessError):
+        own = False
+    revision = git_revision(root) if own else None
+    return revision or f"{juicytalk_version() or 'unversioned'}+src.{source_hash(root)}"
+
+
 @functools.lru_cache(maxsize=1)
-def git_sha() -> str | None:
-    """Revision of the source tree this code was imported from (absolute path: Ray workers move cwd)."""
-    return git_revision(Path(__file__).resolve().parent)
+def git_sha() -> str:
+    """Source identity of the code this was imported from (absolute path: Ray workers move cwd)."""
+    return source_identity(Path(__file__).resolve().parent)
 
 
 def fingerprint(device: str) -> dict[str, str | None]:

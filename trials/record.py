@@ -225,7 +225,8 @@ FIELDS: list[Field] = [
     _f("te_version", "str", "Transformer Engine version, if installed."),
     _f("python_version", "str", "Python version."),
     _f("juicytalk_version", "str", "This package's version."),
-    _f("git_sha", "str", "Commit of the juicytalk source, where it is a git checkout; -dirty: tracked files were edited."),
+    _f("git_sha", "str", "Commit of the juicytalk source when it runs from its own git checkout (-dirty: tracked files "
+       "were edited); else its version and a hash of its sources, e.g. 0.3.0+src.1a2b3c4d5e6f."),
     _f("hostname", "str", "Host the trial ran on."),
     _f("pid", "int", "Process that ran the trial."),
     _f("process_trial_index", "int", "Trials this process ran before this one (0: a fresh process)."),

@@ -156,6 +156,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fork", action="store_true", help="run each trial in a fresh process forked from this one")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from .noise import quiet_third_party
+
+    quiet_third_party()
     _exit_with_parent(os.getppid())
     preload(args.preload_te)
     with os.fdopen(args.reply_fd, "w", encoding="utf-8") as reply:

@@ -7,6 +7,7 @@ sweep loader can turn it into one clear line and exit status 2 before any trial 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping
@@ -34,6 +35,8 @@ FP8_FILTERS = ("dims", "auto")  # torchao: which Linears go FP8 (dims: all but t
 OWN_SHAPE_DEFAULTS = {"vocab": 96, "d_model": 768, "n_layers": 4}
 # Fields whose default is the model source's (trials/models' table): name -> that default
 SOURCE_DEFAULTS: dict[str, Callable[[Source], Any]] = {"te_layer": lambda source: source.te_layers[0]}
+HEAD_DIM_TARGET = 64  # a default head is at least this wide (as GPT-2's)...
+HEAD_DIM_MAX = 256  # ...and at most this: the widest head TE's fused attention and SDPA's flash kernel take
 
 
 class SpecError(ValueError):
@@ -69,7 +72,7 @@ class TrialSpec:
     vocab: int | None = _on("shape", None)  # MiniGPT: OWN_SHAPE_DEFAULTS; hf: the config's; py: the factory's
     d_model: int | None = _on("shape", None)
     n_layers: int | None = _on("shape", None)
-    n_heads: int | None = _on("shape", None)  # default d_model // 64 (at least 1)
+    n_heads: int | None = _on("shape", None)  # default: default_n_heads(d_model)
     ffn: int | None = _on("shape", None)  # default 4 * d_model (gpt), SwiGLU's ~8/3 * d_model (llama)
     seq_len: int = _on("shape", 256)
     batch_size: int = _on("shape", 32)
@@ -115,7 +118,7 @@ class TrialSpec:
                 if getattr(self, name) is None:
                     object.__setattr__(self, name, default)
             if self.n_heads is None:
-                object.__setattr__(self, "n_heads", max(1, self.d_model // 64))
+                object.__setattr__(self, "n_heads", default_n_heads(self.d_model))
             if self.ffn is None:
                 object.__setattr__(self, "ffn", swiglu_hidden(self.d_model) if self.arch == "llama" else 4 * self.d_model)
         if self.tokens_per_step is not None:
@@ -360,9 +363,31 @@ def te_layer_refusal(spec: TrialSpec) -> str:
     return layer_refusal(spec.te_layer, model_type)
 
 
+def default_n_heads(d_model: int) -> int:
+    """The head count a spec without ``n_heads`` gets: the most heads whose width stays at least
+    ``HEAD_DIM_TARGET`` (64), among head widths that divide ``d_model``, are multiples of
+    ``HEAD_DIM_MULTIPLE`` (8) and at most ``HEAD_DIM_MAX`` (256); when no width is that wide (d_model < 64),
+    the widest such head. Every multiple of 64 gets d_model // 64 heads of 64 (and any d_model below 128 one
+    head) as before; d_model 224 gets 2 heads of 112 where d_model // 64 = 3 heads did not divide it. A
+    d_model no multiple of 8 divides gets d_model // 64 heads, which validation then refuses in one line.
+    """
+    widths = [w for w in range(HEAD_DIM_MULTIPLE, min(d_model, HEAD_DIM_MAX) + 1, HEAD_DIM_MULTIPLE)
+              if d_model % w == 0]
+    wide = [w for w in widths if w >= HEAD_DIM_TARGET]
+    if wide:
+        return d_model // min(wide)
+    return d_model // max(widths) if widths else max(1, d_model // HEAD_DIM_TARGET)
+
+
+def close_matches(value: Any, allowed: tuple[str, ...] | list[str]) -> str:
+    """' (did you mean X?)' for a value close to allowed names, else ''."""
+    near = difflib.get_close_matches(str(value), list(allowed), n=3, cutoff=0.6)
+    return f" (did you mean {' or '.join(near)}?)" if near else ""
+
+
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise SpecError(name, f"must be one of {', '.join(allowed)}; got {value!r}")
+        raise SpecError(name, f"must be one of {', '.join(allowed)}; got {value!r}{close_matches(value, allowed)}")
 
 
 def _check_type(name: str, value: Any, annotation: Any) -> None:

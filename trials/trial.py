@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from . import distributed, memory, models, te_compat
-from .capability import Capability, probe, resolve
+from .capability import Capability, probe, resolve, wants_torchao
 from .fingerprint import fingerprint
 from .metrics import flops_per_step
 from .model import matmul_param_count
@@ -50,7 +50,7 @@ def run_trial(spec: TrialSpec, capability: Capability | None = None, process_tri
     baseline = None
     try:
         distributed.select_device(spec.world_size, spec.parallel)
-        cap = capability or probe(spec.device, want_te=spec.backend in ("te", "auto"), want_torchao=spec.backend == "torchao")
+        cap = capability or probe(spec.device, want_te=spec.backend in ("te", "auto"), want_torchao=wants_torchao(spec))
         record.update(gpu_name=cap.gpu_name, compute_capability=cap.compute_capability,
                       sm_count=cap.sm_count, gpu_total_memory_bytes=cap.total_memory_bytes)
         res = resolve(spec, cap)

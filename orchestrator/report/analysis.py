@@ -269,7 +269,8 @@ def pair_cells(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> Pairs:
                 why = f"{ref_name} is {ref.status}: {_get(ref.record, 'error') or ''}".strip(": ")
             entry = dict(zip(SHAPE_KEYS, shape))
             entry.update(series=series_label(entry, series), kind=kind, cell=cand.variant,
-                         partner=ref_name if ref is not None else f"{ref_name} (not in this run)", reason=why)
+                         partner=ref_name if ref is not None else "-" if cand.status != "ok" else
+                         f"{ref_name} (not in this run)", reason=why)  # a cell that did not run needs no partner
             unpaired.append(entry)
             return
         rows.append(_pair_row(kind, shape, ref, cand, resamples, rng, series))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -33,6 +34,26 @@ def problem(uri: str) -> str | None:
         return f"{uri!r} needs the {' and '.join(missing)} package(s): pip install 'juicytalk[mlflow]'"
     if name == "sqlite" and not urlparse(uri).path.strip("/"):
         return f"{uri!r} names no database file; {USE}"
+    return None
+
+
+PROBE_S = 3.0  # how long a tracking server may take to accept a connection
+
+
+def unreachable(uri: str, timeout_s: float = PROBE_S) -> str | None:
+    """Why nothing answers at an http(s) ``uri`` (one sentence), or None. MLflow's client retries a server
+    that is not there for minutes, then raises a traceback; a plain TCP connect says it in seconds."""
+    if scheme(uri) not in ("http", "https"):
+        return None
+    parsed = urlparse(uri)
+    host, port = parsed.hostname, parsed.port or (443 if scheme(uri) == "https" else 80)
+    if not host:
+        return f"{uri!r} names no host; {USE}"
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        return (f"nothing answers at {uri} ({exc.strerror or exc or 'timed out'}); start the server (mlflow server "
+                f"--port {port}) or give a sqlite:///PATH/mlflow.db URI")
     return None
 
 

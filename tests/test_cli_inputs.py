@@ -1,0 +1,106 @@
+"""Every bad input to the CLI is one line naming the flag or field, exit 2, and nothing started.
+
+In-process (``orchestrator.cli.main``): these answer before Ray, torch-heavy imports or any trial.
+"""
+
+import importlib.util
+
+import pytest
+
+from orchestrator.cli import main
+
+from .conftest import REPO, _free_port
+
+
+def one_line_error(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_spec_json_that_is_not_json_names_the_flag(capsys):
+    assert one_line_error(capsys, ["trial", "--spec-json", "not json"]).startswith(
+        "juicytalk trial: error: --spec-json: not JSON")
+    assert "--spec-json: must be a JSON object" in one_line_error(capsys, ["trial", "--spec-json", "[1]"])
+
+
+def test_collect_of_a_missing_directory_says_it_does_not_exist(capsys, tmp_path):
+    line = one_line_error(capsys, ["collect", str(tmp_path / "nope")])
+    assert line.endswith("nope does not exist")
+
+
+def test_report_png_that_is_a_file_is_one_line(capsys, tmp_path):
+    png = tmp_path / "chart.png"
+    png.write_text("")
+    seed = REPO / "docs" / "results" / "h200" / "seed" / "results.parquet"  # a real report's input
+    line = one_line_error(capsys, ["report", str(seed), "--out", str(tmp_path / "r.html"), "--png", str(png)])
+    assert f"--png: {png} is a file" in line
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason="needs the mlflow extra")
+def test_export_to_an_mlflow_server_that_does_not_answer_is_one_line(capsys, tmp_path):
+    """MLflow's client retries for minutes and then raises; a TCP probe answers in seconds."""
+    uri = f"http://127.0.0.1:{_free_port()}"
+    line = one_line_error(capsys, ["export", str(tmp_path), "--mlflow", uri])
+    assert f"--mlflow: nothing answers at {uri}" in line
+
+
+def test_dry_run_of_a_finished_sweep_says_none_would_run(capsys, tmp_path):
+    from orchestrator.store import Store
+    from orchestrator.sweep import load_sweep
+    from trials.record import empty_record
+
+    path = tmp_path / "done.yaml"
+    path.write_text("name: done\ngrid: {d_model: [32, 64]}\nfixed: {device: cpu}\n")
+    store = Store(str(tmp_path / "out"), "done")
+    store.ensure()
+    [first, second] = load_sweep(path).cells
+    store.write_record({**empty_record(), "cell_id": first.cell_id, "sample": 0, "status": "ok"})
+    assert main(["sweep", str(path), "--dry-run", "--out", str(tmp_path / "out")]) == 0
+    assert "2 trials: 1 have a final record, 1 would run now" in " ".join(capsys.readouterr().out.split())
+    store.write_record({**empty_record(), "cell_id": second.cell_id, "sample": 0, "status": "unsupported"})
+    assert main(["sweep", str(path), "--dry-run", "--out", str(tmp_path / "out")]) == 0
+    assert "2 trials: 2 have a final record, 0 would run now" in " ".join(capsys.readouterr().out.split())
+
+
+def test_doctor_says_what_it_knows_in_words(capsys):
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("device ") and "ray " in out
+    assert "None" not in out and "{" not in out, out
+
+
+def test_trial_quiet_prints_nothing_not_even_third_party_noise():
+    """torchao's 'Failed to load ..._C_mxfp8...so', torch's _pytree warning and Kineto's 'USDT: profiler_start'
+    are not the user's business: a torchao cell with the profiler on, under -q, prints nothing."""
+    import subprocess
+    import sys
+
+    from .conftest import cli_env
+
+    if importlib.util.find_spec("torchao") is None:
+        pytest.skip("needs torchao")
+    out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "trial", "-q", "--device", "cpu",
+                          "--backend", "torchao", "--precision", "fp8", "--recipe", "tensorwise", "--d-model", "64",
+                          "--n-layers", "1", "--seq-len", "32", "--batch-size", "4", "--train-steps", "2",
+                          "--bench-steps", "2", "--warmup-steps", "0", "--profile"],
+                         capture_output=True, text=True, env=cli_env(), cwd=REPO, timeout=300)
+    assert out.returncode == 0 and out.stdout == "" and out.stderr == "", out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_readme_usage_lines_show_every_flag_and_every_flag_has_help():
+    import argparse
+
+    from orchestrator.cli import build_parser
+
+    readme = (REPO / "README.md").read_text()
+    usage = readme.split("## Using it", 1)[1].split("\n* ", 1)[0]
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for command in ("sweep", "doctor", "report", "export", "collect"):
+        line = next(ln for ln in usage.split("    juicytalk ")[1:] if ln.startswith(command + " "))
+        for action in sub.choices[command]._actions:
+            flags = [f for f in action.option_strings if f not in ("-h", "--help")]
+            if flags:
+                assert any(f in line for f in flags), (command, flags)
+                assert action.help, (command, flags)
