@@ -77,6 +77,31 @@ def ray_cluster(tmp_path_factory):
     stop_cluster(str(temp))
 
 
+@pytest.fixture(scope="session")
+def tracked_sweep(ray_cluster, tmp_path_factory):
+    """One ordinary sweep on the test cluster that several tests read (a sweep costs ~15 s of start-up):
+    two CPU cells and two FP8 cells (unsupported on CPU: records too), to MLflow, W&B (offline) and
+    TensorBoard. Returns (out, run, mlflow_uri); the sweep's directory is ``out / "trk"``. Tests that change
+    it work on a copy."""
+    out = tmp_path_factory.mktemp("tracked")
+    uri = f"sqlite:///{out / 'db' / 'mlflow.db'}"  # MLflow 3's recommended store; its folder is made
+    (out / "trk.yaml").write_text(TRACKED_SWEEP.format(uri=uri, wandb=out / "wb"))
+    run = juicytalk("sweep", str(out / "trk.yaml"), "--out", str(out), "--address", ray_cluster, "--no-progress",
+                    "--no-report", env=cli_env(WANDB_SILENT="true"))
+    return out, run, uri
+
+
+TRACKED_SWEEP = """name: trk
+grid: {{d_model: [32, 48], precision: [fp32, fp8]}}
+fixed: {{n_layers: 1, seq_len: 32, batch_size: 8, train_steps: 3, bench_steps: 2, warmup_steps: 1, gen_len: 2}}
+resources: {{cpu: 1, gpu: 0}}
+trackers:
+  - mlflow: {{tracking_uri: "{uri}", experiment: trk-exp}}
+  - wandb: {{project: juicytalk-test, mode: offline, dir: "{wandb}"}}
+  - tensorboard: {{}}
+"""
+
+
 def stop_cluster(temp_dir: str) -> None:
     """Kill the processes of the cluster whose temp dir is ``temp_dir``, and theirs. Not ``ray stop``, which
     kills every Ray on the host: a user's, a concurrent test run's, an embedded sweep's."""
