@@ -59,6 +59,16 @@ def juicytalk(*args: str, env: dict | None = None, timeout: float = 600, **kw) -
                           env=env or cli_env(), timeout=timeout, cwd=kw.pop("cwd", REPO), **kw)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """Trials run in this process (tests/test_trial_cpu.py and others) on one thread: these tiny models gain
+    nothing from a second, and on a 2-core host beside the test cluster OpenMP's spinning threads contend (the
+    pinned 300-step cell: 10 s on one thread, 56 s on two, its loss trajectory the same to 1e-4)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory):
     """Address of a two-node Ray cluster on loopback (head: 1 CPU, worker: 1 CPU)."""

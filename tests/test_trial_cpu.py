@@ -11,6 +11,8 @@ import pytest
 from trials import FIELDS, TrialSpec, run_trial
 from trials.record import FIELD_NAMES
 
+from .conftest import OOM_VOCAB
+
 TINY = dict(d_model=32, n_layers=2, seq_len=32, batch_size=4, train_steps=6, warmup_steps=1, bench_steps=4,
             repeats=2, gen_len=4, device="cpu")
 
@@ -146,11 +148,12 @@ def test_divergence_is_recorded():
 
 
 def test_real_oom_is_recorded():
-    """A real allocation failure (address-space limit on the trial process) gives status oom."""
+    """A real allocation failure (address-space limit on the trial process) gives status oom. The embedding
+    alone (100 GB) is refused at once, where a 6.4B-parameter stack of layers took ~10 s to fill 6 GB first."""
     code = (
         "import resource, json; resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30));"
         "from trials import TrialSpec, run_trial;"
-        "r = run_trial(TrialSpec(d_model=4096, n_layers=32, device='cpu', backend='torch', precision='fp32',"
+        f"r = run_trial(TrialSpec(d_model=64, vocab={OOM_VOCAB}, device='cpu', backend='torch', precision='fp32',"
         " train_steps=2));"
         "print(json.dumps({k: r[k] for k in ('status', 'error', 'error_type')}))"
     )
