@@ -196,15 +196,18 @@ class Interrupts:
                 os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = before_env
 
 
-def check_resources(ray: Any, resources: dict[str, float]) -> dict[str, float]:
+def check_resources(nodes: list[dict[str, Any]], resources: dict[str, float]) -> dict[str, float]:
     """Fail fast when no node can ever hold one trial; without GPUs anywhere, fall back to CPU.
+    ``nodes`` is ``ray.nodes()``.
 
     Trials that run on CPU are timed on the host's cores, so two at once on one host would time each
     other (as two on one GPU would): a CPU trial takes every CPU of a node (the smallest node that
     fits it), one trial per host at a time. Trials on nodes larger than that may still share one,
-    which the report flags.
+    which the report flags. A rank of a multi-rank cell takes the CPUs the file gives it
+    (``rank_cpu``), not a node: gloo ranks on one host (a DDP/FSDP cell tried on a laptop) share its
+    cores by design, and their record says so (``interconnect``: same host).
     """
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    nodes = [n for n in nodes if n.get("Alive")]
     total_gpu = sum(n["Resources"].get("GPU", 0) for n in nodes)
     wanted = dict(resources)
     fallback = wanted.get("gpu", 0) > 0 and total_gpu == 0
@@ -217,6 +220,7 @@ def check_resources(ray: Any, resources: dict[str, float]) -> dict[str, float]:
                          f"gpu={n['Resources'].get('GPU', 0):g}" for n in nodes)
         raise SweepInputError(f"resources: no node can run a trial needing cpu={wanted['cpu']:g} "
                               f"gpu={wanted.get('gpu', 0):g} (nodes: {best}); lower resources in the sweep file")
+    wanted["rank_cpu"] = wanted["cpu"]  # what the file says, per rank, before a CPU trial is widened to a node
     if wanted.get("gpu", 0) == 0:
         wanted["cpu"] = min(n["Resources"]["CPU"] for n in fits)
     if fallback:  # the sweep's summary says so in one line (resources_note)
@@ -238,20 +242,31 @@ def resources_note(asked: dict[str, float], got: dict[str, float]) -> str | None
             f"(the file asks {fmt(asked)})")
 
 
-def check_ranks(ray: Any, world_sizes: list[int], resources: dict[str, float]) -> int | None:
-    """A multi-rank cell needs world_size trials' worth of resources at once; refuse it in one line when the
-    cluster can never give them (before any trial starts). Returns how many trials may run at once (None:
-    no limit from ranks): a multi-rank trial holds only a sliver itself and Ray Train asks for its ranks
-    after it started, so two such trials started together could each hold what the other's ranks need."""
+def check_ranks(nodes: list[dict[str, Any]], world_sizes: list[int], resources: dict[str, float]) -> int | None:
+    """A multi-rank cell needs world_size ranks' worth of resources at once (``resources`` as
+    :func:`check_resources` returns them: a GPU per rank, else ``rank_cpu`` CPUs); refuse it in one line when
+    the cluster (``ray.nodes()``) can never give them (before any trial starts). Returns how many trials may
+    run at once (None: no limit from ranks): a multi-rank trial holds only a sliver itself and Ray Train asks
+    for its ranks after it started, so two such trials started together could each hold what the other's
+    ranks need."""
     widest = max(world_sizes, default=1)
     if widest <= 1:
         return None
-    total = ray.cluster_resources()
-    kind, unit = ("GPU", resources.get("gpu", 0)) if resources.get("gpu") else ("CPU", resources["cpu"])
-    if total.get(kind, 0) < widest * unit:
+    alive = [n["Resources"] for n in nodes if n.get("Alive")]
+    if resources.get("gpu"):
+        kind, unit = "GPU", 1.0
+        have = sum(r.get("GPU", 0) for r in alive)
+        instead = f"a smaller world_size (at most {have:g})"
+    else:
+        kind, unit = "CPU", resources.get("rank_cpu", resources["cpu"])
+        have = sum(r.get("CPU", 0) for r in alive)
+        fit = int(have // widest) if have >= widest else 0
+        instead = (f"resources: {{cpu: {fit:g}}} (each rank's CPUs) or a smaller world_size" if fit else
+                   f"a world_size of at most {int(have):d}")
+    if have < widest * unit:
         raise SweepInputError(f"world_size: {widest} ranks need {widest * unit:g} {kind}s at once; this cluster has "
-                              f"{total.get(kind, 0):g}")
-    return max(1, int(total.get(kind, 0) // (widest * unit)))
+                              f"{have:g} ({unit:g} per rank); write {instead}")
+    return max(1, int(have // (widest * unit)))
 
 
 def check_shared_storage(ray: Any, store: Store) -> None:
@@ -334,7 +349,7 @@ def fit(ray: Any, sweep: Sweep, store: Store, context: Context, resources: dict[
 
     def per_trial(config: dict[str, Any]) -> dict[str, float]:
         # a multi-rank trial holds next to nothing itself (Ray needs some resource): its Ray Train workers take
-        # one trial's resources per rank, less that sliver on CPU (trials/ranks: orchestrator/launchers/ranks.py)
+        # a GPU, or rank_cpu CPUs, per rank, less that sliver on CPU (trials/ranks: orchestrator/launchers/ranks.py)
         return {"cpu": RANKS_DRIVER_CPU, "gpu": 0} if int(config.get("world_size", 1)) > 1 else one
 
     interrupts = interrupts or Interrupts()
@@ -414,10 +429,11 @@ def _run_locked(sweep: Sweep, storage: str, address: str | None, restart: bool, 
     interrupts, resources = Interrupts(), dict(sweep.resources)
     if pending or (search is not None and not search.finished):
         with ray_session(address, dashboard=dashboard, verbose=verbose) as ray:
-            resources = check_resources(ray, sweep.resources)
+            nodes = ray.nodes()
+            resources = check_resources(nodes, sweep.resources)
             check_shared_storage(ray, store)
             run["run_gpus"] = int(ray.cluster_resources().get("GPU", 0)) if resources.get("gpu") else 0
-            ranks_limit = check_ranks(ray, world_sizes, resources)
+            ranks_limit = check_ranks(nodes, world_sizes, resources)
             context = context.with_run(run, resources)
             if progress is not None:
                 progress.start(store, items, done)

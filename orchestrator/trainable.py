@@ -109,7 +109,8 @@ class TrialTrainable(tune.Trainable):
                 env = {k: v for k, v in trial_env(self.settings).items() if k.endswith("CACHE_DIR")}
                 train_dir = store.path("ray", "train") if store.local else f"{ctx.storage.rstrip('/')}/{ctx.sweep_name}/ray/train"
                 use_gpu = bool(ctx.resources.get("gpu"))
-                cpu = ctx.resources.get("cpu", 1) - (0 if use_gpu else RANKS_DRIVER_CPU)  # the trial's sliver, on CPU
+                # each rank the CPUs the file gives it (runner.check_resources), less the trial's sliver on CPU
+                cpu = ctx.resources.get("rank_cpu", ctx.resources.get("cpu", 1)) - (0 if use_gpu else RANKS_DRIVER_CPU)
                 outcome = run_ranks(item.spec, env, use_gpu, cpu, train_dir, f"{item.key}-{int(time.time())}",
                                     ctx.timeout_s)
             else:

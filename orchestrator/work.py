@@ -29,7 +29,7 @@ class Context:
     timeout_s: float | None
     launch: dict[str, Any]  # LaunchSettings fields
     run: dict[str, Any] = field(default_factory=dict)  # run_id, run_started_at, run_gpus (record fields)
-    resources: dict[str, float] = field(default_factory=dict)  # per trial (a multi-rank trial: per rank)
+    resources: dict[str, float] = field(default_factory=dict)  # per trial; rank_cpu: per rank of a multi-rank trial
 
     def with_run(self, run: dict[str, Any], resources: dict[str, float]) -> "Context":
         return Context(**{**asdict(self), "run": dict(run), "resources": dict(resources)})

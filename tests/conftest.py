@@ -59,6 +59,16 @@ def juicytalk(*args: str, env: dict | None = None, timeout: float = 600, **kw) -
                           env=env or cli_env(), timeout=timeout, cwd=kw.pop("cwd", REPO), **kw)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread():
+    """Trials run in this process (tests/test_trial_cpu.py and others) on one thread: these tiny models gain
+    nothing from a second, and on a 2-core host beside the test cluster OpenMP's spinning threads contend (the
+    pinned 300-step cell: 10 s on one thread, 56 s on two, its loss trajectory the same to 1e-4)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory):
     """Address of a two-node Ray cluster on loopback (head: 1 CPU, worker: 1 CPU)."""
@@ -75,6 +85,31 @@ def ray_cluster(tmp_path_factory):
     assert worker.returncode == 0, worker.stderr[-2000:]
     yield address
     stop_cluster(str(temp))
+
+
+@pytest.fixture(scope="session")
+def tracked_sweep(ray_cluster, tmp_path_factory):
+    """One ordinary sweep on the test cluster that several tests read (a sweep costs ~15 s of start-up):
+    two CPU cells and two FP8 cells (unsupported on CPU: records too), to MLflow, W&B (offline) and
+    TensorBoard. Returns (out, run, mlflow_uri); the sweep's directory is ``out / "trk"``. Tests that change
+    it work on a copy."""
+    out = tmp_path_factory.mktemp("tracked")
+    uri = f"sqlite:///{out / 'db' / 'mlflow.db'}"  # MLflow 3's recommended store; its folder is made
+    (out / "trk.yaml").write_text(TRACKED_SWEEP.format(uri=uri, wandb=out / "wb"))
+    run = juicytalk("sweep", str(out / "trk.yaml"), "--out", str(out), "--address", ray_cluster, "--no-progress",
+                    "--no-report", env=cli_env(WANDB_SILENT="true"))
+    return out, run, uri
+
+
+TRACKED_SWEEP = """name: trk
+grid: {{d_model: [32, 48], precision: [fp32, fp8]}}
+fixed: {{n_layers: 1, seq_len: 32, batch_size: 8, train_steps: 3, bench_steps: 2, warmup_steps: 1, gen_len: 2}}
+resources: {{cpu: 1, gpu: 0}}
+trackers:
+  - mlflow: {{tracking_uri: "{uri}", experiment: trk-exp}}
+  - wandb: {{project: juicytalk-test, mode: offline, dir: "{wandb}"}}
+  - tensorboard: {{}}
+"""
 
 
 def stop_cluster(temp_dir: str) -> None:

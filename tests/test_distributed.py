@@ -114,6 +114,25 @@ def test_a_sweep_cell_with_ranks_but_no_parallel_is_one_line():
     assert "parallel: ddp or fsdp" in str(exc.value)
 
 
+def test_cpu_ranks_take_the_cpus_the_file_gives_each_so_two_fit_one_two_core_host():
+    """Issue 31: world_size 2 with resources {cpu: 1} on one 2-core host was refused ("2 ranks need 4 CPUs"):
+    each rank was widened to a whole node, as a one-rank CPU trial is. Ranks are not; one-rank trials still are."""
+    from orchestrator.runner import SweepInputError, check_ranks, check_resources
+
+    host = [{"Alive": True, "NodeID": "n0", "NodeManagerAddress": "127.0.0.1",  # ray.nodes() of a 2-core laptop
+             "Resources": {"CPU": 2.0, "memory": 8e9, "object_store_memory": 1e9, "node:127.0.0.1": 1.0}},
+            {"Alive": False, "NodeID": "n1", "NodeManagerAddress": "127.0.0.2", "Resources": {"CPU": 64.0}}]
+    resources = check_resources(host, {"gpu": 1, "cpu": 1})  # the default resources, on a host without GPUs
+    assert (resources["cpu"], resources["gpu"], resources["rank_cpu"]) == (2, 0, 1)  # a one-rank trial: the host
+    assert check_ranks(host, [1, 2], resources) == 1  # both ranks at once, one such trial at a time
+    with pytest.raises(SweepInputError) as exc:
+        check_ranks(host, [2], check_resources(host, {"gpu": 0, "cpu": 2}))
+    assert str(exc.value) == ("world_size: 2 ranks need 4 CPUs at once; this cluster has 2 (2 per rank); write "
+                              "resources: {cpu: 1} (each rank's CPUs) or a smaller world_size")
+    with pytest.raises(SweepInputError, match="this cluster has 2 .1 per rank.; write a world_size of at most 2$"):
+        check_ranks(host, [4], resources)
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

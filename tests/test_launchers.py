@@ -5,6 +5,7 @@ file, a second driver) ends with exactly one record per cell and nothing left ru
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pyarrow.parquet as pq
 import pytest
 
 from .conftest import OOM_VOCAB, REPO, cli_env, juicytalk, running_trial, wait_for
@@ -33,36 +35,49 @@ def _by_d_model(out: Path, name: str) -> dict[int, dict]:
 
 
 def _servers() -> list[psutil.Process]:
+    """This test session's trial processes (its Rays carry its token), not a concurrent run's on the host."""
     found = []
     for p in psutil.process_iter(["cmdline"]):
         try:
-            if "trials.server" in " ".join(p.info["cmdline"] or []):
+            if "trials.server" in " ".join(p.info["cmdline"] or []) and \
+                    p.environ().get("RAY_AUTH_TOKEN") == os.environ["RAY_AUTH_TOKEN"]:
                 found.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
 
 
-def test_warm_process_runs_trials_in_turn_and_each_reports_its_own_memory(ray_cluster, tmp_path):
-    # one trial at a time on one reused worker: a large cell (a 200k vocabulary: ~1 GB of embedding,
-    # head, optimizer state and logits), then a small one, in the same process
-    write_sweep(tmp_path, "warm", """
+@pytest.fixture(scope="module")
+def warm_sweep(ray_cluster, tmp_path_factory):
+    """One sweep, one trial at a time on one reused worker, for the warm launcher's tests below: a small cell
+    (d32) and a real OOM (d40) in a first process; then, in the process that replaces it, a small cell (d48),
+    a large one (d64: a 200k vocabulary, ~1 GB of embedding, head, optimizer state and logits) and a small
+    one (d56) after it, in the same process."""
+    out = tmp_path_factory.mktemp("warm")
+    write_sweep(out, "warm", f"""
         grid:
-          - {d_model: [64], vocab: [200000]}
-          - {d_model: [32], vocab: [96]}
-        fixed: {n_layers: 1, batch_size: 8, seq_len: 32, train_steps: 3, bench_steps: 2, warmup_steps: 1,
-                gen_len: 2, precision: fp32, device: cpu}
-        resources: {cpu: 1, gpu: 0}
+          - {{d_model: [32]}}
+          - {{d_model: [40], vocab: [{OOM_VOCAB}]}}
+          - {{d_model: [48]}}
+          - {{d_model: [64], vocab: [200000]}}
+          - {{d_model: [56], vocab: [96]}}
+        fixed: {{n_layers: 1, batch_size: 8, seq_len: 32, train_steps: 3, bench_steps: 2, warmup_steps: 1,
+                gen_len: 2, precision: fp32, device: cpu, profile: false}}
+        resources: {{cpu: 1, gpu: 0}}
         max_concurrent: 1
         launcher: warm
     """)
-    run = _sweep(tmp_path, "warm", address=ray_cluster)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    recs = _by_d_model(tmp_path, "warm")
-    large, small = recs[64], recs[32]
+    run = _sweep(out, "warm", address=ray_cluster)
+    return run, _by_d_model(out, "warm")
+
+
+def test_warm_process_runs_trials_in_turn_and_each_reports_its_own_memory(warm_sweep):
+    run, recs = warm_sweep
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]  # oom is a final status
+    large, small = recs[64], recs[56]
     assert large["status"] == small["status"] == "ok"
     assert large["launcher"] == small["launcher"] == "warm"
-    assert small["pid"] == large["pid"] and (large["process_trial_index"], small["process_trial_index"]) == (0, 1)
+    assert small["pid"] == large["pid"] and small["process_trial_index"] == large["process_trial_index"] + 1
     # without a reset the high-water mark would still hold the large cell's peak
     assert small["peak_rss_bytes"] < large["peak_rss_bytes"] - (150 << 20), (small["peak_rss_bytes"],
                                                                             large["peak_rss_bytes"])
@@ -70,21 +85,10 @@ def test_warm_process_runs_trials_in_turn_and_each_reports_its_own_memory(ray_cl
     assert "1.0 trials per process" not in run.stdout and "launcher warm" in " ".join(run.stdout.split())
 
 
-def test_warm_oom_replaces_the_process_and_the_next_trial_is_clean(ray_cluster, tmp_path):
-    write_sweep(tmp_path, "oom", f"""
-        grid:
-          - {{d_model: [32]}}
-          - {{d_model: [64], vocab: [{OOM_VOCAB}]}}
-          - {{d_model: [48]}}
-        fixed: {{{CPU_CELL % 3}}}
-        resources: {{cpu: 1, gpu: 0}}
-        max_concurrent: 1
-        launcher: warm
-    """)
-    run = _sweep(tmp_path, "oom", address=ray_cluster)
+def test_warm_oom_replaces_the_process_and_the_next_trial_is_clean(warm_sweep):
+    run, recs = warm_sweep
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]  # oom is a final status
-    recs = _by_d_model(tmp_path, "oom")
-    first, oom, after = recs[32], recs[64], recs[48]
+    first, oom, after = recs[32], recs[40], recs[48]
     assert oom["status"] == "oom" and "allocate" in oom["error"]
     assert (first["pid"], first["process_trial_index"]) == (oom["pid"], 0) and oom["process_trial_index"] == 1
     assert after["status"] == "ok" and after["pid"] != oom["pid"] and after["process_trial_index"] == 0
@@ -127,6 +131,7 @@ def test_timeout_kills_the_trial_process(ray_cluster, tmp_path, launcher):
     assert run.returncode == 1
     [rec] = records(tmp_path, "slow")
     assert rec["status"] == "timeout" and "trial_timeout_s=6" in rec["error"] and rec["launcher"] == launcher
+    assert "failed" in run.stdout  # (was test_cluster.py's test_trial_timeout_is_recorded: warm, the default)
     wait_for(lambda: not _servers(), 30)  # the timed-out process, and any kept ready, are gone
 
 
@@ -209,24 +214,22 @@ def test_sigint_and_sigterm_stop_everything_and_the_rerun_resumes(tmp_path, ray_
     assert sorted(r["d_model"] for r in records(tmp_path, "int")) == [32, 40, 48, 64]
 
 
-def test_corrupt_record_files_are_quarantined_and_rerun(ray_cluster, tmp_path):
-    write_sweep(tmp_path, "bad", f"""
-        grid: {{d_model: [32, 48]}}
-        fixed: {{{CPU_CELL % 3}}}
-        resources: {{cpu: 1, gpu: 0}}
-    """)
-    assert _sweep(tmp_path, "bad", address=ray_cluster).returncode == 0
+def test_corrupt_record_files_are_quarantined_and_rerun(tracked_sweep, ray_cluster, tmp_path):
+    shutil.copytree(tracked_sweep[0] / "trk", tmp_path / "bad")  # four records, two of them of fp8 cells
+    cells = (tracked_sweep[0] / "trk.yaml").read_text().split("trackers:")[0].split("\n", 1)[1]
+    write_sweep(tmp_path, "bad", cells)  # the same cells, without the trackers
     files = sorted((tmp_path / "bad" / "trials").glob("*.parquet"))
+    files = [f for f in files if pq.read_table(f).column("precision")[0].as_py() == "fp8"]  # quick to rerun
     data = files[0].read_bytes()
     files[0].write_bytes(data[: len(data) // 2])  # truncated, as by a full disk
     files[1].write_text("not parquet at all")
     collect = juicytalk("collect", str(tmp_path / "bad"))
-    assert collect.returncode == 0 and "0 records" in collect.stdout
+    assert collect.returncode == 0 and "2 records" in collect.stdout
     assert all(f.name in collect.stderr for f in files) and "Traceback" not in collect.stderr
     assert len(list((tmp_path / "bad" / "quarantine").iterdir())) == 2
     rerun = _sweep(tmp_path, "bad", address=ray_cluster)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
-    assert "0 already done, 2 run now" in " ".join(rerun.stdout.split())
+    assert "2 already done, 2 run now" in " ".join(rerun.stdout.split())
     files = sorted((tmp_path / "bad" / "trials").glob("*.parquet"))
     files[0].write_bytes(b"PAR1garbagePAR1")
     report = juicytalk("report", str(tmp_path / "bad"), "--out", str(tmp_path / "r.html"))

@@ -138,6 +138,20 @@ def test_launch_bound_cells_timed_beside_another_trial_are_flagged(tmp_path):
     assert sum("| launch-bound |" in line for line in md.splitlines()) == 3
 
 
+def test_cpu_ranks_on_one_host_are_flagged_shared_host(tmp_path):
+    """A two-rank gloo cell on one host (issue 31): its ranks timed each other on the host's cores."""
+    store = Store(str(tmp_path), "gloo")
+    store.ensure()
+    for d, world, where in ((256, 2, "same host"), (512, 2, "2 hosts"), (1024, 1, None)):
+        rec = _rec(d, "torch", "fp32", None, 10.0)
+        rec.update(world_size=world, parallel="ddp" if world > 1 else "none", interconnect=where, timer="perf_counter")
+        store.write_record(rec)
+    md = open(build_report(store.root).md_path).read()
+    shared = [line for line in md.splitlines() if "| shared host |" in line]
+    assert [line.split("|")[1].strip() for line in shared] == ["d256-torch-fp32-None"], shared
+    assert "2 ranks timed on one host's CPU cores" in shared[0]
+
+
 KNOB_SPEEDUP = {  # (fp8 settings, d_model, batch_size) -> FP8 speedup built into the records
     **{(("hybrid", 16), d, b): s for (d, b), s in {(256, 32): 0.9, (512, 32): 1.2, (256, 64): 1.0, (512, 64): 1.3}.items()},
     **{(("e4m3", 16), d, b): s for (d, b), s in {(256, 32): 0.95, (512, 32): 1.25, (256, 64): 1.05, (512, 64): 1.35}.items()},

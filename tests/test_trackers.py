@@ -24,20 +24,8 @@ def _mlflow_runs(uri: str, experiment: str):
     return mlflow.search_runs(experiment_names=[experiment], output_format="list")
 
 
-def test_sweep_reaches_mlflow_wandb_and_tensorboard(ray_cluster, tmp_path):
-    uri = f"sqlite:///{tmp_path / 'db' / 'mlflow.db'}"  # MLflow 3's recommended store; its folder is made
-    write_sweep(tmp_path, "trk", f"""
-        grid: {{d_model: [32, 48], precision: [fp32, fp8]}}
-        fixed: {{n_layers: 1, seq_len: 32, batch_size: 8, train_steps: 3, bench_steps: 2, warmup_steps: 1,
-                gen_len: 2}}
-        resources: {{cpu: 1, gpu: 0}}
-        trackers:
-          - mlflow: {{tracking_uri: "{uri}", experiment: trk-exp}}
-          - wandb: {{project: juicytalk-test, mode: offline, dir: "{tmp_path / 'wb'}"}}
-          - tensorboard: {{}}
-    """)
-    run = juicytalk("sweep", str(tmp_path / "trk.yaml"), "--out", str(tmp_path), "--address", ray_cluster,
-                    "--no-progress", "--no-report", env={**os.environ, "PYTHONPATH": str(REPO), "WANDB_SILENT": "true"})
+def test_sweep_reaches_mlflow_wandb_and_tensorboard(tracked_sweep):
+    tmp_path, run, uri = tracked_sweep  # the sweep file: conftest.TRACKED_SWEEP
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     recs = {(r["cell_id"], r["sample"]): r for r in records(tmp_path, "trk")}
     assert len(recs) == 4  # fp8 cells are unsupported on CPU: records too, and runs too

@@ -11,6 +11,8 @@ import pytest
 from trials import FIELDS, TrialSpec, run_trial
 from trials.record import FIELD_NAMES
 
+from .conftest import OOM_VOCAB
+
 TINY = dict(d_model=32, n_layers=2, seq_len=32, batch_size=4, train_steps=6, warmup_steps=1, bench_steps=4,
             repeats=2, gen_len=4, device="cpu")
 
@@ -32,6 +34,8 @@ def test_fixed_seed_cpu_trial_follows_its_pinned_loss_trajectory():
         assert curve[step] == pytest.approx(want, abs=1e-4) if step < 2 else curve[step] == pytest.approx(want, rel=0.02), (
             step, curve[step])
     assert rec["gen_stride_accuracy"] == 1.0
+    # a small model learns the arithmetic task (was test_small_model_learns_the_arithmetic_task, a second 300-step run)
+    assert rec["loss_final"] < 0.25 * math.log(96) < rec["loss_first"]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -103,14 +107,6 @@ def test_infer_trial_trains_then_times_prefill_and_kv_cached_decode(arch):
     assert rec["step_ms_p50"] is None and rec["flops_per_step"] is None  # no training-step benchmark
 
 
-def test_small_model_learns_the_arithmetic_task():
-    rec = run_trial(TrialSpec(d_model=64, n_layers=2, seq_len=64, batch_size=16, train_steps=300, lr=1e-3,
-                              precision="fp32", bench_steps=3, warmup_steps=1, device="cpu"))
-    assert rec["status"] == "ok"
-    assert rec["loss_final"] < 0.25 * math.log(96) < rec["loss_first"]
-    assert rec["gen_stride_accuracy"] >= 0.9
-
-
 def test_fp8_on_cpu_is_unsupported_with_reason():
     rec = run_trial(TrialSpec(precision="fp8", **{**TINY, "device": "auto", "d_model": 64, "batch_size": 8}))
     assert rec["status"] == "unsupported"
@@ -152,11 +148,12 @@ def test_divergence_is_recorded():
 
 
 def test_real_oom_is_recorded():
-    """A real allocation failure (address-space limit on the trial process) gives status oom."""
+    """A real allocation failure (address-space limit on the trial process) gives status oom. The embedding
+    alone (100 GB) is refused at once, where a 6.4B-parameter stack of layers took ~10 s to fill 6 GB first."""
     code = (
         "import resource, json; resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30));"
         "from trials import TrialSpec, run_trial;"
-        "r = run_trial(TrialSpec(d_model=4096, n_layers=32, device='cpu', backend='torch', precision='fp32',"
+        f"r = run_trial(TrialSpec(d_model=64, vocab={OOM_VOCAB}, device='cpu', backend='torch', precision='fp32',"
         " train_steps=2));"
         "print(json.dumps({k: r[k] for k in ('status', 'error', 'error_type')}))"
     )

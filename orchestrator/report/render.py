@@ -258,6 +258,13 @@ def sanity_flags(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
                         "why": f"launch-bound and timed while {n} other trial(s) ran on the same host: host "
                                "contention slows such steps (1.2-1.36x on a two-H200 host); rerun with "
                                "max_concurrent: 1 or cuda_graphs"})
+    # a multi-rank CPU cell's ranks on one host (gloo on a laptop): each has the CPUs the file gives it
+    # (runner.check_resources), and they share the host's cores, memory bandwidth and caches
+    ranks = ok[(ok["world_size"].fillna(1) > 1) & (ok["interconnect"] == "same host") & (ok["timer"] == "perf_counter")]
+    for r in ranks.itertuples():
+        out.append({"cell": r.cell_label, "check": "shared host", "value": int(r.world_size),
+                    "why": f"{int(r.world_size)} ranks timed on one host's CPU cores, which they shared: a try-out "
+                           "of the parallel setup, not a figure for ranks on their own devices"})
     modes = {bool(v) for v in ok.loc[ok["effective_backend"] == "te", "te_torch_compile"].dropna()}
     if False in modes:
         out.append({"cell": "all te cells" if modes == {False} else "some te cells", "check": "NVTE_TORCH_COMPILE=0",
