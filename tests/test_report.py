@@ -479,3 +479,33 @@ def test_an_auto_fp8_cell_that_could_not_run_names_no_phantom_partner(tmp_path):
     pairs = pair_cells(prepare(store.read_records().to_pandas()))
     [row] = pairs.unpaired.to_dict("records")
     assert row["partner"] == "-" and "needs Transformer Engine" in row["reason"], row
+
+
+def test_te_cells_of_your_model_pair_within_their_te_layer(tmp_path):
+    """On an hf: model TE's default te_layer is swap (MiniGPT's is transformer_layer): each FP8 cell pairs with
+    the BF16 cell of its own te_layer. On the H200 the report read the model's default as MiniGPT's, named the
+    swap cells te-*-swap and paired swap FP8 with the transformer_layer BF16 (1.14x instead of 1.16x)."""
+    from orchestrator.sweep import cell_id, cell_label
+
+    store = Store(str(tmp_path), "yours")
+    store.ensure()
+    ms = {("swap", "bf16"): 193.0, ("swap", "fp8"): 166.0, ("transformer_layer", "bf16"): 190.0,
+          ("transformer_layer", "fp8"): 163.0}
+    for (layer, precision), t in ms.items():
+        spec = TrialSpec(model="hf:llama", d_model=64, n_layers=2, n_heads=4, vocab=96, backend="te", te_layer=layer,
+                         precision=precision)
+        rec = empty_record()
+        rec.update(spec.to_dict())
+        steps = [t * j for j in JITTER]
+        rec.update(status="ok", effective_backend="te", effective_precision=precision,
+                   effective_recipe=spec.recipe if precision == "fp8" else None, cell_id=cell_id(spec),
+                   cell_label=cell_label(spec), sample=0, n_params=1000, step_times_ms=steps,
+                   step_ms_p50=float(pd.Series(steps).median()), loss_curve=[4.0, 1.0], loss_first=4.0,
+                   loss_final=1.0, tokens_per_s=1e6 / t, gpu_name="NVIDIA H200")
+        store.write_record(rec)
+    build_report(str(tmp_path / "yours"), out_html=str(tmp_path / "r.html"))
+    csv = pd.read_csv(tmp_path / "results.csv")
+    sp = {(r.candidate, r.reference): r.ratio for r in csv[csv["kind"] == "fp8_speedup"].itertuples()}
+    assert sp == {("te-fp8-delayed", "te-bf16"): pytest.approx(193.0 / 166.0, rel=1e-9),
+                  ("te-fp8-delayed-transformer_layer", "te-bf16-transformer_layer"): pytest.approx(190.0 / 163.0,
+                                                                                               rel=1e-9)}

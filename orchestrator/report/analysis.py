@@ -57,7 +57,7 @@ def variant_of(row: Any) -> str:
 # What variant_of, backend_of and execution_label read: rows are turned into dicts of these columns only
 # (a dict of all ~100 record columns per row costs seconds at 10k records).
 _VARIANT_COLUMNS = list(dict.fromkeys([*axis_fields("variant", "execution"), "effective_backend",
-                                       "effective_precision", "effective_recipe"]))
+                                       "effective_precision", "effective_recipe", "model"]))  # model: whose defaults
 
 
 def varying_keys(df: pd.DataFrame) -> list[str]:
