@@ -133,6 +133,21 @@ def stop_cluster(temp_dir: str) -> None:
     psutil.wait_procs(list(procs.values()), timeout=10)
 
 
+@pytest.fixture(scope="session")
+def te():
+    """Transformer Engine's module for the GPU tests (-m gpu); skips without a CUDA GPU or TE."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from trials.te_compat import import_te
+
+    try:
+        return import_te()
+    except ImportError as exc:
+        pytest.skip(f"Transformer Engine not importable: {exc}")
+
+
 def wait_for(predicate, timeout: float, interval: float = 0.2):
     deadline = time.time() + timeout
     while time.time() < deadline:

@@ -16,18 +16,6 @@ pytestmark = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-@pytest.fixture(scope="module")
-def te():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    from trials.te_compat import import_te
-
-    try:
-        return import_te()
-    except ImportError as exc:
-        pytest.skip(f"Transformer Engine not importable: {exc}")
-
-
 CFG = ModelConfig(vocab=96, d_model=256, n_layers=2, n_heads=4, ffn=1024, seq_len=64)
 LLAMA = ModelConfig(vocab=96, d_model=256, n_layers=2, n_heads=8, ffn=768, seq_len=64, arch="llama", n_kv_heads=2)
 # every way the TE model is built: the tutorial's block and the Llama block, fused layer and TE modules

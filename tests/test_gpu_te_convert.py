@@ -28,18 +28,6 @@ SHAPE = dict(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention
 SEQ, BATCH = 128, 4
 
 
-@pytest.fixture(scope="module")
-def te():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    from trials.te_compat import import_te
-
-    try:
-        return import_te()
-    except ImportError as exc:
-        pytest.skip(f"Transformer Engine not importable: {exc}")
-
-
 def hf(model_type: str, **overrides) -> torch.nn.Module:
     cfg = transformers.AutoConfig.for_model(model_type, **{**SHAPE, **overrides})
     torch.manual_seed(0)
