@@ -32,8 +32,6 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-
-
 # How TE takes a model it did not build (trials/backends/te_convert.py): swap its Linears and norms for TE's
 # modules, or replace transformers' Llama-family decoder layers by te.TransformerLayer; the first is the default.
 CONVERTED_TE_LAYERS = ("swap", "transformer_layer")
