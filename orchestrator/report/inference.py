@@ -1,5 +1,6 @@
 """The report's inference section: FP8 against TE BF16 for prefill and KV-cached decode, weight memory
-and token agreement (teacher-forced, and greedy as a secondary measure), from ``workload: infer`` records (training analyses never see them)."""
+and token agreement (teacher-forced; greedy as a secondary measure), from ``workload: infer`` records
+(training analyses never see them)."""
 
 from __future__ import annotations
 
