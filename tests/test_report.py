@@ -312,7 +312,8 @@ def test_inference_section_pairs_fp8_weights_with_bf16_and_shows_where_fp8_is_sl
     got = {(int(r["d_model"]), int(r["batch"])): float(r["decode speedup"]) for r in rows}
     assert got == pytest.approx(want, rel=1e-3)
     assert all(float(r["prefill speedup"]) == pytest.approx(1.25, rel=1e-3) and
-               float(r["weights FP8/BF16"]) == pytest.approx(0.525) and float(r["token agreement"]) == pytest.approx(0.97)
+               float(r["weights FP8/BF16"]) == pytest.approx(0.525) and float(r["greedy agreement (secondary)"]) == pytest.approx(0.97)
+               and r["tf top-1 agreement"] == "-"
                for r in rows)
     vs = {(int(r["d_model"]), int(r["batch"])): (r["fastest BF16"], float(r["vs fastest BF16"])) for r in rows}
     assert vs[(4096, 32)] == ("torch-bf16 graphs", pytest.approx(1.4 / 1.25, rel=1e-3))
@@ -367,6 +368,39 @@ def test_two_stacks_pair_within_their_stack_and_mode_and_against_the_fastest_bf1
     [head] = heads.to_dict("records")
     assert (head["a"], head["b"]) == ("te-fp8-delayed eager", "torchao-fp8-tensorwise compiled")
     assert head["a/b time"] == pytest.approx(8.0 / 7.5) and head["CI low"] <= head["a/b time"] <= head["CI high"]
+
+
+def _md_section(md: str, title: str) -> list[dict[str, str]]:
+    """The rows of one results.md table, as column name -> cell text."""
+    table = md.split(f"## {title}\n")[1].split("\n## ")[0]
+    lines = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| ")]
+    head = [h.strip() for h in lines[0]]
+    return [dict(zip(head, (v.strip() for v in r))) for r in lines[1:]]
+
+
+def test_fp8_numerics_show_teacher_forced_median_and_interval_over_samples(tmp_path):
+    """Two samples of a torchao FP8 cell with teacher-forced fields: the FP8 numerics section shows their
+    median and a 95% interval over samples, results.csv the same numbers; a TE FP8 cell without them shows '-'."""
+    store = Store(str(tmp_path), "tf")
+    store.ensure()
+    tf = [(0.98, 0.010), (0.96, 0.014)]  # (tf_top1_agreement, tf_kl_mean) per sample
+    for sample in range(2):
+        for backend, precision, recipe, ms in (("torch", "bf16", None, 10.0), ("torchao", "fp8", "tensorwise", 8.0),
+                                               ("te", "bf16", None, 10.0), ("te", "fp8", "delayed", 8.0)):
+            rec = _rec(512, backend, precision, recipe, ms * (1 + sample / 100), sample=sample)
+            if backend == "torchao":
+                rec.update(tf_top1_agreement=tf[sample][0], tf_kl_mean=tf[sample][1], tf_s=1.0)
+            store.write_record(rec)
+    report = build_report(store.root)
+    md = (tmp_path / "tf" / "results.md").read_text()
+    rows = {r["variant"]: r for r in _md_section(md, "FP8 numerics")}
+    assert rows["torchao-fp8-tensorwise"]["tf top-1 agreement"] == "0.97 [0.96, 0.98]"
+    assert rows["torchao-fp8-tensorwise"]["tf KL (nats)"] == "0.012 [0.01, 0.014]"
+    assert rows["te-fp8-delayed"]["tf top-1 agreement"] == rows["te-fp8-delayed"]["tf KL (nats)"] == "-"
+    sp = pd.read_csv(report.csv_path).set_index("candidate")
+    assert sp.loc["torchao-fp8-tensorwise", "tf_top1"] == pytest.approx(0.97)
+    assert sp.loc["torchao-fp8-tensorwise", "tf_kl_ci_high"] == pytest.approx(0.014)
+    assert pd.isna(sp.loc["te-fp8-delayed", "tf_top1"])
 
 
 BF16_OVER_FP32 = {64: 1.25, 128: 1.6}  # fp32 step time / bf16 step time built into the CPU records below

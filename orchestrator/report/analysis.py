@@ -106,6 +106,7 @@ class CellStats:
     n_params: int | None
     record: dict[str, Any] = field(default_factory=dict)
     launch_bound: bool = False  # a sample that ran ok was launch-bound: the host's pace set its time
+    teacher_forced: dict[str, list[float]] = field(default_factory=dict)  # TEACHER_FORCED field -> per-sample values
 
 
 def launch_bound_note(where: str) -> str:
@@ -139,15 +140,56 @@ def _median(values: list[float]) -> float:
     return float(np.median(values)) if values else float("nan")
 
 
+def _resampled_medians(values: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    return np.median(values[rng.integers(0, len(values), (resamples, len(values)))], axis=1)
+
+
 def bootstrap_ratio(num: list[float], den: list[float], resamples: int, rng: np.random.Generator) -> tuple[float, float]:
     """95% percentile interval of median(num*) / median(den*) over independent resamples."""
     a, b = np.asarray(num, float), np.asarray(den, float)
     if len(a) < 2 or len(b) < 2:
         return float("nan"), float("nan")
-    ma = np.median(a[rng.integers(0, len(a), (resamples, len(a)))], axis=1)
-    mb = np.median(b[rng.integers(0, len(b), (resamples, len(b)))], axis=1)
+    ma, mb = _resampled_medians(a, resamples, rng), _resampled_medians(b, resamples, rng)
     lo, hi = np.percentile(ma / mb, [2.5, 97.5])
     return float(lo), float(hi)
+
+
+def bootstrap_median(values: list[float], resamples: int, rng: np.random.Generator) -> tuple[float, float]:
+    """95% percentile interval of median(values*); NaN with fewer than two values."""
+    a = np.asarray(values, float)
+    if len(a) < 2:
+        return float("nan"), float("nan")
+    lo, hi = np.percentile(_resampled_medians(a, resamples, rng), [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+# Teacher-forced FP8 numerics (trials/teacher_forced.py): record field -> the pair-row column prefix of its
+# median over the FP8 cell's samples and 95% interval (``<prefix>_ci_low``/``_ci_high``), and its table label.
+TEACHER_FORCED = {"tf_top1_agreement": ("tf_top1", "tf top-1 agreement"), "tf_kl_mean": ("tf_kl", "tf KL (nats)")}
+TEACHER_FORCED_NOTE = ("tf = teacher-forced on one held sequence, every position, against the BF16 partner: top-1 "
+                       "agreement of the next-token prediction and mean KL(FP8 || BF16); median over samples "
+                       "[95% bootstrap interval over samples, samples >= 2]; - where the cell has none (TE cells, "
+                       "older records)")
+
+
+def teacher_forced_stats(cell: CellStats, resamples: int, rng: np.random.Generator) -> dict[str, float]:
+    """An FP8 cell's teacher-forced fields: the median over its samples and a 95% bootstrap interval."""
+    out: dict[str, float] = {}
+    for name, (prefix, _) in TEACHER_FORCED.items():
+        values = cell.teacher_forced.get(name, [])
+        lo, hi = bootstrap_median(values, resamples, rng)
+        out.update({prefix: _median(values), f"{prefix}_ci_low": lo, f"{prefix}_ci_high": hi})
+    return out
+
+
+def teacher_forced_columns(row: Any) -> dict[str, str]:
+    """The table columns of a pair row's teacher-forced fields: 'median [low, high]', or '-' without any."""
+    def value(key: str) -> float:
+        v = _get(row, key)
+        return float("nan") if v is None else float(v)
+
+    return {label: _interval(value(prefix), value(f"{prefix}_ci_low"), value(f"{prefix}_ci_high"))
+            for prefix, label in TEACHER_FORCED.values()}
 
 
 @dataclass(frozen=True)
@@ -176,6 +218,7 @@ def cell_table(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> dict[tuple, dic
     status, median, losses = df["status"].tolist(), df[timing.median].tolist(), df["loss_final"].tolist()
     steps = df[timing.steps].tolist()
     bound = df["launch_bound"].tolist() if "launch_bound" in df else [None] * len(df)
+    tf = {name: df[name].tolist() if name in df else [None] * len(df) for name in TEACHER_FORCED}
     present = lambda values, rows: [float(values[i]) for i in rows if values[i] is not None and values[i] == values[i]]
     cells = []
     for (shape, variant), rows in groups.items():
@@ -183,7 +226,8 @@ def cell_table(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> dict[tuple, dic
         samples = present(median, ok)
         cells.append((shape, variant, ok[0] if ok else rows[0], CellStats(
             variant, "ok" if ok else str(status[rows[0]]), _median(samples) if samples else None, samples,
-            list(steps[ok[0]]) if ok and steps[ok[0]] is not None else [], present(losses, ok), None)))
+            list(steps[ok[0]]) if ok and steps[ok[0]] is not None else [], present(losses, ok), None,
+            teacher_forced={name: present(values, ok) for name, values in tf.items()})))
     firsts = df.iloc[[first for _, _, first, _ in cells]].to_dict("records")  # one take for every cell's record
     for (shape, variant, _, stats), record in zip(cells, firsts):
         stats.n_params, stats.record = record.get("n_params"), record
@@ -257,6 +301,7 @@ def pair_cells(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> Pairs:
     n_pairs = sum(len(v) for v in cells.values())
     resamples = int(max(200, min(2000, 400_000 // max(1, n_pairs))))
     rng = np.random.default_rng(BOOTSTRAP_SEED)
+    tf_rng = np.random.default_rng(BOOTSTRAP_SEED)  # its own: the timing intervals stay as they were without it
     rows, unpaired = [], []
 
     def pair(kind: str, shape: tuple, ref_name: str, cand: CellStats, ref: CellStats | None) -> None:
@@ -274,6 +319,8 @@ def pair_cells(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> Pairs:
             unpaired.append(entry)
             return
         rows.append(_pair_row(kind, shape, ref, cand, resamples, rng, series))
+        if kind == "fp8_speedup":
+            rows[-1].update(teacher_forced_stats(cand, resamples, tf_rng))
 
     for shape, variants in cells.items():
         for name, cell in variants.items():

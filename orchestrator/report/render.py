@@ -14,7 +14,8 @@ from trials.atomic import write_text_atomic
 from trials.numbers import round_sig
 
 from ..efficiency import concurrent_trials, run_efficiency
-from .analysis import DECODE_STEP, TRAIN_STEP, Pairs, Timing, crossover, knob_effects, per_layer_costs, varying_keys
+from .analysis import (DECODE_STEP, TEACHER_FORCED, TEACHER_FORCED_NOTE, TRAIN_STEP, Pairs, Timing, crossover,
+                       knob_effects, per_layer_costs, teacher_forced_columns, varying_keys)
 from .inference import InferencePairs, inference_sections, split
 from .scaling import scaling_table
 from .why import ENERGY_FIELDS, bounds, breakdown, conditions, energy_table
@@ -182,7 +183,7 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
         sections.append(("FP8 numerics", "final training loss of each FP8 cell against the BF16 cell of its own stack: "
                          "medians over "
                          "samples, 95% interval of the ratio when both have samples >= 2 (run long enough for the "
-                         "loss to flatten, e.g. train_steps 300, samples 3)", numerics))
+                         "loss to flatten, e.g. train_steps 300, samples 3); " + TEACHER_FORCED_NOTE, numerics))
     if not pairs.unpaired.empty:
         u = pairs.unpaired
         sections.append(("Unpaired cells", "cells left out of the ratios above, and why",
@@ -275,17 +276,20 @@ def sanity_flags(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
 
 def _loss_deltas(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
     """Each FP8 cell's final loss against the TE BF16 cell it pairs with: median over samples, and the
-    95% interval of the ratio where both cells have two or more samples."""
+    95% interval of the ratio where both cells have two or more samples; then its teacher-forced agreement
+    and KL with its BF16 partner (``TEACHER_FORCED``), '-' where it has none."""
     rows = pairs.rows
     if rows.empty or "loss_ratio" not in rows:
         return pd.DataFrame()
     sp = rows[(rows["kind"] == "fp8_speedup") & rows["loss_ratio"].notna()]
+    tf = pd.DataFrame([teacher_forced_columns(r) for r in sp.to_dict("records")],
+                      columns=[label for _, label in TEACHER_FORCED.values()], index=sp.index)
     return pd.DataFrame({
         "variant": sp["candidate"], "d_model": sp["d_model"], "n_layers": sp["n_layers"], "graphs": sp["cuda_graphs"],
         **{k: sp[k] for k in varying_keys(df)}, "bf16 loss": sp["reference_loss"].round(4),
         "fp8 loss": sp["candidate_loss"].round(4), "delta %": (100 * (sp["loss_ratio"] - 1)).round(2),
         "CI low %": (100 * (sp["loss_ci_low"] - 1)).round(2), "CI high %": (100 * (sp["loss_ci_high"] - 1)).round(2),
-        "n": sp["n_candidate"]})
+        "n": sp["n_candidate"], **{c: tf[c] for c in tf}})
 
 
 def _md_cell(v) -> str:
