@@ -388,7 +388,7 @@ def _expand(sweep: Sweep, prefixes: list[tuple], err) -> None:
             try:
                 spec = TrialSpec.from_dict(values)
                 if {"model", "te_layer"} & set(asked) and (why := te_layer_refusal(spec)):
-                    sweep.skipped.append((asked, why))  # transformer_layer on a model it cannot convert
+                    skipped.append((asked, why))  # transformer_layer on a model it cannot convert
                     continue
                 check_model(spec)  # an hf: or py: model that cannot be built: one line, before Ray
             except SpecError as exc:
@@ -405,7 +405,8 @@ def _expand(sweep: Sweep, prefixes: list[tuple], err) -> None:
             sweep.cells.append(Cell(spec=spec, cell_id=cid, label=cell_label(spec)))
         if skipped and len(skipped) == len(list(itertools.product(*grid.values()))):
             # every combination of this grid names no cell: the grid asks for nothing runnable (a te recipe on
-            # torchao, fp8 on torch); skipping all of it quietly would run 0 trials and exit 0
+            # torchao, fp8 on torch, transformer_layer on a model it cannot convert); skipping all of it quietly
+            # would run 0 trials and exit 0
             raise err(prefix, f"leaves no cell to run: {shown(skipped[0][0])}: {skipped[0][1]}"
                       + (f" (and {len(skipped) - 1} more combinations like it)" if len(skipped) > 1 else ""))
         sweep.skipped.extend(skipped)

@@ -282,3 +282,17 @@ fixed: {d_model: 64, n_layers: 2, n_heads: 2, vocab: 96, seq_len: 16, batch_size
     here = {r["label"]: r["unsupported"] for r in rows}
     assert all(why == "backend te: no CUDA device" for label, why in here.items() if "-te-" in label)
     assert here["hf:llama-d64-L2-torch-bf16"] is None
+
+
+def test_a_grid_line_that_transformer_layer_cannot_convert_at_all_is_bad_input():
+    """Every cell of the line refused by te_layer (gpt2 is not a Llama-family model): one line naming the grid,
+    not a sweep of 0 trials that exits 0 (the empty-grid-line rule, as for a te recipe on torchao)."""
+    from orchestrator.sweep import SweepError, parse_sweep
+
+    with pytest.raises(SweepError, match="grid: leaves no cell to run: model=hf:gpt2: te_layer transformer_layer "
+                                         "applies to transformers' llama, mistral, qwen2 models"):
+        parse_sweep("""
+name: te-gpt2
+grid: {model: [hf:gpt2]}
+fixed: {backend: te, te_layer: transformer_layer, d_model: 64, n_layers: 2, n_heads: 2, vocab: 96, seq_len: 16}
+""")
