@@ -239,7 +239,7 @@ def test_te_counts_the_flops_of_the_source_module_before_converting_it():
     before the conversion: the same figure as the torch cell's (same module, same math), so MFU compares."""
     from trials import TrialSpec, models
     from trials.backends.te import source_model
-    from trials.workloads.training import count_flops
+    from trials.metrics import count_flops
 
     spec = TrialSpec(model="hf:llama", backend="te", **WIRED)
     made, flops = source_model(spec, "fp32", "cpu")

@@ -103,6 +103,21 @@ def counted_flops_per_step(model: Any, ids: Any, n_layers: int, attn_width: int,
     return float(gemms * world + 6.0 * n_layers * t * attn_width * b * t * world)
 
 
+def count_flops(spec: Any, model: Any, vocab: int, device: str, world: int) -> dict[str, Any]:
+    """A step's FLOPs for a model without a closed form: counted once, before training and timing, on a batch of
+    its own (the training data's generator is not drawn from), the model eager (:func:`counted_flops_per_step`).
+    Where the model's layers and attention width are unknown (a factory's, shape fields not given), attention is
+    left out and ``flops_method`` says so."""
+    from .data import ArithmeticSequences
+    from .models import describe
+
+    facts = describe(spec)
+    ids, _ = ArithmeticSequences(vocab, spec.seq_len, device, spec.seed + 2).batch(spec.batch_size)
+    known = bool(facts.n_layers and facts.attn_width)
+    flops = counted_flops_per_step(model, ids, facts.n_layers or 0, facts.attn_width or 0, world)
+    return {"flops_per_step": flops, "flops_method": "counted" if known else "counted-gemms-only"}
+
+
 def percentile(sorted_values: Sequence[float], q: float) -> float:
     """Linear-interpolation percentile (numpy's default) of already sorted values."""
     if not sorted_values:

@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 
 from .. import distributed, models, te_compat
+from ..metrics import count_flops
 from ..model import MiniGPT, ModelConfig, build_model, fused_qkv_state
 from . import Built, te_convert
 
@@ -46,8 +47,6 @@ def build(spec: Any, precision: str, device: str) -> Built:
 def source_model(spec: Any, precision: str, device: str) -> tuple[Any, dict[str, Any]]:
     """The spec's model as its source builds it (a ``models.common.Built``: seeded, BF16 for bf16 and fp8 cells,
     FP32 for fp32 cells), and its counted FLOPs as record fields, taken now, before TE converts it."""
-    from ..workloads.training import count_flops  # the workload's count (it imports this package)
-
     made = models.build(spec, "bf16" if precision == "fp8" else precision, device)
     return made, count_flops(spec, made.model, made.vocab, device, spec.world_size)
 

@@ -11,13 +11,13 @@ from typing import Any, Callable
 
 import torch
 
-from .. import distributed, energy, kernels, models, teacher_forced
+from .. import distributed, energy, kernels, teacher_forced
 from ..backends import STACKS
 from ..bench import benchmark
 from ..capability import Resolution
 from ..data import ArithmeticSequences
 from ..generation import generation_check
-from ..metrics import counted_flops_per_step, step_stats, throughput
+from ..metrics import count_flops, step_stats, throughput
 from ..model import ModelConfig
 from ..spec import TrialSpec
 from ..train import build_train_step, fp8_state, train
@@ -117,18 +117,6 @@ def teacher_forced_fields(spec: TrialSpec, res: Resolution, vocab: int, held: An
         return {}
     log.info("teacher-forced vs %s-bf16: %s (%.1f s)", partner_stack, fields, time.perf_counter() - t)
     return {**fields, "tf_s": time.perf_counter() - t}
-
-
-def count_flops(spec: TrialSpec, model: Any, vocab: int, device: str, world: int) -> dict[str, Any]:
-    """A step's FLOPs for a model without a closed form: counted once, before training and timing, on a batch of
-    its own (the training data's generator is not drawn from), the model eager (``metrics.counted_flops_per_step``).
-    Where the model's layers and attention width are unknown (a factory's, shape fields not given), attention is
-    left out and ``flops_method`` says so."""
-    facts = models.describe(spec)
-    ids, _ = ArithmeticSequences(vocab, spec.seq_len, device, spec.seed + 2).batch(spec.batch_size)
-    known = bool(facts.n_layers and facts.attn_width)
-    flops = counted_flops_per_step(model, ids, facts.n_layers or 0, facts.attn_width or 0, world)
-    return {"flops_per_step": flops, "flops_method": "counted" if known else "counted-gemms-only"}
 
 
 def why_this_number(spec: TrialSpec, device: str, step: Any, batches: list, record: dict[str, Any]) -> None:
