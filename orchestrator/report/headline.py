@@ -28,13 +28,16 @@ def best_of_each(rows: pd.DataFrame, reference: str) -> list[str]:
     lines: list[str] = []
     if rows.empty:
         return lines
-    for cand, g in rows.groupby("candidate", sort=True):
+    # several models (the ``model`` axis): one sentence per model and variant, never a best across models
+    by_model = "model" in rows and rows["model"].nunique() > 1
+    for key, g in rows.groupby(["model", "candidate"] if by_model else ["candidate"], sort=True):
+        model, cand = key if by_model else (None, key[0])
         best = g.loc[g["ratio"].idxmax()]
         interval = (f" [{fmt_sig(best['ci_low'])}, {fmt_sig(best['ci_high'])}]" if best["ci_low"] == best["ci_low"]
                     else "")
         verdict = ("faster beyond noise" if best["ci_low"] > 1 else "slower beyond noise" if best["ci_high"] < 1
                    else f"within noise of {reference}")
-        line = (f"{cand} vs {best['reference']}: best {fmt_sig(best['ratio'])}x{interval} at {_where(best)} "
+        line = (f"{model + ': ' if model else ''}{cand} vs {best['reference']}: best {fmt_sig(best['ratio'])}x{interval} at {_where(best)} "
                 f"({verdict}); {int((g['ratio'] > 1).sum())} of {len(g)} sizes faster")
         bound = g[g["launch_bound"].fillna(False).astype(bool)] if "launch_bound" in g else g.iloc[:0]
         if not bound.empty:
