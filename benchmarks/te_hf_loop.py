@@ -75,7 +75,8 @@ def build(shape: Shape, te_layer: str, te) -> tuple[torch.nn.Module, list]:
     cfg.max_position_embeddings = max(cfg.max_position_embeddings, shape.seq_len)
     cfg.use_cache = False
     torch.manual_seed(shape.seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa").cuda().train()
+    with torch.device("cuda"):  # initialised on the GPU, as the harness builds it (a CPU init of 1B weights takes ~10 s)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa").train()
     steps = [] if te_layer == "none" else te_convert.convert(model, te, te_layer)
     return model, steps
 
@@ -141,7 +142,7 @@ def by_sweep(args: argparse.Namespace, te) -> list[dict]:
     from trials import run_trial
 
     cells = [c for c in load_sweep(args.sweep).cells
-             if c.spec.source.name == "hf" and c.spec.backend == "te" and args.only in c.label]
+             if c.spec.source.name == "hf" and c.spec.backend == "te" and any(o in c.label for o in args.only)]
     print(f"# {len(cells)} TE cells of {args.sweep}, {args.rounds} rounds each", flush=True)
     rows = []
     for cell in cells:
@@ -170,7 +171,7 @@ def by_sweep(args: argparse.Namespace, te) -> list[dict]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sweep", help="time every hf: TE cell of this sweep file against the trial (see above)")
-    p.add_argument("--only", default="", help="--sweep: cells whose label contains this")
+    p.add_argument("--only", nargs="+", default=[""], help="--sweep: cells whose label contains any of these")
     p.add_argument("--rounds", type=int, default=3, help="--sweep: trial and plain loop, alternately, this often")
     p.add_argument("--model", default="llama", help="transformers model_type (llama, qwen2, mistral, ...)")
     for k in SHAPE_TO_HF:
