@@ -181,10 +181,10 @@ def fp8_meta_kept(model: Any, recipe_obj: Any) -> Any:
     """Run a forward pass that leaves TE's delayed-scaling state exactly as it found it.
 
     Under delayed scaling every FP8 forward max-accumulates its tensors' amaxes into row 0 of each module's
-    ``fp8_meta['scaling_fwd'].amax_history``, and TE 2.x folds that row into the history and a new ``scale`` when
-    the outermost autocast exits with grad enabled (``FP8GlobalStateManager.autocast_exit``; older TE on every
-    exit). An extra forward before the timed steps would thus change the amaxes, and through them the scales,
-    the FP8 casts and the losses of every step after it. TE's own CUDA-graph capture faces the same problem
+    ``fp8_meta['scaling_fwd'].amax_history``; TE folds that row into the history and a new ``scale`` when the
+    outermost autocast of a training step exits (TE 2.20: ``FP8GlobalStateManager.autocast_exit``, with grad
+    enabled). A no-grad read's amaxes would wait in row 0 for the next training step to fold in with its own, so
+    they would change the scales, the FP8 casts and the losses of every step after it. TE's own CUDA-graph capture faces the same problem
     with its warm-up passes and solves it this way (``transformer_engine.pytorch.graph.save_fp8_tensors`` /
     ``restore_fp8_tensors``): each module's ``get_fp8_meta_tensors()`` (clones of scale and amax_history for
     the forward and backward sets) before, ``reset_fp8_meta_tensors(saved)`` after, which copies them back in

@@ -104,16 +104,17 @@ def fp8_read(spec: TrialSpec, res: Resolution, step: Any, vocab: int) -> tuple[A
     where it does not apply (not FP8, or a multi-rank model) or the read fails (the cell runs on without it).
     The read leaves the model as it was: a stack with FP8 scaling state (``Stack.fp8_state``: TE's delayed
     scaling) reads under ``te_compat.read_autocast`` (outside TE's amax bookkeeping) inside
-    ``te_compat.fp8_meta_kept``, which restores that state exactly (see both), so the benchmark that follows
-    times and trains the model a trial without the read would have."""
+    ``te_compat.fp8_meta_kept``, which restores that state exactly (see both), and the RNG states are restored
+    too, so the benchmark that follows times and trains the model a trial without the read would have."""
     if res.precision != "fp8" or spec.parallel != "none":
         return None, None
     held = teacher_forced.held_batch(vocab, spec.seq_len, res.device, spec.seed)
     kept = (te_compat.fp8_meta_kept(step.model, step.recipe) if STACKS[res.backend].fp8_state
             else contextlib.nullcontext())
     fp8 = lambda: te_compat.read_autocast(step.te, step.recipe)  # noqa: E731 - TE's FP8 autocast; else nothing
+    rng = [torch.cuda.current_device()] if res.device == "cuda" else []  # kept too, as TE's warm-ups keep it
     try:
-        with kept:
+        with torch.random.fork_rng(devices=rng), kept:
             return held, teacher_forced.log_probs(step.model, held, fp8)
     except Exception as exc:  # noqa: BLE001 - e.g. a held length TE's FP8 GEMMs refuse; the cell stands without
         log.warning("teacher-forced read of the FP8 model failed: %s: %s", type(exc).__name__, exc)
