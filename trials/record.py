@@ -217,7 +217,7 @@ FIELDS: list[Field] = [
     _f("tf_bf16_top1_prob", "float", "train, those fp8 cells: the BF16 partner's own confidence, the mean over the "
        "held positions of the probability of its argmax (1/vocab: a flat distribution)."),
     _f("tf_decided_share", "float", "train, those fp8 cells: share of held positions where BF16 is decided, its top-1 "
-       "log-probability at least teacher_forced.DECIDED_MARGIN (1 nat) above the runner-up's."),
+       "log-probability at least trials.teacher_forced.DECIDED_MARGIN nats above the runner-up's."),
     _f("tf_top1_agreement_decided", "float", "train, those fp8 cells: tf_top1_agreement over the positions where BF16 "
        "is decided only (null where it is decided nowhere)."),
     _f("tf_s", "float", "Training the BF16 partner and comparing, s (after the cell's own timing and memory)."),

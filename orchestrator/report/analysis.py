@@ -176,11 +176,11 @@ TEACHER_FORCED = {"tf_top1_agreement": ("tf_top1", "tf top-1 agreement"),
 MEANINGFUL_DECIDED_SHARE = 0.5
 TEACHER_FORCED_NOTE = ("tf = teacher-forced on one held sequence, every position, against the BF16 partner: top-1 "
                        "agreement of the next-token prediction (over all positions, and over those where BF16 is "
-                       "decided: its top-1 log-probability >= 1 nat above the runner-up's) and mean KL(FP8 || BF16); "
-                       "BF16 top-1 p = the partner's mean probability of its own argmax, decided share = where it is "
-                       "decided; where BF16 is decided at under half the positions, agreement is noise and the "
-                       "table says so; median over samples [95% bootstrap interval over samples, samples >= 2]; - "
-                       "where the cell has none (older records)")
+                       "decided: its top-1 clearly ahead of the runner-up, trials/teacher_forced.py) and mean "
+                       "KL(FP8 || BF16); BF16 top-1 p = the partner's mean probability of its own argmax, decided "
+                       f"share = where it is decided; where that share is under {MEANINGFUL_DECIDED_SHARE:.0%}, "
+                       "agreement is noise and the table says so; median over samples [95% bootstrap interval over "
+                       "samples, samples >= 2]; - where the cell has none (older records)")
 
 
 def teacher_forced_stats(cell: CellStats, resamples: int, rng: np.random.Generator) -> dict[str, float]:
