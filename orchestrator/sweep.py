@@ -388,7 +388,7 @@ def _expand(sweep: Sweep, prefixes: list[tuple], err) -> None:
             try:
                 spec = TrialSpec.from_dict(values)
                 if {"model", "te_layer"} & set(asked) and (why := te_layer_refusal(spec)):
-                    skipped.append((asked, why))  # transformer_layer on a model it cannot convert
+                    skipped.append((asked, f"te_layer {why}"))  # transformer_layer on a model it cannot convert
                     continue
                 check_model(spec)  # an hf: or py: model that cannot be built: one line, before Ray
             except SpecError as exc:

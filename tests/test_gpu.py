@@ -109,6 +109,73 @@ def test_te_fp8_trial(te, recipe, extra):
         state = json.loads(rec["fp8_state"])
         # the newest complete amax of the QKV input is a real, positive number after training
         assert any(v > 0 for entry in state if entry["tensor_set"] == "scaling_fwd" for v in entry["amax_latest"])
+    # teacher-forced against TE's BF16 model of the same te_layer (issue 32: the fields for every FP8 cell)
+    assert 0 <= rec["tf_top1_agreement"] <= 1 and rec["tf_kl_mean"] >= 0 and rec["tf_s"] > 0, rec["tf_kl_mean"]
+    assert 0 < rec["tf_bf16_top1_prob"] <= 1 and 0 <= rec["tf_decided_share"] <= 1
+
+
+def _fp8_meta(model) -> list[torch.Tensor]:
+    """Clones of every TE module's delayed-scaling scales and amax histories, forward and backward sets."""
+    from transformer_engine.pytorch.module.base import TransformerEngineBaseModule
+
+    out = []
+    for m in model.modules():
+        tensors = m.get_fp8_meta_tensors() if isinstance(m, TransformerEngineBaseModule) else None
+        out += [t.clone() for key in sorted(tensors or {}) for t in tensors[key]]
+    return out
+
+
+def test_the_teacher_forced_read_leaves_te_delayed_scaling_state_exactly_as_it_was(te):
+    """The FP8 read of a trained delayed-scaling model (te_compat.fp8_meta_kept around it) leaves every scale and
+    amax history bit for bit as they were; the same read without it changes them (so the guard is needed)."""
+    from trials import te_compat, teacher_forced
+    from trials.data import ArithmeticSequences
+    from trials.train import build_train_step, train
+
+    spec = _small(backend="te", precision="fp8", recipe="delayed", train_steps=5)
+    step = build_train_step(spec, "te", "fp8", "cuda")
+    train(step, ArithmeticSequences(spec.vocab, spec.seq_len, "cuda", spec.seed), spec.train_steps, spec.batch_size)
+    held = teacher_forced.held_batch(spec.vocab, spec.seq_len, "cuda", spec.seed)
+
+    def read() -> torch.Tensor:
+        return teacher_forced.log_probs(step.model, held, lambda: te_compat.read_autocast(step.te, step.recipe))
+
+    before = _fp8_meta(step.model)
+    assert before and any(t.abs().sum() > 0 for t in before)
+    with te_compat.fp8_meta_kept(step.model, step.recipe):
+        log_probs = read()
+    assert torch.isfinite(log_probs).all() and step.model.training  # read in eval mode, back in training mode
+    after = _fp8_meta(step.model)
+    assert len(after) == len(before) and all(torch.equal(a, b) for a, b in zip(after, before))
+    read()  # unguarded
+    assert not all(torch.equal(a, b) for a, b in zip(_fp8_meta(step.model), before)), \
+        "an FP8 forward left the delayed-scaling state alone: the guard would not be needed"
+
+
+@pytest.mark.parametrize("extra", [{}, {"cuda_graphs": True}, {"model": "hf:llama", "te_layer": "transformer_layer",
+                                                               "n_kv_heads": 2, "ffn": 512, "vocab": 512}],
+                         ids=["minigpt", "minigpt-graphs", "hf-llama-transformer_layer"])
+def test_a_te_fp8_delayed_cell_times_and_trains_the_same_with_and_without_the_teacher_forced_read(te, monkeypatch,
+                                                                                                  extra):
+    """The same seeded cell run twice, with the read and without it (``fp8_read`` returning nothing): the same
+    losses through the benchmark and the same greedy tokens after it, bit for bit. TE's attention is held to its
+    deterministic kernels (NVTE_ALLOW_NONDETERMINISTIC_ALGO=0) so that two runs can be compared at all."""
+    from trials.workloads import training
+
+    monkeypatch.setenv("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "0")
+    spec = _small(backend="te", precision="fp8", recipe="delayed", train_steps=20, n_heads=4, **extra)
+    read = run_trial(spec)
+    assert read["status"] == "ok", read["error"]
+    assert read["tf_top1_agreement"] is not None and read["tf_kl_mean"] >= 0
+    monkeypatch.setattr(training, "fp8_read", lambda *args: (None, None))
+    unread = run_trial(spec)
+    assert unread["status"] == "ok" and unread["tf_top1_agreement"] is None, unread["error"]
+    assert read["loss_curve"] == unread["loss_curve"], "two runs differ before the read: not deterministic here"
+    assert read["bench_loss_final"] == unread["bench_loss_final"]  # the loss after every timed step
+    assert read["gen_tokens"] == unread["gen_tokens"]
+    print(f"\n{extra}: with the read {read['step_ms_p50']:.3f} ms, without {unread['step_ms_p50']:.3f} ms; "
+          f"tf agreement {read['tf_top1_agreement']:.3f} (decided share {read['tf_decided_share']:.2f}), "
+          f"KL {read['tf_kl_mean']:.4f}")
 
 
 @pytest.mark.parametrize("backend", ["te", "torch"])

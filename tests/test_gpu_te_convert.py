@@ -130,4 +130,8 @@ def test_a_te_cell_on_a_transformers_model_runs_through_the_harness(te, model, t
     assert rec["flops_per_step"] == pytest.approx(torch_rec["flops_per_step"], rel=1e-9)
     if precision == "fp8" and recipe == "delayed":
         assert json.loads(rec["fp8_state"])  # the first modules TE scales
+    if precision == "fp8":  # teacher-forced against TE's BF16 model of the same te_layer
+        assert 0 <= rec["tf_top1_agreement"] <= 1 and rec["tf_kl_mean"] >= 0 and rec["tf_bf16_top1_prob"] > 0
+    else:
+        assert rec["tf_top1_agreement"] is None
     print(f"{model} te {te_layer} {precision}: {rec['step_ms_p50']:.2f} ms, loss {curve[0]:.3f} -> {curve[-1]:.3f}")

@@ -55,6 +55,8 @@ def test_a_transformers_model_trains_on_each_stack_and_says_what_it_is(model, ba
         assert "model.model.layers.0.self_attn.q_proj" in json.loads(rec["fp8_converted_names"])
         # teacher-forced against torch-bf16 trained alike: FP8's rounding shows as a KL above 0
         assert 0 < rec["tf_top1_agreement"] <= 1 and rec["tf_kl_mean"] > 0 and rec["tf_s"] > 0
+        assert 1 / 96 < rec["tf_bf16_top1_prob"] < 1 and 0 <= rec["tf_decided_share"] <= 1
+        assert (rec["tf_top1_agreement_decided"] is None) == (rec["tf_decided_share"] == 0)
     else:
         assert rec["tf_top1_agreement"] is None
 
@@ -123,7 +125,8 @@ def test_torchao_converts_the_linears_keeps_the_logits_layer_and_auto_applies_it
 
 def test_teacher_forced_fp8_against_bf16_disagrees_somewhere_and_bf16_against_itself_not_at_all():
     """The same seeded init, as BF16 and as torchao FP8 (tensorwise): at init the next-token distributions are
-    nearly flat, so FP8's rounding flips some argmaxes; BF16 read twice agrees everywhere with KL 0."""
+    nearly flat, so FP8's rounding flips some argmaxes; BF16 read twice agrees everywhere with KL 0. Flat also
+    means BF16 is decided nowhere: the agreement then measures rounding noise, and the fields say so."""
     from trials import teacher_forced
 
     spec = tiny("hf:llama", backend="torchao", precision="fp8", recipe="tensorwise", seq_len=64)
@@ -131,9 +134,32 @@ def test_teacher_forced_fp8_against_bf16_disagrees_somewhere_and_bf16_against_it
     bf16 = teacher_forced.log_probs(backends.build(spec, "torch", "bf16", "cpu").model, held)
     fp8 = teacher_forced.log_probs(backends.build(spec, "torchao", "fp8", "cpu").model, held)
     same = teacher_forced.compare(bf16, bf16.clone())
-    assert same == {"tf_top1_agreement": 1.0, "tf_kl_mean": 0.0}
+    assert (same["tf_top1_agreement"], same["tf_kl_mean"]) == (1.0, 0.0)
     differ = teacher_forced.compare(fp8, bf16)
     assert differ["tf_top1_agreement"] < 1 and differ["tf_kl_mean"] > 0
+    assert differ["tf_bf16_top1_prob"] < 2 / 96 and differ["tf_decided_share"] == 0  # untrained: nearly flat
+    assert differ["tf_top1_agreement_decided"] is None
+
+
+def test_a_trained_bf16_partner_is_decided_and_agreement_there_is_fp8s_own():
+    """Trained on the arithmetic sequences, BF16 predicts the next term with a clear margin at some positions:
+    there the agreement is FP8's, and higher than over all positions, where near-ties flip (what the report
+    reads instead of the all-position number when BF16 is undecided at most positions)."""
+    from trials import teacher_forced
+    from trials.data import ArithmeticSequences
+    from trials.train import build_train_step, train
+
+    spec = TrialSpec(d_model=64, n_layers=2, n_heads=2, vocab=96, seq_len=32, batch_size=8, lr=1e-2, train_steps=60,
+                     backend="torchao", precision="fp8", recipe="tensorwise", device="cpu")
+    held = teacher_forced.held_batch(96, 32, "cpu", spec.seed)
+    read = {}
+    for backend, precision in (("torch", "bf16"), ("torchao", "fp8")):  # the trial's FP8 cell and its partner
+        step = build_train_step(spec, backend, precision, "cpu")
+        train(step, ArithmeticSequences(96, 32, "cpu", spec.seed), spec.train_steps, spec.batch_size)
+        read[precision] = teacher_forced.log_probs(step.model, held)
+    tf = teacher_forced.compare(read["fp8"], read["bf16"])
+    assert tf["tf_bf16_top1_prob"] > 0.2 and tf["tf_decided_share"] > 0.2, tf  # at init: ~1/96 and 0
+    assert tf["tf_top1_agreement_decided"] >= tf["tf_top1_agreement"], tf
 
 
 @pytest.mark.parametrize("arch", ["gpt", "llama"])

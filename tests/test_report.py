@@ -380,27 +380,40 @@ def _md_section(md: str, title: str) -> list[dict[str, str]]:
 
 def test_fp8_numerics_show_teacher_forced_median_and_interval_over_samples(tmp_path):
     """Two samples of a torchao FP8 cell with teacher-forced fields: the FP8 numerics section shows their
-    median and a 95% interval over samples, results.csv the same numbers; a TE FP8 cell without them shows '-'."""
+    median and a 95% interval over samples, results.csv the same numbers. A TE FP8 cell whose BF16 partner is
+    undecided (a nearly flat distribution, as after 12 steps on a 128k vocabulary) shows that in words instead of
+    an agreement that reads as FP8 being broken; a cell without the fields (older records) shows '-'."""
     store = Store(str(tmp_path), "tf")
     store.ensure()
-    tf = [(0.98, 0.010), (0.96, 0.014)]  # (tf_top1_agreement, tf_kl_mean) per sample
+    # per sample: (tf_top1_agreement, tf_kl_mean, tf_bf16_top1_prob, tf_decided_share, tf_top1_agreement_decided)
+    tf = {"torchao": [(0.98, 0.010, 0.81, 0.92, 0.99), (0.96, 0.014, 0.79, 0.90, 0.99)],
+          "te": [(0.0, 0.48, 0.0003, 0.0, None), (0.0, 0.51, 0.0003, 0.0, None)]}
     for sample in range(2):
         for backend, precision, recipe, ms in (("torch", "bf16", None, 10.0), ("torchao", "fp8", "tensorwise", 8.0),
-                                               ("te", "bf16", None, 10.0), ("te", "fp8", "delayed", 8.0)):
+                                               ("te", "bf16", None, 10.0), ("te", "fp8", "delayed", 8.0),
+                                               ("te", "fp8", "current", 8.0)):
             rec = _rec(512, backend, precision, recipe, ms * (1 + sample / 100), sample=sample)
-            if backend == "torchao":
-                rec.update(tf_top1_agreement=tf[sample][0], tf_kl_mean=tf[sample][1], tf_s=1.0)
+            if precision == "fp8" and recipe != "current":
+                rec.update(zip(("tf_top1_agreement", "tf_kl_mean", "tf_bf16_top1_prob", "tf_decided_share",
+                                "tf_top1_agreement_decided"), tf[backend][sample]), tf_s=1.0)
             store.write_record(rec)
     report = build_report(store.root)
     md = (tmp_path / "tf" / "results.md").read_text()
     rows = {r["variant"]: r for r in _md_section(md, "FP8 numerics")}
-    assert rows["torchao-fp8-tensorwise"]["tf top-1 agreement"] == "0.97 [0.96, 0.98]"
-    assert rows["torchao-fp8-tensorwise"]["tf KL (nats)"] == "0.012 [0.01, 0.014]"
-    assert rows["te-fp8-delayed"]["tf top-1 agreement"] == rows["te-fp8-delayed"]["tf KL (nats)"] == "-"
+    ao, te = rows["torchao-fp8-tensorwise"], rows["te-fp8-delayed"]
+    assert ao["tf top-1 agreement"] == "0.97 [0.96, 0.98]"
+    assert ao["tf KL (nats)"] == "0.012 [0.01, 0.014]"
+    assert (ao["tf top-1 agreement where BF16 decided"], ao["BF16 decided share"]) == ("0.99 [0.99, 0.99]",
+                                                                                      "0.91 [0.9, 0.92]")
+    assert te["tf top-1 agreement"] == ("BF16 itself is undecided here (top-1 p=0.0003, decided at 0% of positions): "
+                                        "agreement not meaningful; KL stands")
+    assert te["tf KL (nats)"] == "0.495 [0.48, 0.51]" and te["tf top-1 agreement where BF16 decided"] == "-"
+    assert rows["te-fp8-current"]["tf top-1 agreement"] == rows["te-fp8-current"]["tf KL (nats)"] == "-"
     sp = pd.read_csv(report.csv_path).set_index("candidate")
     assert sp.loc["torchao-fp8-tensorwise", "tf_top1"] == pytest.approx(0.97)
     assert sp.loc["torchao-fp8-tensorwise", "tf_kl_ci_high"] == pytest.approx(0.014)
-    assert pd.isna(sp.loc["te-fp8-delayed", "tf_top1"])
+    assert sp.loc["te-fp8-delayed", "tf_top1"] == 0 and sp.loc["te-fp8-delayed", "tf_bf16_p"] == pytest.approx(3e-4)
+    assert pd.isna(sp.loc["te-fp8-current", "tf_top1"])
 
 
 BF16_OVER_FP32 = {64: 1.25, 128: 1.6}  # fp32 step time / bf16 step time built into the CPU records below

@@ -206,6 +206,7 @@ def test_the_spec_takes_te_on_your_model_with_swap_by_default_and_refuses_what_c
         with pytest.raises(SpecError, match=message) as exc:
             check_model(bad)
         assert exc.value.field == field and "\n" not in str(exc.value)
+        assert str(exc.value).startswith(f"{field}: transformer_layer applies to"), str(exc.value)  # named once
     with pytest.raises(SpecError, match=r"te_layer: model hf:llama takes swap or transformer_layer \(te_layer "
                                         r"modules is for model minigpt\)"):
         TrialSpec(model="hf:llama", backend="te", te_layer="modules")
@@ -217,7 +218,8 @@ def test_the_cli_refuses_transformer_layer_on_a_py_model_in_one_line_exit_2(caps
     assert main(["--model", "py:examples.my_model:build", "--backend", "te", "--te-layer", "transformer_layer",
                  "--d-model", "64", "--n-layers", "1", "--seq-len", "16"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "error: te_layer: " in err[0] and "not a transformers model" in err[0], err
+    assert len(err) == 1 and "error: te_layer: transformer_layer applies to transformers'" in err[0], err
+    assert "not a transformers model" in err[0] and err[0].count("te_layer") == 2, err  # the field, then "use te_layer swap"
 
 
 def test_a_te_cell_on_your_model_is_unsupported_on_cpu_with_tes_reason():

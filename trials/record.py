@@ -208,11 +208,18 @@ FIELDS: list[Field] = [
        "converted: of its first four modules TE scales)."),
     _f("gen_tokens", "list[int]", "First prompt and its greedy continuation."),
     _f("gen_stride_accuracy", "float", "Share of generated steps that keep the prompt's stride (8 prompts)."),
-    _f("tf_top1_agreement", "float", "train, fp8 cells of stacks without FP8 scaling state (torchao): teacher-forced, "
-       "on one held sequence, every position, the share where the FP8 model's next-token argmax equals its BF16 "
-       "partner's (the bf16_partner stack, same seeded init, same batches and steps; trials/teacher_forced.py)."),
+    _f("tf_top1_agreement", "float", "train, fp8 cells: teacher-forced, on one held sequence, every position, the share "
+       "where the FP8 model's next-token argmax equals its BF16 partner's (the bf16_partner stack, same seeded init, "
+       "same batches and steps; trials/teacher_forced.py). Meaningful only where BF16 is decided "
+       "(tf_decided_share): on a nearly flat distribution argmax is noise."),
     _f("tf_kl_mean", "float", "train, those fp8 cells: mean over the held sequence's positions of KL(FP8 || BF16) "
        "of the next-token distributions, nats (0: identical)."),
+    _f("tf_bf16_top1_prob", "float", "train, those fp8 cells: the BF16 partner's own confidence, the mean over the "
+       "held positions of the probability of its argmax (1/vocab: a flat distribution)."),
+    _f("tf_decided_share", "float", "train, those fp8 cells: share of held positions where BF16 is decided, its top-1 "
+       "log-probability at least trials.teacher_forced.DECIDED_MARGIN nats above the runner-up's."),
+    _f("tf_top1_agreement_decided", "float", "train, those fp8 cells: tf_top1_agreement over the positions where BF16 "
+       "is decided only (null where it is decided nowhere)."),
     _f("tf_s", "float", "Training the BF16 partner and comparing, s (after the cell's own timing and memory)."),
     # -- fingerprint
     _f("gpu_name", "str", "torch's device name."),

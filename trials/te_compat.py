@@ -112,6 +112,23 @@ def autocast(te: ModuleType | None, recipe_obj: Any, group: Any = None) -> conte
     return te.fp8_autocast(enabled=True, fp8_recipe=recipe_obj, fp8_group=group)  # older TE compatibility
 
 
+def read_autocast(te: ModuleType | None, recipe_obj: Any) -> contextlib.AbstractContextManager:
+    """FP8 autocast for a forward pass outside training (the teacher-forced read) that must not join TE's amax
+    bookkeeping: TE's ``_graph=True``, which its own CUDA-graph warm-up passes use. A module's first FP8 forward
+    otherwise registers its amax and scale tensors in TE's global reduction buffers, and a graphed trial never
+    registers its non-FP8 attention (``make_graphed_callables`` leaves it out): an eager read would add it to
+    every later step's amax update. With ``_graph`` nothing is registered and nothing is reduced at exit; what
+    the read's casts still write into the amax histories, :func:`fp8_meta_kept` restores. A no-op context
+    without a recipe; plain autocast where TE has no ``_graph``."""
+    if te is None or recipe_obj is None:
+        return contextlib.nullcontext()
+    if hasattr(te, "autocast"):
+        graph = {"_graph": True} if "_graph" in inspect.signature(te.autocast).parameters else {}
+        return te.autocast(enabled=True, recipe=recipe_obj, **graph)
+    graph = {"_graph": True} if "_graph" in inspect.signature(te.fp8_autocast).parameters else {}
+    return te.fp8_autocast(enabled=True, fp8_recipe=recipe_obj, **graph)  # older TE compatibility
+
+
 def calibration(te: ModuleType, recipe_obj: Any) -> contextlib.AbstractContextManager:
     """TE's calibration mode: a high-precision forward that records the amaxes FP8 scales are made from."""
     if hasattr(te, "autocast"):
@@ -157,6 +174,41 @@ def own_extra_state() -> Any:
             os.environ.pop(name, None)
         else:
             os.environ[name] = before
+
+
+@contextlib.contextmanager
+def fp8_meta_kept(model: Any, recipe_obj: Any) -> Any:
+    """Run a forward pass that leaves TE's delayed-scaling state exactly as it found it.
+
+    Under delayed scaling every FP8 forward max-accumulates its tensors' amaxes into row 0 of each module's
+    ``fp8_meta['scaling_fwd'].amax_history``; TE folds that row into the history and a new ``scale`` when the
+    outermost autocast of a training step exits (TE 2.20: ``FP8GlobalStateManager.autocast_exit``, with grad
+    enabled). A no-grad read's amaxes would wait in row 0 for the next training step to fold in with its own, so
+    they would change the scales, the FP8 casts and the losses of every step after it. TE's own CUDA-graph capture faces the same problem
+    with its warm-up passes and solves it this way (``transformer_engine.pytorch.graph.save_fp8_tensors`` /
+    ``restore_fp8_tensors``): each module's ``get_fp8_meta_tensors()`` (clones of scale and amax_history for
+    the forward and backward sets) before, ``reset_fp8_meta_tensors(saved)`` after, which copies them back in
+    place (``copy_``), so the quantizers, TE's global amax-reduction buffers and any captured CUDA graph, which
+    all hold views of those very tensors, see the old values. A module with no state before the read (a model
+    that never ran in FP8) is reset to TE's initial state (scale 1, zero history), as TE's restore does.
+    Nothing else the read touches persists: under :func:`read_autocast` it registers no module in TE's global
+    amax buffers and reduces nothing, no weight is cached without ``is_first_microbatch``, quantizer usage flags
+    are set again by every forward, and dropout is off.
+    Recipes without delayed scaling (current, block, MXFP8, NVFP4) keep no such state: nothing to restore.
+    """
+    from transformer_engine.common.recipe import DelayedScaling
+    from transformer_engine.pytorch.module.base import TransformerEngineBaseModule
+
+    if not isinstance(recipe_obj, DelayedScaling):
+        yield
+        return
+    # TE's modules, as its graph.py selects them (te.TransformerLayer is a plain nn.Module holding them)
+    saved = [(m, m.get_fp8_meta_tensors()) for m in model.modules() if isinstance(m, TransformerEngineBaseModule)]
+    try:
+        yield
+    finally:
+        for module, tensors in saved:
+            module.reset_fp8_meta_tensors(tensors)
 
 
 def make_graphed_callables(te: ModuleType, module: Callable, sample_args: tuple, recipe_obj: Any) -> Callable:

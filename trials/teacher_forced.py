@@ -4,19 +4,31 @@ Greedy generation compared token by token (``gen_match_rate``) is ruined by one 
 the two models read different tokens. Here both read the same held sequence (seeded apart from the training
 data), and at every position we compare their next-token distributions:
 
-    tf_top1_agreement  share of positions where argmax FP8 == argmax BF16
-    tf_kl_mean         mean over positions of KL(FP8 || BF16) = sum_v p8(v) (log p8(v) - log p16(v)), nats
+    tf_top1_agreement          share of positions where argmax FP8 == argmax BF16
+    tf_kl_mean                 mean over positions of KL(FP8 || BF16) = sum_v p8(v) (log p8(v) - log p16(v)), nats
+    tf_bf16_top1_prob          BF16's own confidence: mean over positions of the probability of its argmax
+    tf_decided_share           share of positions where BF16 is decided: its top-1 log-probability exceeds the
+                               runner-up's by DECIDED_MARGIN nats or more
+    tf_top1_agreement_decided  the top-1 agreement over those positions only (None where there are none)
 
-The held sequence is one row of HELD_LEN positions. The BF16 partner is the cell's ``bf16_partner`` stack (torchao: torch), built from the same seeded init and
-trained on the same batches for the same steps, eager. The FP8 side is read right after its training, before
-the benchmark trains it further; its stack must keep no scaling state that a forward pass would change
-(``Stack.fp8_state``: TE's delayed scaling does), so later timing and losses are those of a trial without it.
+Why the last three: a model trained a few steps on a 128k vocabulary predicts a nearly flat distribution
+(top-1 p ~ 3e-4); its argmax is then decided by rounding noise, so FP8 and BF16 disagree almost everywhere
+(agreement ~ 0) although KL is modest. Agreement means something only where BF16 itself is decided; KL
+always does. The report says which case a cell is in (orchestrator/report/analysis.py).
+
+The held sequence is one row of HELD_LEN positions. The BF16 partner is the cell's ``bf16_partner`` stack
+(torchao: torch; te: te, the same te_layer), built from the same seeded init and trained on the same batches
+for the same steps, eager. The FP8 side is read right after its training, before the benchmark trains it
+further, and the read must leave the model as it was, so later timing and losses are those of a trial without
+it: torchao's tensorwise and rowwise recipes keep no state a forward pass changes; TE's delayed scaling does
+(``Stack.fp8_state``), and the read runs inside ``te_compat.fp8_meta_kept``, which restores it exactly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any
+from typing import Any, Callable, ContextManager
 
 import torch
 
@@ -27,6 +39,9 @@ log = logging.getLogger(__name__)
 HELD_ROWS = 1  # one sequence, every position of its first HELD_LEN (fp32 log-probs: 131 MB at a 128k vocabulary)
 HELD_LEN = 256
 HELD_SEED_OFFSET = 3  # the held sequence's generator: seed + 3 (training uses seed, generation seed + 1)
+# BF16 is "decided" at a position when its top-1 log-probability exceeds the runner-up's by this much (nats): the
+# top-1 token is at least e times as likely as any other: a real preference, not a near-tie any rounding can flip.
+DECIDED_MARGIN = 1.0
 
 
 def held_batch(vocab: int, seq_len: int, device: str, seed: int) -> torch.Tensor:
@@ -35,19 +50,28 @@ def held_batch(vocab: int, seq_len: int, device: str, seed: int) -> torch.Tensor
 
 
 @torch.no_grad()
-def log_probs(model: Any, ids: torch.Tensor) -> torch.Tensor:
+def log_probs(model: Any, ids: torch.Tensor, context: Callable[[], ContextManager] = contextlib.nullcontext
+              ) -> torch.Tensor:
     """(rows, t) ids -> (rows, t, vocab) fp32 next-token log-probabilities on the host (they wait there while the
-    cell is timed, out of its device memory), the model in eval mode meanwhile."""
+    cell is timed, out of its device memory), the model in eval mode meanwhile. ``context``: what the forward
+    runs inside (TE's FP8 autocast for a TE FP8 model; nothing for the others)."""
     was_training = model.training
     model.eval()
     try:
-        return model(ids).float().log_softmax(-1).cpu()
+        with context():
+            logits = model(ids)
+        return logits.float().log_softmax(-1).cpu()
     finally:
         model.train(was_training)
 
 
-def compare(fp8: torch.Tensor, bf16: torch.Tensor) -> dict[str, float]:
-    """Top-1 agreement and mean KL(FP8 || BF16) of two (rows, t, vocab) log-probability tensors."""
-    agreement = (fp8.argmax(-1) == bf16.argmax(-1)).float().mean()
+def compare(fp8: torch.Tensor, bf16: torch.Tensor) -> dict[str, float | None]:
+    """Top-1 agreement and mean KL(FP8 || BF16) of two (rows, t, vocab) log-probability tensors, and how decided
+    BF16 itself is (the module docstring's fields)."""
+    top1 = fp8.argmax(-1) == bf16.argmax(-1)  # (rows, t)
     kl = (fp8.exp() * (fp8 - bf16)).sum(-1).clamp_min(0).mean()  # rounding can make a zero KL slightly negative
-    return {"tf_top1_agreement": float(agreement), "tf_kl_mean": float(kl)}
+    best = bf16.topk(2, dim=-1).values  # (rows, t, 2) BF16's top-1 and runner-up log-probabilities
+    decided = best[..., 0] - best[..., 1] >= DECIDED_MARGIN  # (rows, t)
+    return {"tf_top1_agreement": float(top1.float().mean()), "tf_kl_mean": float(kl),
+            "tf_bf16_top1_prob": float(best[..., 0].exp().mean()), "tf_decided_share": float(decided.float().mean()),
+            "tf_top1_agreement_decided": float(top1[decided].float().mean()) if decided.any() else None}

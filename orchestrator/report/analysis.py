@@ -165,11 +165,22 @@ def bootstrap_median(values: list[float], resamples: int, rng: np.random.Generat
 
 # Teacher-forced FP8 numerics (trials/teacher_forced.py): record field -> the pair-row column prefix of its
 # median over the FP8 cell's samples and 95% interval (``<prefix>_ci_low``/``_ci_high``), and its table label.
-TEACHER_FORCED = {"tf_top1_agreement": ("tf_top1", "tf top-1 agreement"), "tf_kl_mean": ("tf_kl", "tf KL (nats)")}
+TEACHER_FORCED = {"tf_top1_agreement": ("tf_top1", "tf top-1 agreement"),
+                  "tf_top1_agreement_decided": ("tf_top1_decided", "tf top-1 agreement where BF16 decided"),
+                  "tf_kl_mean": ("tf_kl", "tf KL (nats)"),
+                  "tf_bf16_top1_prob": ("tf_bf16_p", "BF16 top-1 p"),
+                  "tf_decided_share": ("tf_decided", "BF16 decided share")}
+# The all-position agreement says something about FP8 only where BF16 itself is decided at most positions;
+# below this median share (tf_decided_share) the table says so in words instead of printing a number that reads
+# as FP8 being broken (after a few steps on a 128k vocabulary BF16 is nearly flat and agreement ~ 0).
+MEANINGFUL_DECIDED_SHARE = 0.5
 TEACHER_FORCED_NOTE = ("tf = teacher-forced on one held sequence, every position, against the BF16 partner: top-1 "
-                       "agreement of the next-token prediction and mean KL(FP8 || BF16); median over samples "
-                       "[95% bootstrap interval over samples, samples >= 2]; - where the cell has none (TE cells, "
-                       "older records)")
+                       "agreement of the next-token prediction (over all positions, and over those where BF16 is "
+                       "decided: its top-1 clearly ahead of the runner-up, trials/teacher_forced.py) and mean "
+                       "KL(FP8 || BF16); BF16 top-1 p = the partner's mean probability of its own argmax, decided "
+                       f"share = where it is decided; where that share is under {MEANINGFUL_DECIDED_SHARE:.0%}, "
+                       "agreement is noise and the table says so; median over samples [95% bootstrap interval over "
+                       "samples, samples >= 2]; - where the cell has none (older records)")
 
 
 def teacher_forced_stats(cell: CellStats, resamples: int, rng: np.random.Generator) -> dict[str, float]:
@@ -183,13 +194,20 @@ def teacher_forced_stats(cell: CellStats, resamples: int, rng: np.random.Generat
 
 
 def teacher_forced_columns(row: Any) -> dict[str, str]:
-    """The table columns of a pair row's teacher-forced fields: 'median [low, high]', or '-' without any."""
+    """The table columns of a pair row's teacher-forced fields: 'median [low, high]', or '-' without any; the
+    all-position agreement in words where BF16 is undecided (``MEANINGFUL_DECIDED_SHARE``)."""
     def value(key: str) -> float:
         v = _get(row, key)
         return float("nan") if v is None else float(v)
 
-    return {label: _interval(value(prefix), value(f"{prefix}_ci_low"), value(f"{prefix}_ci_high"))
-            for prefix, label in TEACHER_FORCED.values()}
+    columns = {label: _interval(value(prefix), value(f"{prefix}_ci_low"), value(f"{prefix}_ci_high"))
+               for prefix, label in TEACHER_FORCED.values()}
+    share, p = value(TEACHER_FORCED["tf_decided_share"][0]), value(TEACHER_FORCED["tf_bf16_top1_prob"][0])
+    if share < MEANINGFUL_DECIDED_SHARE:  # False for NaN: records without the field keep their number
+        columns[TEACHER_FORCED["tf_top1_agreement"][1]] = (
+            f"BF16 itself is undecided here (top-1 p={p:.2g}, decided at {share:.0%} of positions): agreement not "
+            f"meaningful; KL stands")
+    return columns
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,11 @@ from typing import Any
 class Stack:
     name: str
     recipes: dict[str, str]  # FP8 recipe -> compute capability it needs (empty: no FP8 on this stack)
-    bf16_partner: str  # the stack whose BF16 cell an FP8 cell of this one is paired with
+    # the stack whose BF16 cell an FP8 cell of this one is paired with (speedup, loss, teacher-forced numerics):
+    # the BF16 model closest to the FP8 one but for FP8, so that what differs is FP8's doing. te: te itself, the
+    # same te_layer (TE's fused kernels in BF16; the torch twin would add TE-vs-PyTorch kernel differences);
+    # torchao: torch (torchao converts the twin's Linears, the rest is the twin's)
+    bf16_partner: str
     compiles: bool  # ``compile: true`` applies (torch.compile of the model)
     needs_cuda: bool  # the backend itself needs a GPU (else only its FP8 may)
     infer: bool  # builds the inference workload
@@ -38,7 +42,9 @@ class Stack:
     fp8_all_gather: tuple[str, ...] = ()  # FP8 recipes whose weights FSDP2 all-gathers in FP8 (``fp8_all_gather``)
     fp8_all_gather_masters: bool = False  # there, weights exist only in FP8: the optimizer keeps fp32 masters
     fp8_filter_auto: tuple[str, ...] = ()  # FP8 recipes with the stack's own small-layer filter (``fp8_filter: auto``)
-    fp8_state: bool = False  # its FP8 modules keep scaling state a forward pass updates (TE's amax histories)
+    # its FP8 modules keep scaling state a forward pass updates (TE's amax histories): the teacher-forced read of
+    # such a model restores it (trials/workloads/training.fp8_read)
+    fp8_state: bool = False
 
     def graphs_apply(self, workload: str) -> bool:
         """``cuda_graphs: true`` is a way to run this stack's ``workload`` (every stack graphs its decode)."""

@@ -74,7 +74,7 @@ def plan(model: nn.Module, te_layer: str = "swap", logits_layer: str | None = No
     if te_layer == "transformer_layer":
         return decoder_plan(model)
     if why := layer_refusal(te_layer, None):
-        raise ConvertError(why)
+        raise ConvertError(f"te_layer {why}")
     return swap_plan(model, logits_layer)
 
 
@@ -246,12 +246,14 @@ def hf_model(model: nn.Module) -> nn.Module | None:
 
 def layer_refusal(te_layer: str, model_type: str | None) -> str:
     """Why ``te_layer`` cannot convert a model of this transformers ``model_type`` (None: not a transformers
-    model), in one line; '' when it can. A spec can ask before any trial starts; :func:`plan` raises it."""
+    model), in one line; '' when it can. A spec can ask before any trial starts; :func:`plan` raises it.
+    The line starts with the value, not the field: whoever shows it names the field once (a SpecError reads
+    ``te_layer: transformer_layer applies to ...``, a ConvertError and a skipped grid cell ``te_layer ...``)."""
     if te_layer not in TE_LAYERS:
-        return f"te_layer {te_layer!r}: a model that is not TE's own converts with one of {', '.join(TE_LAYERS)}"
+        return f"{te_layer!r} is not one of {', '.join(TE_LAYERS)} (the ways to convert a model that is not TE's own)"
     if te_layer == "transformer_layer" and model_type not in LLAMA_FAMILY:
         what = f"a transformers {model_type!r} model" if model_type else "not a transformers model"
-        return (f"te_layer transformer_layer applies to transformers' {', '.join(LLAMA_FAMILY)} models; "
+        return (f"transformer_layer applies to transformers' {', '.join(LLAMA_FAMILY)} models; "
                 f"this one is {what}: use te_layer swap")
     return ""
 
@@ -261,7 +263,7 @@ def _decoder_layers(model: nn.Module) -> tuple[nn.Module, nn.Module, str]:
     transformer_layer does not apply."""
     hf = hf_model(model)
     if why := layer_refusal("transformer_layer", getattr(getattr(hf, "config", None), "model_type", None)):
-        raise ConvertError(why)
+        raise ConvertError(f"te_layer {why}")
     cfg = hf.config
     if getattr(cfg, "hidden_act", None) != "silu":
         raise ConvertError(f"te_layer transformer_layer: hidden_act {cfg.hidden_act!r}, TE's swiglu is silu-gated")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
@@ -11,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from .. import distributed, energy, kernels, teacher_forced
+from .. import distributed, energy, kernels, te_compat, teacher_forced
 from ..backends import STACKS
 from ..bench import benchmark
 from ..capability import Resolution
@@ -63,10 +64,7 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
         return
     if recipe is not None and spec.recipe == "delayed":
         record["fp8_state"] = fp8_state(model)
-    held = fp8_log_probs = None
-    if res.precision == "fp8" and not STACKS[res.backend].fp8_state and spec.parallel == "none":
-        held = teacher_forced.held_batch(vocab, spec.seq_len, res.device, spec.seed)
-        fp8_log_probs = teacher_forced.log_probs(model, held)  # as trained, before the benchmark trains it on
+    held, fp8_log_probs = fp8_read(spec, res, step, vocab)  # as trained, before the benchmark trains it on
 
     t_bench = time.perf_counter()
     batches = [data.batch(spec.batch_size) for _ in range(BENCH_BATCHES)]
@@ -101,9 +99,33 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
     return lambda: teacher_forced_fields(spec, res, vocab, held, fp8_log_probs)
 
 
+def fp8_read(spec: TrialSpec, res: Resolution, step: Any, vocab: int) -> tuple[Any, Any]:
+    """(held ids, the FP8 model's log-probabilities on them) for the teacher-forced comparison, or (None, None)
+    where it does not apply (not FP8, or a multi-rank model) or the read fails (the cell runs on without it).
+    The read leaves the model as it was: a stack with FP8 scaling state (``Stack.fp8_state``: TE's delayed
+    scaling) reads under ``te_compat.read_autocast`` (outside TE's amax bookkeeping) inside
+    ``te_compat.fp8_meta_kept``, which restores that state exactly (see both), and the RNG states are restored
+    too, so the benchmark that follows times and trains the model a trial without the read would have."""
+    if res.precision != "fp8" or spec.parallel != "none":
+        return None, None
+    held = teacher_forced.held_batch(vocab, spec.seq_len, res.device, spec.seed)
+    kept = (te_compat.fp8_meta_kept(step.model, step.recipe) if STACKS[res.backend].fp8_state
+            else contextlib.nullcontext())
+    fp8 = lambda: te_compat.read_autocast(step.te, step.recipe)  # noqa: E731 - TE's FP8 autocast; else nothing
+    rng = [torch.cuda.current_device()] if res.device == "cuda" else []  # kept too, as TE's warm-ups keep it
+    try:
+        with torch.random.fork_rng(devices=rng), kept:
+            return held, teacher_forced.log_probs(step.model, held, fp8)
+    except Exception as exc:  # noqa: BLE001 - e.g. a held length TE's FP8 GEMMs refuse; the cell stands without
+        log.warning("teacher-forced read of the FP8 model failed: %s: %s", type(exc).__name__, exc)
+        return None, None
+
+
 def teacher_forced_fields(spec: TrialSpec, res: Resolution, vocab: int, held: Any, fp8_log_probs: Any) -> dict:
     """The FP8 cell against its BF16 partner (``trials.teacher_forced``): the partner stack's BF16 model from the
     same seeded init, trained eager on the same batches for the same steps, read on the same held sequence.
+    The partner is ``Stack.bf16_partner``, the stack the report pairs the cell with: for TE, TE's BF16 model of the
+    same ``te_layer`` (same modules and kernels but for FP8), so the difference measured is FP8's alone.
     A failure here (an OOM of the second model) leaves the fields empty and the timed cell as it was."""
     t = time.perf_counter()
     partner_stack = STACKS[res.backend].bf16_partner
