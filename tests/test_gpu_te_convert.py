@@ -172,8 +172,9 @@ def test_a_te_swapped_transformers_model_serves_through_transformers_cache(te, m
         assert rec["tf_top1_agreement"] >= 0.9 and 0 <= rec["tf_kl_mean"] < 0.1
     else:
         assert rec["decode_rows"] == 4 and rec["tf_top1_agreement"] is None
-    if extra.get("weights") == "fp8":  # the block Linears hold most of these weights: FP8 takes them below 60%
-        assert rec["weight_bytes"] < 0.6 * 2 * rec["n_params"] + 2 * 512 * 256 * 2
+    assert rec["flops_per_step"] is None  # the training step's count describes no inference step
+    if extra.get("weights") == "fp8":  # block Linears hold 82% of these weights: in FP8 ~0.59 of BF16's bytes
+        assert rec["weight_bytes"] < 0.75 * 2 * rec["n_params"]
 
 
 def test_te_transformer_layer_inference_on_a_transformers_model_is_unsupported_with_the_reason(te):

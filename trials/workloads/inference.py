@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 TRAIN_BATCH = field_default("batch_size")  # the training trial's batch
 CALIBRATION_BATCHES = 4  # forward passes in TE's calibration mode before FP8 scales are made
 PROFILED_GENERATIONS = 1  # a generation is gen_len - 1 decode steps already
+TRAINING_ONLY = ("flops_per_step", "flops_method")  # record fields of a stack's build that inference leaves null
 
 
 def run(spec: TrialSpec, res: Resolution, cfg: Any, record: dict[str, Any], t0: float, ranks: Any = None) -> None:
@@ -65,7 +66,8 @@ def run(spec: TrialSpec, res: Resolution, cfg: Any, record: dict[str, Any], t0: 
     high = "fp32" if res.precision == "fp32" else "bf16"
     step = build_train_step(spec, res.backend, high, res.device)  # the spec's fp8 settings wait for step 3
     te = step.te
-    record.update(step.built.info)
+    # a training step's counted FLOPs (TE counts a converted model's as it builds it) describe no inference step
+    record.update({k: v for k, v in step.built.info.items() if k not in TRAINING_ONLY})
     if why := server.refusal(step.model):
         record.update(status="unsupported", error=why)
         return
