@@ -138,7 +138,7 @@ def test_a_te_cell_on_a_transformers_model_runs_through_the_harness(te, model, t
 
 
 INFER = dict(d_model=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn=512, vocab=512, seq_len=128, batch_size=4,
-             train_steps=80, lr=3e-3, bench_steps=3, prompt_len=32, gen_len=32, profile=False, device="cuda",
+             train_steps=150, lr=3e-3, bench_steps=3, prompt_len=32, gen_len=32, profile=False, device="cuda",
              workload="infer")
 
 
@@ -169,7 +169,7 @@ def test_a_te_swapped_transformers_model_serves_through_transformers_cache(te, m
     assert len(rec["decode_times_ms"]) == 3 * 31 and rec["timer"] == "cuda_event" and rec["kv_cache_bytes"] > 0
     if extra["precision"] == "fp8":
         assert rec["decode_rows"] == 8 and rec["gen_match_rate"] >= 0.9
-        assert rec["tf_top1_agreement"] >= 0.9 and 0 <= rec["tf_kl_mean"] < 0.1
+        assert rec["tf_top1_agreement_decided"] >= 0.9 and 0 <= rec["tf_kl_mean"] < 0.1
     else:
         assert rec["decode_rows"] == 4 and rec["tf_top1_agreement"] is None
     assert rec["flops_per_step"] is None  # the training step's count describes no inference step
