@@ -7,6 +7,8 @@ JuicyTalk calls ``build(spec)`` with the trial's spec (its shape fields as given
 and trains it on its synthetic sequences; the module maps token ids (batch, seq) to logits (batch, seq,
 vocab). Its ``nn.Linear`` layers are what torchao converts to FP8 (``lm_head``, which makes the logits,
 stays BF16). A plain pre-norm transformer with ``nn.TransformerEncoderLayer`` blocks and a causal mask.
+It trains on every stack but does not serve (``workload: infer`` is ``unsupported``): serving hands the model a
+KV cache, which only a transformers causal LM takes (a factory returning one serves like an ``hf:`` model).
 """
 
 from __future__ import annotations

@@ -300,6 +300,7 @@ def test_te_infer_trial(te, extra):
     assert rec["ref_stride_accuracy"] >= 0.9  # trained: the BF16 model continues its prompts
     if extra["precision"] == "fp8":
         assert rec["decode_rows"] == 8 and rec["gen_match_rate"] >= 0.9
+        assert rec["tf_top1_agreement_decided"] >= 0.9 and 0 <= rec["tf_kl_mean"] < 0.1  # teacher-forced, after timing
     if extra.get("weights") == "fp8":  # blocks hold ~95% of these weights: FP8 halves them
         bf16_bytes = 2 * rec["n_params"]
         assert rec["weight_bytes"] < 0.6 * bf16_bytes
@@ -326,3 +327,27 @@ def test_compiled_and_torchao_trials(extra):
         assert rec["fp8_converted_modules"] == 8 and json.loads(rec["fp8_skipped_modules"]) == ["head"]
     print(f"\n{extra}: p50 {rec['step_ms_p50']:.2f} ms, first step {rec['first_step_s']:.1f} s, "
           f"loss {rec['loss_first']:.3f} -> {rec['loss_final']:.3f}")
+
+
+@needs_cuda
+@pytest.mark.parametrize("extra", [dict(backend="torch", precision="bf16"),
+                                   dict(backend="torchao", precision="fp8", recipe="tensorwise", weights="fp8"),
+                                   dict(backend="torchao", precision="fp8", recipe="rowwise", weights="fp8")],
+                         ids=["torch-bf16", "torchao-tensorwise", "torchao-rowwise"])
+def test_a_transformers_model_serves_on_the_gpu(extra):
+    """trials/serving/hf.py with CUDA events: an hf:llama trained in BF16 serves through transformers' cache;
+    torchao quantizes its Linears for serving (lm_head kept), decodes 16 rows, agrees with BF16 teacher-forced."""
+    if extra["backend"] == "torchao":
+        pytest.importorskip("torchao")
+    rec = run_trial(TrialSpec(model="hf:llama", workload="infer", d_model=256, n_layers=2, n_heads=4, n_kv_heads=2,
+                              ffn=512, vocab=512, seq_len=128, batch_size=4, train_steps=150, lr=3e-3, bench_steps=3,
+                              prompt_len=32, gen_len=32, profile=False, device="cuda", **extra))
+    assert rec["status"] == "ok", rec["error"]
+    print(f"\nhf:llama infer {extra}: decode {rec['decode_ms_per_token_p50']:.3f} ms/token, prefill "
+          f"{rec['prefill_ms_p50']:.3f} ms, weights {rec['weight_bytes']}, match {rec['gen_match_rate']}, "
+          f"tf {rec['tf_top1_agreement']} / {rec['tf_kl_mean']}")
+    assert rec["timer"] == "cuda_event" and rec["ref_stride_accuracy"] >= 0.9
+    if extra["backend"] == "torchao":
+        assert rec["decode_rows"] == 16 and json.loads(rec["fp8_skipped_modules"]) == ["model.lm_head"]
+        assert rec["fp8_converted_modules"] == 14 and rec["gen_match_rate"] >= 0.9
+        assert rec["tf_top1_agreement_decided"] >= 0.9 and 0 <= rec["tf_kl_mean"] < 0.1

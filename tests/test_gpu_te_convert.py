@@ -135,3 +135,51 @@ def test_a_te_cell_on_a_transformers_model_runs_through_the_harness(te, model, t
     else:
         assert rec["tf_top1_agreement"] is None
     print(f"{model} te {te_layer} {precision}: {rec['step_ms_p50']:.2f} ms, loss {curve[0]:.3f} -> {curve[-1]:.3f}")
+
+
+INFER = dict(d_model=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn=512, vocab=512, seq_len=128, batch_size=4,
+             train_steps=150, lr=3e-3, bench_steps=3, prompt_len=32, gen_len=32, profile=False, device="cuda",
+             workload="infer")
+
+
+@pytest.mark.parametrize("model,extra", [
+    ("hf:llama", dict(precision="bf16")),
+    ("hf:llama", dict(precision="fp8", recipe="delayed")),
+    ("hf:llama", dict(precision="fp8", recipe="current", weights="fp8")),
+    ("hf:llama", dict(precision="fp8", recipe="delayed", weights="fp8")),
+    ("hf:mistral", dict(precision="fp8", recipe="current")),
+], ids=["llama-bf16", "llama-delayed", "llama-current-fp8w", "llama-delayed-fp8w", "mistral-current"])
+def test_a_te_swapped_transformers_model_serves_through_transformers_cache(te, model, extra):
+    """trials/serving/hf.py on TE: the swapped model (te.Linear / te.RMSNorm inside transformers' attention) trains
+    in BF16, then serves through transformers' DynamicCache under te.autocast; FP8 cells decode 8 rows (TE's
+    minimum), agree with the BF16 reference teacher-forced, and FP8 weights take under 60% of BF16's bytes."""
+    import json
+
+    from trials import TrialSpec, run_trial
+
+    rec = run_trial(TrialSpec(model=model, backend="te", **{**INFER, **extra}))
+    assert rec["status"] == "ok", rec["error"]
+    assert (rec["effective_backend"], rec["te_layer"]) == ("te", "swap")
+    assert json.loads(rec["fp8_skipped_modules"]) == ["model.lm_head"]
+    print(f"\n{model} te swap infer {extra}: decode {rec['decode_ms_per_token_p50']:.3f} ms/token, prefill "
+          f"{rec['prefill_ms_p50']:.3f} ms, weights {rec['weight_bytes']}, kv {rec['kv_cache_bytes']}, match "
+          f"{rec['gen_match_rate']}, tf {rec['tf_top1_agreement']} / {rec['tf_kl_mean']}, stride "
+          f"{rec['gen_stride_accuracy']:.3f} (bf16 ref {rec['ref_stride_accuracy']:.3f})")
+    assert rec["ref_stride_accuracy"] >= 0.9  # trained: the BF16 model continues its prompts
+    assert len(rec["decode_times_ms"]) == 3 * 31 and rec["timer"] == "cuda_event" and rec["kv_cache_bytes"] > 0
+    if extra["precision"] == "fp8":
+        assert rec["decode_rows"] == 8 and rec["gen_match_rate"] >= 0.9
+        assert rec["tf_top1_agreement_decided"] >= 0.9 and 0 <= rec["tf_kl_mean"] < 0.1
+    else:
+        assert rec["decode_rows"] == 4 and rec["tf_top1_agreement"] is None
+    assert rec["flops_per_step"] is None  # the training step's count describes no inference step
+    if extra.get("weights") == "fp8":  # block Linears hold 82% of these weights: in FP8 ~0.59 of BF16's bytes
+        assert rec["weight_bytes"] < 0.75 * 2 * rec["n_params"]
+
+
+def test_te_transformer_layer_inference_on_a_transformers_model_is_unsupported_with_the_reason(te):
+    from trials import TrialSpec, run_trial
+
+    rec = run_trial(TrialSpec(model="hf:llama", backend="te", te_layer="transformer_layer", precision="bf16",
+                              **{**INFER, "train_steps": 2}))
+    assert rec["status"] == "unsupported" and "transformer_layer" in rec["error"] and "swap" in rec["error"]

@@ -223,7 +223,6 @@ def test_a_model_that_cannot_be_built_is_one_line_naming_the_field(tmp_path, mod
     (dict(model="hf:llama", backend="te", te_layer="modules"), "te_layer",
      "model hf:llama takes swap or transformer_layer"),
     (dict(te_layer="swap"), "te_layer", "model minigpt takes transformer_layer or modules"),
-    (dict(model="hf:llama", workload="infer"), "workload", "infer is built for model minigpt"),
     (dict(model="hf:llama", arch="llama"), "arch", "MiniGPT's architecture"),
     (dict(model="hf:llama", cuda_graphs=True), "cuda_graphs", "is built for model minigpt, not hf:llama"),
     (dict(model="hf:llama", parallel="ddp", world_size=2), "parallel", "multi-rank trials are built for model minigpt"),

@@ -229,11 +229,13 @@ def test_a_te_cell_on_your_model_is_unsupported_on_cpu_with_tes_reason():
     rec = run_trial(TrialSpec(model="hf:qwen2", backend="te", precision="fp8", **WIRED))
     assert (rec["status"], rec["error"]) == ("unsupported", "backend te: no CUDA device")
     assert rec["te_layer"] == "swap" and rec["model_class"] == "Qwen2ForCausalLM" and rec["n_params"] > 0
-    # TE's inference is built on its own blocks only: one sentence from the source table, wherever it is asked
+    # TE serves a converted model with its swapped modules, not with te.TransformerLayer: one sentence from the
+    # source table, wherever it is asked
     from trials.models import SOURCES
 
-    assert SOURCES["hf"].te_unsupported("infer") and not SOURCES["minigpt"].te_unsupported("infer")
-    assert SOURCES["py"].te_unsupported("train") == ""
+    assert SOURCES["hf"].te_unsupported("infer", "transformer_layer") and not SOURCES["hf"].te_unsupported("infer")
+    assert not SOURCES["minigpt"].te_unsupported("infer", "transformer_layer")
+    assert SOURCES["py"].te_unsupported("train", "transformer_layer") == ""
 
 
 def test_te_counts_the_flops_of_the_source_module_before_converting_it():

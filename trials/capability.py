@@ -157,7 +157,7 @@ def resolve(spec: TrialSpec, cap: Capability) -> Resolution:
         return no("cuda_graphs needs a CUDA device")
     if spec.backend == "te" and not cap.te_available:
         return no(f"backend te: {cap.te_error}")
-    te_not = spec.source.te_unsupported(spec.workload)  # what TE does not run on this model (trials/models)
+    te_not = spec.source.te_unsupported(spec.workload, spec.te_layer)  # what TE does not run on this model
     if spec.backend == "te" and te_not:
         return no(f"backend te: {te_not}")
     if spec.backend == "auto":  # te where TE runs and builds the spec's model, else torch

@@ -127,7 +127,8 @@ def summary(record: dict[str, Any]) -> str:
         *([f"inference     prefill p50 {_fmt(r['prefill_ms_p50'], ' ms')}  decode p50 "
            f"{_fmt(r['decode_ms_per_token_p50'], ' ms/token')}  {_fmt(r['decode_tokens_per_s'], ' tok/s')}  "
            f"weights {_bytes(r['weight_bytes'])}  kv {_bytes(r['kv_cache_bytes'])}  "
-           f"FP8 token agreement {_fmt(r['gen_match_rate'])}"] if r.get("workload") == "infer" else []),
+           f"FP8 vs BF16 teacher-forced top-1 {_fmt(r['tf_top1_agreement'])} KL {_fmt(r['tf_kl_mean'])}  "
+           f"(greedy tokens {_fmt(r['gen_match_rate'])})"] if r.get("workload") == "infer" else []),
         f"device        {r['gpu_name'] or 'cpu'}" + (f" cc={r['compute_capability']}" if r["compute_capability"] else "")
         + f" torch={r['torch_version']}" + (f" te={r['te_version']}" if r["te_version"] else ""),
         f"time          {_fmt(r['duration_s'], ' s')} (setup {_fmt(r['setup_s'], ' s')}, train {_fmt(r['train_s'], ' s')}, "

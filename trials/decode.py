@@ -154,7 +154,7 @@ class Generator:
         prompt_len = prompts.shape[1]
         out = torch.empty(prompts.shape[0], gen_len, dtype=torch.long, device=self.device)
         self.cache.reset()
-        clock = _Clock(cuda)
+        clock = Clock(cuda)
         clock.start()
         positions = torch.arange(prompt_len, device=self.device)
         self.cache.start(prompt_len if self.te is not None else positions)
@@ -176,8 +176,38 @@ class Generator:
         times = clock.read()
         return Generation(out, times[0], times[1:])
 
+    @torch.no_grad()
+    def forced(self, prompts: torch.Tensor, tokens: torch.Tensor, keep: int) -> torch.Tensor:
+        """Teacher-forced log-probabilities through the cache, untimed and eager (a graphed decode step keeps
+        only its argmax): every prefill position, then one decode step per column of ``tokens`` (rows, n), fed
+        that token -> (keep, prompt_len + n, vocab) fp32 on the host, the first ``keep`` rows."""
+        prompt_len = prompts.shape[1]
+        self.cache.reset()
+        positions = torch.arange(prompt_len, device=self.device)
+        self.cache.start(prompt_len if self.te is not None else positions)
+        with te_compat.autocast(self.te, self.recipe):
+            hidden = self.model.features(prompts, positions, self.cache)  # (rows, prompt_len, d_model)
+        out = [host_log_probs(self.model.head(hidden[:keep]))]
+        for j in range(tokens.shape[1]):
+            self.token.copy_(tokens[:, j:j + 1])
+            self.position.fill_(prompt_len + j)
+            self._begin_decode()
+            with te_compat.autocast(self.te, self.recipe):
+                hidden = self.model.features(self.token, self.position, self.cache)  # (rows, 1, d_model)
+            out.append(host_log_probs(self.model.head(hidden[:keep])))
+        return torch.cat(out, dim=1)
 
-class _Clock:
+    @property
+    def cache_bytes(self) -> int:
+        return self.cache.bytes
+
+
+def host_log_probs(logits: torch.Tensor) -> torch.Tensor:
+    """(rows, t, vocab) logits -> fp32 log-probabilities on the host (they wait there, out of device memory)."""
+    return logits.float().log_softmax(-1).cpu()
+
+
+class Clock:
     """Intervals on the device (CUDA events, read once at the end) or on the host (CPU)."""
 
     def __init__(self, cuda: bool):

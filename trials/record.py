@@ -188,7 +188,8 @@ FIELDS: list[Field] = [
     _f("decode_rows", "int", "infer: rows decoded (batch_size; FP8 cells round it up to their stack's fp8_rows: te 8, torchao 16)."),
     _f("weight_bytes", "int", "infer: device memory the inference model's weights take (FP8 data and scales "
        "included; storage size on CPU)."),
-    _f("kv_cache_bytes", "int", "infer: the KV cache's memory (rows x positions x layers x K and V)."),
+    _f("kv_cache_bytes", "int", "infer: the KV cache's memory (rows x positions x layers x K and V): MiniGPT's "
+       "preallocated buffers; a transformers model's DynamicCache after a generation (prompt_len + gen_len - 1)."),
     _f("peak_decode_mem_bytes", "int", "infer: peak allocated device memory over the timed generations."),
     _f("gen_match_rate", "float", "infer, fp8 cells: share of greedy tokens equal to the BF16 model's (the same "
        "trained weights, the same prompts). Secondary: one early divergence ruins it (see tf_top1_agreement)."),
@@ -211,7 +212,9 @@ FIELDS: list[Field] = [
     _f("tf_top1_agreement", "float", "train, fp8 cells: teacher-forced, on one held sequence, every position, the share "
        "where the FP8 model's next-token argmax equals its BF16 partner's (the bf16_partner stack, same seeded init, "
        "same batches and steps; trials/teacher_forced.py). Meaningful only where BF16 is decided "
-       "(tf_decided_share): on a nearly flat distribution argmax is noise."),
+       "(tf_decided_share): on a nearly flat distribution argmax is noise. infer, fp8 cells: the served model against "
+       "its BF16 reference (the same trained weights) through the KV cache, on every prefill position and on decode "
+       "steps fed the reference's greedy tokens; the other tf fields are over those positions too."),
     _f("tf_kl_mean", "float", "train, those fp8 cells: mean over the held sequence's positions of KL(FP8 || BF16) "
        "of the next-token distributions, nats (0: identical)."),
     _f("tf_bf16_top1_prob", "float", "train, those fp8 cells: the BF16 partner's own confidence, the mean over the "
@@ -220,7 +223,8 @@ FIELDS: list[Field] = [
        "log-probability at least trials.teacher_forced.DECIDED_MARGIN nats above the runner-up's."),
     _f("tf_top1_agreement_decided", "float", "train, those fp8 cells: tf_top1_agreement over the positions where BF16 "
        "is decided only (null where it is decided nowhere)."),
-    _f("tf_s", "float", "Training the BF16 partner and comparing, s (after the cell's own timing and memory)."),
+    _f("tf_s", "float", "Training the BF16 partner and comparing (infer: the served model's teacher-forced read), "
+       "s (after the cell's own timing and memory)."),
     # -- fingerprint
     _f("gpu_name", "str", "torch's device name."),
     _f("compute_capability", "str", "e.g. 9.0."),

@@ -22,6 +22,12 @@ for the same steps, eager. The FP8 side is read right after its training, before
 further, and the read must leave the model as it was, so later timing and losses are those of a trial without
 it: torchao's tensorwise and rowwise recipes keep no state a forward pass changes; TE's delayed scaling does
 (``Stack.fp8_state``), and the read runs inside ``te_compat.fp8_meta_kept``, which restores it exactly.
+
+Inference cells (trials/workloads/inference.py) compare the measured model with the BF16 reference it was
+loaded from (the same trained weights), through the KV cache as they serve: every prefill position of the
+served prompts, then each decode step fed the reference's own greedy token, over as many prompt rows as fit
+in HELD_LEN positions (at least one; :func:`served_rows`). The reference is read before the measured model
+is built, the measured model after every timed and profiled generation, so neither read moves a timed number.
 """
 
 from __future__ import annotations
@@ -47,6 +53,11 @@ DECIDED_MARGIN = 1.0
 def held_batch(vocab: int, seq_len: int, device: str, seed: int) -> torch.Tensor:
     """(HELD_ROWS, min(seq_len, HELD_LEN)) token ids no training step has seen."""
     return ArithmeticSequences(vocab, min(seq_len, HELD_LEN), device, seed + HELD_SEED_OFFSET).batch(HELD_ROWS)[0]
+
+
+def served_rows(batch_size: int, positions: int) -> int:
+    """Prompt rows an inference cell compares: as many as fit in HELD_LEN positions, at least one."""
+    return max(1, min(batch_size, HELD_LEN // positions))
 
 
 @torch.no_grad()

@@ -61,6 +61,20 @@ def _converted(spec: Any, te: Any, recipe: Any, precision: str, device: str, inf
     return Built(made.model, te=te, recipe=recipe, info=info)
 
 
+def load_fp8_weights(model: nn.Module, state: dict) -> None:
+    """Load BF16 weights into FP8 parameters (``quantized_model_init``) with the calibrated scales.
+
+    Copying a BF16 tensor into an FP8 parameter quantizes it with the parameter's current scale, and
+    a TE module's FP8 scales arrive with its ``_extra_state``, which ``load_state_dict`` applies after
+    the parameters (and which re-points the weights' quantizers at the loaded scales). The first load
+    brings the scales, the second quantizes every weight with them. Current scaling takes each
+    tensor's own amax and needs no scales; loading twice does no harm there.
+    """
+    with te_compat.own_extra_state():  # the state this trial just calibrated, never a file
+        model.load_state_dict(state)
+        model.load_state_dict(state)
+
+
 def _fp8_weights(spec: Any, te: Any, recipe: Any, device: str, info: dict[str, Any]) -> Built:
     """The model with FP8 primary weights, loaded from the seeded BF16 init; FusedAdam seeds its masters
     from that init too (not from the FP8 values, which would start training from quantization noise)."""

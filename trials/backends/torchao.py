@@ -120,14 +120,16 @@ def build(spec: Any, precision: str, device: str) -> Built:
     return Built(model, forward=compiled(model, spec), info=keep.info(), after_step=after_step)
 
 
-def quantize_for_serving(model: nn.Module, recipe: str) -> dict[str, Any]:
+def quantize_for_serving(model: nn.Module, recipe: str, logits_layer: str | None = LOGITS_LAYER) -> dict[str, Any]:
     """Quantize ``model``'s Linears in place for inference: FP8 (e4m3) weights, each activation cast to
     FP8 as it arrives, scales per tensor (``tensorwise``) or per row (``rowwise``), torchao's
-    ``Float8DynamicActivationFloat8WeightConfig``. Returns the record fields it sets."""
+    ``Float8DynamicActivationFloat8WeightConfig``; ``logits_layer`` (the qualified name of the layer that
+    makes the logits) and Linears with a dimension not a multiple of 16 stay BF16, as in training.
+    Returns the record fields it sets."""
     from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, PerTensor, quantize_
 
     granularity = {"tensorwise": PerTensor, "rowwise": PerRow}[recipe]()
-    keep = _Filter()
+    keep = _Filter(logits_layer)
     quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=granularity), filter_fn=keep)
     log.info("torchao serving %s: %d Linears with FP8 weights, kept %s", recipe, len(keep.converted), keep.skipped)
     return keep.info()

@@ -20,7 +20,8 @@ The ``model`` trial field names the source and its target (``hf:qwen2``). Each s
 once, what each source supports: which stacks build its models, how TE takes them (MiniGPT: TE builds
 its own te blocks, ``te_layer`` transformer_layer or modules; any other model: TE converts the module
 the source builds, ``te_layer`` swap or transformer_layer, trials/backends/te_convert.py), whether
-inference, CUDA graphs and multi-rank trials apply, and whether MiniGPT's closed forms hold (elsewhere
+inference, CUDA graphs and multi-rank trials apply (inference: which trials/serving module serves the
+source's models), and whether MiniGPT's closed forms hold (elsewhere
 FLOPs are counted). Importing this package imports nothing heavy.
 """
 
@@ -35,18 +36,20 @@ from typing import Any
 # How TE takes a model it did not build (trials/backends/te_convert.py): swap its Linears and norms for TE's
 # modules, or replace transformers' Llama-family decoder layers by te.TransformerLayer; the first is the default.
 CONVERTED_TE_LAYERS = ("swap", "transformer_layer")
-# TE's inference is built on its own te.TransformerLayer blocks (their KV cache is TE's InferenceParams)
-TE_CONVERTED_INFER = ("TE serves MiniGPT's own te blocks (TE's InferenceParams KV cache); serving a model TE "
-                      "converts is not built")
+# Serving a model TE converted (trials/serving/hf.py): its swapped te.Linear / te.RMSNorm sit inside transformers'
+# own attention, so transformers' cache works; te.TransformerLayer keeps its KV cache in TE's InferenceParams
+TE_LAYER_NOT_SERVED = ("serving te_layer transformer_layer is not built (te.TransformerLayer keeps its KV cache "
+                       "in TE's InferenceParams, not in transformers' cache); use te_layer swap")
 
 
 @dataclass(frozen=True)
 class Source:
     name: str
     stacks: tuple[str, ...]  # the stacks (trials/backends) that build this source's models
-    infer: bool  # the inference workload is built for it
     parallel: bool  # multi-rank trials (DDP, FSDP2 over its blocks) are built for it
     graphs: bool  # ``cuda_graphs: true`` (the step captured as CUDA graphs) is built for it
+    # the trials/serving module that serves its models (the inference workload); '' where none is built
+    server: str = ""
     own: bool = False  # JuicyTalk's own network: ``arch``, the shape defaults and the analytic FLOP formula apply
     why_not: str = ""  # what a refused stack or workload is told
     # how TE takes this source's models: the ``te_layer`` values, the default first; ``te_own``: TE builds the
@@ -54,19 +57,28 @@ class Source:
     te_layers: tuple[str, ...] = CONVERTED_TE_LAYERS
     te_own: bool = False
 
-    def te_unsupported(self, workload: str) -> str:
-        """Why TE cannot run ``workload`` on this source's models ('' where it can): the one place that says it."""
-        return TE_CONVERTED_INFER if workload == "infer" and not self.te_own else ""
+    @property
+    def infer(self) -> bool:
+        """The inference workload is built for it."""
+        return bool(self.server)
+
+    def te_unsupported(self, workload: str, te_layer: str | None = None) -> str:
+        """Why TE cannot run ``workload`` with ``te_layer`` (None: the source's default) on this source's models
+        ('' where it can): the one place that says it."""
+        layer = te_layer or self.te_layers[0]
+        if workload == "infer" and not self.te_own and layer == "transformer_layer":
+            return TE_LAYER_NOT_SERVED
+        return ""
 
 
 SOURCES: dict[str, Source] = {s.name: s for s in (
-    Source("minigpt", ("te", "torch", "torchao"), infer=True, parallel=True, graphs=True, own=True,
+    Source("minigpt", ("te", "torch", "torchao"), parallel=True, graphs=True, server="minigpt", own=True,
            te_layers=("transformer_layer", "modules"), te_own=True),
     # transformers' mask code inspects its inputs on the host, which a CUDA graph capture cannot hold
-    Source("hf", ("te", "torch", "torchao"), infer=False, parallel=False, graphs=False,
-           why_not="inference on transformers models is not built yet"),
-    Source("py", ("te", "torch", "torchao"), infer=False, parallel=False, graphs=False,
-           why_not="inference on your own modules is not built yet"),
+    Source("hf", ("te", "torch", "torchao"), parallel=False, graphs=False, server="hf"),
+    # a factory's module serves when it is a transformers causal LM (trials/serving/hf.py says why), else the
+    # cell is unsupported with that reason
+    Source("py", ("te", "torch", "torchao"), parallel=False, graphs=False, server="hf"),
 )}
 DEFAULT_MODEL = "minigpt"
 

@@ -6,12 +6,21 @@
    from ``batch_size`` prompts (KV cache); its tokens are what FP8 is compared with.
 3. The measured model: the reference itself (bf16 cells), the reference under FP8 autocast (fp8
    compute, BF16 weights), a model built under TE's ``quantized_model_init`` whose weights exist
-   only in FP8 (``weights: fp8``), or (``backend: torchao``) the twin with its block Linears
-   quantized by torchao's ``quantize_``: FP8 weights, activations cast to FP8 per tensor or per row. Delayed scaling needs scales that describe the trained model's
+   only in FP8 (``weights: fp8``), or (``backend: torchao``) a fresh copy with its Linears
+   quantized by torchao's ``quantize_``: FP8 weights, activations cast to FP8 per tensor or per row
+   (the layer that makes the logits stays BF16). Delayed scaling needs scales that describe the trained model's
    tensors first: a few forward passes in TE's calibration mode record amaxes, one FP8 forward turns
-   them into scales, and the FP8-weight model loads that state (see ``_load_fp8_weights``).
+   them into scales, and the FP8-weight model loads that state (``backends.te.load_fp8_weights``).
 4. ``bench_steps`` timed generations after one untimed: prefill of ``prompt_len`` tokens, then
    ``gen_len - 1`` single-token decode steps (CUDA-graphed with ``cuda_graphs``).
+5. After timing, for fp8 cells, the teacher-forced numerics (trials/teacher_forced.py): the measured model's
+   next-token distributions against the BF16 reference's, on every prefill position and on decode steps
+   fed the reference's own tokens (read from the reference before step 3), so one early greedy divergence
+   cannot ruin them; ``gen_match_rate`` (greedy tokens equal) stays as the secondary field.
+
+How a model is loaded and generated from is its source's serving module (trials/serving: MiniGPT's
+Generator, or transformers' own cache for hf: models and py: factories that are transformers models);
+this module never asks which model it runs.
 
 FP8 GEMMs need a minimum row count (TE asserts 8; cuBLASLt's row-scaled FP8 GEMM, which torchao's
 rowwise calls, refuses 8 rows on the H200 and takes 16): FP8 cells decode ``batch_size`` rounded up
@@ -25,20 +34,20 @@ import logging
 import math
 import statistics
 import time
+from types import ModuleType
 from typing import Any
 
 import torch
 
-from .. import energy, kernels, memory, te_compat
+from .. import energy, kernels, memory, serving, teacher_forced, te_compat
 from ..backends import STACKS
 from ..backends import te as te_backend
 from ..backends import torchao as torchao_backend
 from ..capability import Resolution
 from ..data import ArithmeticSequences
-from ..decode import Generation, Generator
+from ..decode import Generation
 from ..generation import stride_accuracy
 from ..metrics import step_stats
-from ..model import MiniGPT, ModelConfig, fused_qkv_state
 from ..spec import TrialSpec, field_default
 from ..train import build_train_step, train
 
@@ -47,22 +56,31 @@ log = logging.getLogger(__name__)
 TRAIN_BATCH = field_default("batch_size")  # the training trial's batch
 CALIBRATION_BATCHES = 4  # forward passes in TE's calibration mode before FP8 scales are made
 PROFILED_GENERATIONS = 1  # a generation is gen_len - 1 decode steps already
+TRAINING_ONLY = ("flops_per_step", "flops_method")  # record fields of a stack's build that inference leaves null
 
 
-def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, Any], t0: float,
-        ranks: Any = None) -> None:
+def run(spec: TrialSpec, res: Resolution, cfg: Any, record: dict[str, Any], t0: float, ranks: Any = None) -> None:
     """Train, build the inference model, time prefill and decode; fills ``record`` in place."""
     t_setup = time.perf_counter()
+    server = serving.of(spec)  # how this model source's models are loaded and generated from
     high = "fp32" if res.precision == "fp32" else "bf16"
     step = build_train_step(spec, res.backend, high, res.device)  # the spec's fp8 settings wait for step 3
     te = step.te
-    record.update(step.built.info)
+    # a training step's counted FLOPs (TE counts a converted model's as it builds it) describe no inference step
+    record.update({k: v for k, v in step.built.info.items() if k not in TRAINING_ONLY})
+    if why := server.refusal(step.model):
+        record.update(status="unsupported", error=why)
+        return
+    if record["vocab"] is None:  # a factory's model that could not say its vocabulary before it existed
+        with torch.no_grad():
+            record["vocab"] = int(step.model(torch.zeros(1, 2, dtype=torch.long, device=res.device)).shape[-1])
+    vocab = record["vocab"]
     recipe = None  # TE's recipe object (te fp8 cells)
     fp8 = res.precision == "fp8"
     if fp8 and res.backend == "te":
         recipe = te_backend.fp8_recipe(spec)
         record["fp8_recipe_repr"] = repr(recipe)
-    data = ArithmeticSequences(spec.vocab, spec.seq_len, res.device, spec.seed)
+    data = ArithmeticSequences(vocab, spec.seq_len, res.device, spec.seed)
     record["setup_s"] = time.perf_counter() - t_setup
 
     t_train = time.perf_counter()
@@ -80,26 +98,34 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, An
 
     pad = STACKS[res.backend].fp8_rows
     rows = math.ceil(spec.batch_size / pad) * pad if fp8 else spec.batch_size
-    prompts, stride = ArithmeticSequences(spec.vocab, spec.seq_len, res.device, spec.seed + 1).sequences(
+    prompts, stride = ArithmeticSequences(vocab, spec.seq_len, res.device, spec.seed + 1).sequences(
         rows, spec.prompt_len)  # (rows, prompt_len)
     max_len = spec.prompt_len + spec.gen_len
     t_bench = time.perf_counter()
-    model, weight_bytes = _build(cfg, dtype, res.device, te, state)
-    reference = Generator(model, rows, max_len, te).generate(prompts, spec.gen_len)
-    record["ref_stride_accuracy"] = _stride_accuracy(prompts, reference.tokens, stride, data.vocab, spec.batch_size)
+    model, weight_bytes = _build(server, spec, dtype, res.device, te, state)
+    ref_generator = server.generator(model, rows, max_len, te)
+    reference = ref_generator.generate(prompts, spec.gen_len)
+    record["ref_stride_accuracy"] = _stride_accuracy(prompts, reference.tokens, stride, vocab, spec.batch_size)
+    forced = keep = ref_log_probs = None
+    if fp8:  # the reference's teacher-forced distributions, read while it exists (untimed)
+        forced = reference.tokens[:, :-1]  # the decode steps' inputs: the reference's own greedy tokens
+        keep = teacher_forced.served_rows(spec.batch_size, spec.prompt_len + spec.gen_len - 1)
+        ref_log_probs = _guarded(lambda: ref_generator.forced(prompts, forced, keep))
+    del ref_generator
     if recipe is not None:
         _calibrate(model, te, recipe, data)
         if spec.weights == "fp8":
             state = model.state_dict()
             del model
             memory.release(res.device)
-            model, weight_bytes = _build(cfg, dtype, res.device, te, state, recipe)
-    elif fp8:  # torchao: a fresh twin, quantized as it is built, so weight_bytes counts FP8 weights only
+            model, weight_bytes = _build(server, spec, dtype, res.device, te, state, recipe)
+    elif fp8:  # torchao: a fresh copy, quantized as it is built, so weight_bytes counts FP8 weights only
         del model
         memory.release(res.device)
-        model, weight_bytes = _build(cfg, dtype, res.device, te, state, serve_recipe=spec.recipe, record=record)
+        model, weight_bytes = _build(server, spec, dtype, res.device, te, state, serve_recipe=spec.recipe,
+                                     record=record)
 
-    generator = Generator(model, rows, max_len, te, recipe, graphs=spec.cuda_graphs)
+    generator = server.generator(model, rows, max_len, te, recipe, graphs=spec.cuda_graphs)
     generator.generate(prompts, spec.gen_len)  # warm-up: kernels chosen, caches filled
     if res.device == "cuda":
         torch.cuda.synchronize()
@@ -112,18 +138,32 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig, record: dict[str, An
     prefill = [g.prefill_ms for g in runs]
     decode = [ms for g in runs for ms in g.decode_ms]
     record.update(_timing(prefill, decode, spec))
-    record.update(decode_rows=rows, weight_bytes=weight_bytes, kv_cache_bytes=generator.cache.bytes,
+    record.update(decode_rows=rows, weight_bytes=weight_bytes, kv_cache_bytes=generator.cache_bytes,
                   peak_decode_mem_bytes=peak, timer="cuda_event" if res.device == "cuda" else "perf_counter",
                   gen_tokens=torch.cat([prompts[0], tokens[0]]).tolist(),
-                  gen_stride_accuracy=_stride_accuracy(prompts, tokens, stride, data.vocab, spec.batch_size))
+                  gen_stride_accuracy=_stride_accuracy(prompts, tokens, stride, vocab, spec.batch_size))
     if fp8:
         real = slice(0, spec.batch_size)
         record["gen_match_rate"] = float((tokens[real] == reference.tokens[real]).float().mean().item())
     why_this_number(spec, res.device, generator, prompts, runs, record)
+    if ref_log_probs is not None:  # after every timed and profiled call: the numerics cost no timing
+        t_tf = time.perf_counter()
+        measured = _guarded(lambda: generator.forced(prompts, forced, keep))
+        if measured is not None:
+            record.update(teacher_forced.compare(measured, ref_log_probs), tf_s=time.perf_counter() - t_tf)
     record.update(status="ok", error=None)
 
 
-def why_this_number(spec: TrialSpec, device: str, generator: Generator, prompts: torch.Tensor,
+def _guarded(read: Any) -> torch.Tensor | None:
+    """A teacher-forced read, or None where it fails (an OOM of its logits): the cell's own numbers stand."""
+    try:
+        return read()
+    except Exception as exc:  # noqa: BLE001
+        log.warning("teacher-forced read failed: %s: %s", type(exc).__name__, exc)
+        return None
+
+
+def why_this_number(spec: TrialSpec, device: str, generator: Any, prompts: torch.Tensor,
                     runs: list[Generation], record: dict[str, Any]) -> None:
     """After timing: the energy of whole generations (what a server pays per request, prefill included),
     and the kernels of one decode step: a profiled generation less a profiled prefill, per decode step."""
@@ -139,46 +179,29 @@ def why_this_number(spec: TrialSpec, device: str, generator: Generator, prompts:
                                            baseline=prefill, per=spec.gen_len - 1, steps=PROFILED_GENERATIONS))
 
 
-def _build(cfg: ModelConfig, dtype: torch.dtype, device: str, te: Any, state: dict, fp8_recipe: Any = None,
-           serve_recipe: str | None = None, record: dict[str, Any] | None = None) -> tuple[MiniGPT, int]:
-    """A fresh inference model holding ``state``; with ``fp8_recipe``, its TE weights exist only in FP8;
-    with ``serve_recipe``, the twin's Linears are quantized by torchao (their fields go into ``record``).
+def _build(server: ModuleType, spec: TrialSpec, dtype: torch.dtype, device: str, te: Any, state: dict,
+           fp8_recipe: Any = None, serve_recipe: str | None = None,
+           record: dict[str, Any] | None = None) -> tuple[Any, int]:
+    """A fresh inference model holding ``state`` (its source's ``server.load``); with ``fp8_recipe``, its TE
+    weights exist only in FP8; with ``serve_recipe``, its Linears are quantized by torchao (their fields go
+    into ``record``).
 
     Returns the model and the bytes its weights take on the device (what building it allocated:
     FP8 data and scales included), or their storage size on CPU.
     """
     before = torch.cuda.memory_allocated() if device == "cuda" else 0
     with torch.no_grad():  # no grad: TE keeps no transposed copy of FP8 weights (only backward needs it)
-        if fp8_recipe is None:
-            model = MiniGPT(cfg, dtype, device, te).eval()
-            model.load_state_dict(state)
-            if serve_recipe is not None:
-                record.update(torchao_backend.quantize_for_serving(model, serve_recipe))  # type: ignore[union-attr]
-        else:
-            with te_compat.quantized_model_init(te, fp8_recipe):
-                model = MiniGPT(cfg, dtype, device, te, fused_qkv=True).eval()
-            _load_fp8_weights(model, fused_qkv_state(state))
+        model = server.load(spec, state, dtype, device, te, fp8_recipe)
+        if serve_recipe is not None:
+            record.update(torchao_backend.quantize_for_serving(  # type: ignore[union-attr]
+                model, serve_recipe, server.logits_layer(model)))
     if device == "cuda":
         torch.cuda.synchronize()
         return model, int(torch.cuda.memory_allocated() - before)
     return model, sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def _load_fp8_weights(model: MiniGPT, state: dict) -> None:
-    """Load BF16 weights into FP8 parameters with the calibrated scales.
-
-    Copying a BF16 tensor into an FP8 parameter quantizes it with the parameter's current scale, and
-    a TE module's FP8 scales arrive with its ``_extra_state``, which ``load_state_dict`` applies after
-    the parameters (and which re-points the weights' quantizers at the loaded scales). The first load
-    brings the scales, the second quantizes every weight with them. Current scaling takes each
-    tensor's own amax and needs no scales; loading twice does no harm there.
-    """
-    with te_compat.own_extra_state():  # the state this trial just calibrated, never a file
-        model.load_state_dict(state)
-        model.load_state_dict(state)
-
-
-def _calibrate(model: MiniGPT, te: Any, recipe: Any, data: ArithmeticSequences) -> None:
+def _calibrate(model: Any, te: Any, recipe: Any, data: ArithmeticSequences) -> None:
     """Delayed scaling: amaxes from TE's calibration mode, then one FP8 forward turns them into scales
     (TE updates delayed scales when an FP8 region that recorded gradients ends). Other recipes compute
     their scales from each tensor as it is cast; the passes cost them nothing but time."""

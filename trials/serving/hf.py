@@ -1,0 +1,157 @@
+"""Serving a transformers causal LM through transformers' own KV cache, on the torch, torchao and te stacks.
+
+Which models: every ``hf:`` model, and a ``py:`` factory's module when it is a transformers causal LM (a
+``PreTrainedModel`` with ``GenerationMixin``: its forward takes a cache and ``use_cache``, and says where
+the next token's position is from the cache's length). Any other ``py:`` module is ``unsupported``: a module
+that maps ids to logits has no way to be handed a cache, so there is nothing to decode with but recomputing
+the prefix, which is not serving.
+
+The generation is what ``model.generate`` does greedily, without its host-side machinery (logits processors,
+stopping criteria), so the timed steps hold the model and its cache only, as MiniGPT's Generator does:
+prefill ``prompt_len`` tokens through a fresh ``DynamicCache`` (made before the clock starts) keeping only the
+last position's logits (``logits_to_keep=1``), then one token per decode step, each fed the previous argmax;
+positions come from the cache's length. ``DynamicCache`` grows by concatenation (transformers' default for
+eager decoding); a ``StaticCache`` is what ``torch.compile`` or CUDA graphs would need, and neither is built
+for these models (the spec refuses ``compile`` for inference and ``cuda_graphs`` for hf/py models).
+``kv_cache_bytes`` is the cache's size after a generation (prompt_len + gen_len - 1 positions; MiniGPT's
+counts its preallocated buffers instead).
+
+The stacks: torch serves the model as built; torchao quantizes its Linears for serving as it does MiniGPT's
+(``quantize_for_serving``: the layer that makes the logits and Linears with a dimension not a multiple of
+16 stay BF16); te converts it as training did (``te_layer: swap``: te.Linear and te.RMSNorm inside
+transformers' own attention and MLP modules, so transformers' cache still works) and runs every forward
+under ``te.autocast`` with the cell's recipe; ``weights: fp8`` converts under ``quantized_model_init`` and
+loads the calibrated weights as MiniGPT's FP8-weight model does. ``te_layer: transformer_layer`` does not
+serve (te.TransformerLayer keeps no transformers cache; see ``Source.te_unsupported``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from .. import models, te_compat
+from ..decode import Clock, Generation, host_log_probs
+from ..models.common import Logits, logits_of
+
+NOT_SERVABLE = ("serving a py: model needs a transformers causal LM (a PreTrainedModel with GenerationMixin, "
+                "whose forward takes a KV cache); {name} maps ids to logits only")
+
+
+def _lm(model: nn.Module) -> nn.Module:
+    """The transformers model inside the harness's logits adapter."""
+    return model.model if isinstance(model, Logits) else model
+
+
+def refusal(model: nn.Module) -> str:
+    lm = _lm(model)
+    try:
+        from transformers import GenerationMixin, PreTrainedModel
+    except ImportError:
+        return NOT_SERVABLE.format(name=type(lm).__name__)
+    if isinstance(lm, PreTrainedModel) and isinstance(lm, GenerationMixin):
+        return ""
+    return NOT_SERVABLE.format(name=type(lm).__name__)
+
+
+def load(spec: Any, state: dict, dtype: torch.dtype, device: str, te: Any, fp8_recipe: Any = None) -> nn.Module:
+    """The spec's model as its source builds it, converted as the trained one was (te: ``te_layer``; with
+    ``fp8_recipe`` under ``quantized_model_init``, its te.Linear weights FP8 only), holding ``state``."""
+    made = models.build(spec, "fp32" if dtype == torch.float32 else "bf16", device)
+    model = made.model
+    if te is not None:
+        from ..backends import te_convert
+
+        fp8_init = te_compat.quantized_model_init(te, fp8_recipe) if fp8_recipe is not None else contextlib.nullcontext()
+        with fp8_init:
+            te_convert.convert(model, te, spec.te_layer, made.logits_layer)
+        model.backend = "te"  # generation runs it under te.autocast
+    model.eval()
+    if fp8_recipe is not None:
+        from ..backends.te import load_fp8_weights
+
+        load_fp8_weights(model, state)
+    else:
+        with te_compat.own_extra_state():  # a TE module's (empty) FP8 metadata, from this process
+            model.load_state_dict(state)
+    return model
+
+
+def logits_layer(model: nn.Module) -> str | None:
+    from ..backends.te_convert import find_logits_layer
+
+    return find_logits_layer(model)
+
+
+def generator(model: nn.Module, rows: int, max_len: int, te: Any = None, recipe: Any = None,
+              graphs: bool = False) -> "HFGenerator":
+    if graphs:
+        raise ValueError("cuda_graphs: decode graphs are not built for transformers models")
+    return HFGenerator(model, te, recipe)
+
+
+class HFGenerator:
+    """Greedy generation through the model's forward and a fresh ``DynamicCache`` per generation."""
+
+    def __init__(self, model: nn.Module, te: Any = None, recipe: Any = None):
+        self.lm = _lm(model)
+        self.te = te if getattr(model, "backend", "torch") == "te" else None
+        self.recipe = recipe
+        self.device = next(self.lm.parameters()).device
+        params = inspect.signature(self.lm.forward).parameters
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"  # transformers 5.x renames it
+        self.last_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        self.cache: Any = None
+
+    def _new_cache(self) -> Any:
+        from transformers import DynamicCache
+
+        try:
+            return DynamicCache(config=self.lm.config)  # sliding-window layers keep only their window
+        except TypeError:
+            return DynamicCache()
+
+    def _forward(self, ids: torch.Tensor, last: bool) -> torch.Tensor:
+        """ids (rows, t) through the cache -> logits (rows, vocab) at the last position, or (rows, t, vocab)."""
+        with te_compat.autocast(self.te, self.recipe):
+            out = self.lm(input_ids=ids, use_cache=True, **{self.cache_kw: self.cache},
+                          **(self.last_only if last else {}))
+        logits = logits_of(out)
+        return logits[:, -1] if last else logits
+
+    @torch.no_grad()
+    def generate(self, prompts: torch.Tensor, gen_len: int) -> Generation:
+        """prompts (rows, prompt_len) -> the next ``gen_len`` greedy tokens and their timings."""
+        out = torch.empty(prompts.shape[0], gen_len, dtype=torch.long, device=self.device)
+        self.cache = self._new_cache()
+        clock = Clock(self.device.type == "cuda")
+        clock.start()
+        out[:, 0] = self._forward(prompts, last=True).argmax(-1)
+        clock.stop()
+        for j in range(1, gen_len):
+            clock.start()
+            out[:, j] = self._forward(out[:, j - 1:j], last=True).argmax(-1)
+            clock.stop()
+        times = clock.read()
+        return Generation(out, times[0], times[1:])
+
+    @torch.no_grad()
+    def forced(self, prompts: torch.Tensor, tokens: torch.Tensor, keep: int) -> torch.Tensor:
+        self.cache = self._new_cache()
+        out = [host_log_probs(self._forward(prompts, last=False)[:keep])]  # (keep, prompt_len, vocab)
+        for j in range(tokens.shape[1]):
+            out.append(host_log_probs(self._forward(tokens[:, j:j + 1], last=False)[:keep]))
+        return torch.cat(out, dim=1)
+
+    @property
+    def cache_bytes(self) -> int:
+        total = 0
+        for layer in getattr(self.cache, "layers", ()):
+            for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                if isinstance(t, torch.Tensor):
+                    total += t.numel() * t.element_size()
+        return total
