@@ -1,11 +1,14 @@
-"""Trial servers the driver starts before Ray (orchestrator/launchers/prestart.py): a launcher adopts one only
-when it is the process it would have spawned, runs its trial in it, and spawns its own when the server died.
-No Ray: the launcher runs here, as it does in a Tune worker."""
+"""What a sweep does before its first trial (issue 31 item 6). The driver reads a sweep file without importing
+torch. Trial servers the driver starts before Ray (orchestrator/launchers/prestart.py): a launcher adopts one
+only when it is the process it would have spawned, runs its trial in it, and spawns its own when the server
+died. No Ray: the launcher runs here, as it does in a Tune worker."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -13,9 +16,19 @@ from orchestrator.launchers import LaunchSettings, make_launcher, prestart
 from orchestrator.launchers.base import trial_env
 from trials.spec import TrialSpec
 
+from .conftest import REPO
+
 SPEC = TrialSpec(d_model=32, n_layers=1, seq_len=32, batch_size=8, train_steps=2, bench_steps=2, warmup_steps=1,
                  gen_len=2, precision="fp32", device="cpu", profile=False).to_dict()
 SETTINGS = LaunchSettings("warm", 4)
+
+
+def test_the_driver_reads_a_sweep_without_importing_torch():
+    """torch took seconds of the driver's start (trials/models/minigpt.py imported it to validate nothing)."""
+    code = ("import sys; from orchestrator.sweep import load_sweep; load_sweep('examples/seed.yaml'); "
+            "load_sweep('examples/quickstart.yaml'); print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]
 
 
 @pytest.fixture
