@@ -5,7 +5,11 @@ embedded Ray) and reads the timeline off the records:
 
     command      -> driver start    the CLI's imports, the sweep file, the store (``run_started_at``)
     driver start -> first trial     Ray's start, Tune's set-up, the Ray worker, the trial process and its
-                                    imports (torch, TE where a GPU is given) (the first ``started_at``)
+                                    imports (torch, TE where a GPU is given) (the first ``started_at``);
+                                    of it, what the worker waited for its trial process (its
+                                    ``trial_wall_s - duration_s``: the trial server's start and imports
+                                    left when the spec was handed over; ~0 when the server the driver
+                                    started before Ray had finished them, orchestrator/launchers/prestart.py)
     first trial  -> first step      the trial's own set-up: capability probe, model, optimizer (``startup_s``)
     first step                      the first step alone: TE's fuser compiles, torch.compile (``first_step_s``)
 
@@ -56,6 +60,8 @@ def run(sweep_file: str, out: str) -> None:
     busy = float((df["train_s"].fillna(0) + df["bench_s"].fillna(0)).sum())
     print(f"command -> driver start        {driver:6.1f} s")
     print(f"driver start -> first trial    {trial - driver:6.1f} s   (Ray, Tune, worker, trial process)")
+    waited = float(first["trial_wall_s"] or 0) - float(first["duration_s"] or 0)
+    print(f"  of it, waiting for the trial process {waited:4.1f} s   (its start and imports, after the worker's)")
     print(f"first trial -> its first step  {step - trial:6.1f} s   (startup_s of {first['cell_label']})")
     print(f"first step alone               {float(first['first_step_s'] or 0):6.1f} s")
     print(f"=> first step issued at        {step:6.1f} s after the command")
