@@ -113,8 +113,12 @@ def prestarted_servers(address: str | None, context: Context, resources: dict[st
     node = None if address or os.environ.get("RAY_ADDRESS") or trials < 1 else embedded_ray.local_node()
     settings = LaunchSettings(**context.launch)
     kind = LAUNCHERS[settings.launcher]
-    servers = None if node is None else prestart.start(settings, kind.fork, kind.process_trials(settings),
-                                                       resources, *node, trials)
+    try:
+        servers = None if node is None else prestart.start(settings, kind.fork, kind.process_trials(settings),
+                                                           resources, *node, trials)
+    except OSError as exc:  # a saving, never a failure: the launchers start their own
+        log.warning("trial servers could not be started before Ray (%s); the workers start them", exc)
+        servers = None
     if servers is None:
         yield context
         return

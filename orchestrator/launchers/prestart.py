@@ -148,8 +148,12 @@ def start(settings: LaunchSettings, fork: bool, max_trials: int, resources: dict
     if not planned:
         return None
     servers, nice = Servers(), worker_niceness()
-    for name, env in planned:
-        servers.start(name, server_command(max_trials, env, fork), env, nice)
+    try:
+        for name, env in planned:
+            servers.start(name, server_command(max_trials, env, fork), env, nice)
+    except BaseException:
+        servers.close()
+        raise
     log.info("%d trial server(s) started before Ray in %s", len(planned), servers.directory)
     return servers
 
@@ -165,8 +169,9 @@ def claim(directory: str, command: list[str], env: dict[str, str]) -> TrialProce
             continue
         differs = mismatch(offer, command, env, nice)
         if differs:
-            log.info("prestarted trial server %d is not the one this launcher would start (%s): not adopted",
-                     offer.pid, ", ".join(differs))
+            # a wrong guess of the driver's (prestart.plan) costs only the saving; said where Ray keeps worker logs
+            log.warning("prestarted trial server %d is not the one this launcher would start (%s): not adopted",
+                        offer.pid, ", ".join(differs))
             continue
         taken = path.with_suffix(".taken")
         try:
