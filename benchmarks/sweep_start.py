@@ -14,8 +14,9 @@ embedded Ray) and reads the timeline off the records:
     first step                      the first step alone: TE's fuser compiles, torch.compile (``first_step_s``)
 
 then the driver's wall against the trials' train+bench seconds (the GPU-busy part). With ``--parts`` it
-also times, in this process, what the middle phase is made of: ``import ray``, a local ``ray.init`` and
-``import ray.tune``, each once.
+also times, in this process, what the middle phase is made of: ``import ray``, a local ``ray.init``,
+``import ray.tune``, a one-trial Tune run of an empty trainable (Tune's set-up and worker actor) and
+``ray.shutdown``, each once.
 
     python benchmarks/sweep_start.py examples/quickstart.yaml [--out DIR] [--parts]
 """
@@ -69,7 +70,8 @@ def run(sweep_file: str, out: str) -> None:
 
 
 def parts() -> None:
-    """The middle phase's pieces, each timed once in this process."""
+    """The middle phase's pieces, each timed once in this process: Ray's start, Tune's import, and a one-trial
+    Tune run of a trainable that does nothing (Tune's set-up, its worker actor, its end), then Ray's shutdown."""
     from orchestrator import embedded_ray
 
     embedded_ray.configure(local=True)
@@ -78,20 +80,38 @@ def parts() -> None:
 
     print(f"import ray                     {time.perf_counter() - t:6.1f} s")
     t = time.perf_counter()
-    ray.init(address="local", include_dashboard=False, logging_level="ERROR")
+    embedded_ray.start(ray, str(REPO), include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     print(f"ray.init (local)               {time.perf_counter() - t:6.1f} s")
     t = time.perf_counter()
-    import ray.tune  # noqa: F401
+    from ray import tune
 
     print(f"import ray.tune                {time.perf_counter() - t:6.1f} s")
+
+    class Nothing(tune.Trainable):
+        def setup(self, config: dict) -> None:
+            self.set_up_at = time.time()
+
+        def step(self) -> dict:
+            return {"set_up_at": self.set_up_at, "done": True}
+
+    t, wall = time.perf_counter(), time.time()
+    tuner = tune.Tuner(tune.with_resources(Nothing, {"cpu": 1, "gpu": 0}), param_space={"x": tune.grid_search([0])},
+                       tune_config=tune.TuneConfig(reuse_actors=True),
+                       run_config=tune.RunConfig(storage_path=tempfile.mkdtemp(prefix="jt-parts-"), verbose=0))
+    result = tuner.fit()[0]
+    print(f"Tune fit -> trainable set up   {result.metrics['set_up_at'] - wall:6.1f} s   (Tune's set-up, its actor)")
+    print(f"Tune fit, one empty trial      {time.perf_counter() - t:6.1f} s")
+    t = time.perf_counter()
     ray.shutdown()
+    print(f"ray.shutdown                   {time.perf_counter() - t:6.1f} s")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sweep_file")
     ap.add_argument("--out", help="where the sweep writes (default: a temporary directory)")
-    ap.add_argument("--parts", action="store_true", help="also time import ray, ray.init and import ray.tune")
+    ap.add_argument("--parts", action="store_true",
+                    help="also time import ray, ray.init, import ray.tune, an empty Tune run, ray.shutdown")
     args = ap.parse_args()
     print(f"host: {os.cpu_count()} CPUs")
     run(args.sweep_file, args.out or tempfile.mkdtemp(prefix="jt-start-"))
