@@ -5,13 +5,18 @@ embedded Ray) and reads the timeline off the records:
 
     command      -> driver start    the CLI's imports, the sweep file, the store (``run_started_at``)
     driver start -> first trial     Ray's start, Tune's set-up, the Ray worker, the trial process and its
-                                    imports (torch, TE where a GPU is given) (the first ``started_at``)
+                                    imports (torch, TE where a GPU is given) (the first ``started_at``);
+                                    of it, what the worker waited for its trial process (its
+                                    ``trial_wall_s - duration_s``: the trial server's start and imports
+                                    left when the spec was handed over; ~0 when the server the driver
+                                    started before Ray had finished them, orchestrator/launchers/prestart.py)
     first trial  -> first step      the trial's own set-up: capability probe, model, optimizer (``startup_s``)
     first step                      the first step alone: TE's fuser compiles, torch.compile (``first_step_s``)
 
 then the driver's wall against the trials' train+bench seconds (the GPU-busy part). With ``--parts`` it
-also times, in this process, what the middle phase is made of: ``import ray``, a local ``ray.init`` and
-``import ray.tune``, each once.
+also times, in this process, what the middle phase is made of: ``import ray``, a local ``ray.init``,
+``import ray.tune``, a one-trial Tune run of an empty trainable (Tune's set-up and worker actor) and
+``ray.shutdown``, each once.
 
     python benchmarks/sweep_start.py examples/quickstart.yaml [--out DIR] [--parts]
 """
@@ -56,6 +61,8 @@ def run(sweep_file: str, out: str) -> None:
     busy = float((df["train_s"].fillna(0) + df["bench_s"].fillna(0)).sum())
     print(f"command -> driver start        {driver:6.1f} s")
     print(f"driver start -> first trial    {trial - driver:6.1f} s   (Ray, Tune, worker, trial process)")
+    waited = float(first["trial_wall_s"] or 0) - float(first["duration_s"] or 0)
+    print(f"  of it, waiting for the trial process {waited:4.1f} s   (its start and imports, after the worker's)")
     print(f"first trial -> its first step  {step - trial:6.1f} s   (startup_s of {first['cell_label']})")
     print(f"first step alone               {float(first['first_step_s'] or 0):6.1f} s")
     print(f"=> first step issued at        {step:6.1f} s after the command")
@@ -63,7 +70,8 @@ def run(sweep_file: str, out: str) -> None:
 
 
 def parts() -> None:
-    """The middle phase's pieces, each timed once in this process."""
+    """The middle phase's pieces, each timed once in this process: Ray's start, Tune's import, and a one-trial
+    Tune run of a trainable that does nothing (Tune's set-up, its worker actor, its end), then Ray's shutdown."""
     from orchestrator import embedded_ray
 
     embedded_ray.configure(local=True)
@@ -72,20 +80,38 @@ def parts() -> None:
 
     print(f"import ray                     {time.perf_counter() - t:6.1f} s")
     t = time.perf_counter()
-    ray.init(address="local", include_dashboard=False, logging_level="ERROR")
+    embedded_ray.start(ray, str(REPO), include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     print(f"ray.init (local)               {time.perf_counter() - t:6.1f} s")
     t = time.perf_counter()
-    import ray.tune  # noqa: F401
+    from ray import tune
 
     print(f"import ray.tune                {time.perf_counter() - t:6.1f} s")
+
+    class Nothing(tune.Trainable):
+        def setup(self, config: dict) -> None:
+            self.set_up_at = time.time()
+
+        def step(self) -> dict:
+            return {"set_up_at": self.set_up_at, "done": True}
+
+    t, wall = time.perf_counter(), time.time()
+    tuner = tune.Tuner(tune.with_resources(Nothing, {"cpu": 1, "gpu": 0}), param_space={"x": tune.grid_search([0])},
+                       tune_config=tune.TuneConfig(reuse_actors=True),
+                       run_config=tune.RunConfig(storage_path=tempfile.mkdtemp(prefix="jt-parts-"), verbose=0))
+    result = tuner.fit()[0]
+    print(f"Tune fit -> trainable set up   {result.metrics['set_up_at'] - wall:6.1f} s   (Tune's set-up, its actor)")
+    print(f"Tune fit, one empty trial      {time.perf_counter() - t:6.1f} s")
+    t = time.perf_counter()
     ray.shutdown()
+    print(f"ray.shutdown                   {time.perf_counter() - t:6.1f} s")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sweep_file")
     ap.add_argument("--out", help="where the sweep writes (default: a temporary directory)")
-    ap.add_argument("--parts", action="store_true", help="also time import ray, ray.init and import ray.tune")
+    ap.add_argument("--parts", action="store_true",
+                    help="also time import ray, ray.init, import ray.tune, an empty Tune run, ray.shutdown")
     args = ap.parse_args()
     print(f"host: {os.cpu_count()} CPUs")
     run(args.sweep_file, args.out or tempfile.mkdtemp(prefix="jt-start-"))

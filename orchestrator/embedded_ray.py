@@ -40,6 +40,24 @@ def configure(local: bool) -> None:
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's classic progress output, read when Tune is imported
 
 
+def local_node() -> tuple[list[str], float] | None:
+    """What the local Ray :func:`start` makes will have, asked of Ray's own detection before it starts: the GPU
+    ids its workers will see (one each as CUDA_VISIBLE_DEVICES) and its CPU count. None where Ray's private
+    helpers moved (the caller then plans nothing on them). Imports Ray: :func:`configure` first."""
+    configure(local=True)
+    try:
+        from ray._private.accelerators import get_accelerator_manager_for_resource
+        from ray._private.utils import get_num_cpus
+
+        gpus = get_accelerator_manager_for_resource("GPU")
+        count = gpus.get_current_node_num_accelerators()
+        visible = gpus.get_current_process_visible_accelerator_ids()
+        ids = [str(i) for i in range(count)] if visible is None else list(visible)[:count]
+        return ids, float(get_num_cpus())
+    except Exception:  # noqa: BLE001 - an optimisation's guess, never a failure
+        return None
+
+
 def start(ray, package_root: str, **kwargs) -> None:
     """``ray.init`` of a new local instance whose workers import JuicyTalk from ``package_root``, or
     :class:`RayStartError` in one line when it fails.

@@ -14,17 +14,19 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
 from trials.record import FINAL_STATUSES
 
 from . import embedded_ray
+from .launchers import LAUNCHERS, LaunchSettings, prestart
 from .launchers.base import PACKAGE_ROOT
 from .launchers.ranks import RANKS_DRIVER_CPU
 from .lock import sweep_lock
@@ -100,6 +102,28 @@ def ray_session(address: str | None, dashboard: bool = False, verbose: bool = Fa
         if before is not None:
             signal.signal(signal.SIGTERM, before)
         ray.shutdown()
+
+
+@contextmanager
+def prestarted_servers(address: str | None, context: Context, resources: dict[str, float], trials: int
+                       ) -> Iterator[Context]:
+    """``context`` naming the trial servers started here for a local Ray's launchers to adopt, while Ray and
+    Tune start (:mod:`~orchestrator.launchers.prestart`), for ``trials`` single-rank trials at most at once;
+    ``context`` as it is when joining a cluster or when none can be planned. Ends the servers on exit."""
+    node = None if address or os.environ.get("RAY_ADDRESS") or trials < 1 else embedded_ray.local_node()
+    settings = LaunchSettings(**context.launch)
+    kind = LAUNCHERS[settings.launcher]
+    try:
+        servers = None if node is None else prestart.start(settings, kind.fork, kind.process_trials(settings),
+                                                           resources, *node, trials)
+    except OSError as exc:  # a saving, never a failure: the launchers start their own
+        log.warning("trial servers could not be started before Ray (%s); the workers start them", exc)
+        servers = None
+    if servers is None:
+        yield context
+        return
+    with servers:
+        yield replace(context, launch={**context.launch, "servers": servers.directory})
 
 
 def check_address(address: str | None) -> None:
@@ -428,7 +452,10 @@ def _run_locked(sweep: Sweep, storage: str, address: str | None, restart: bool, 
         [] if search is None else [int(search.item(side, x, 0).spec.get("world_size", 1)) for side, x in search.cells.values()])
     interrupts, resources = Interrupts(), dict(sweep.resources)
     if pending or (search is not None and not search.finished):
-        with ray_session(address, dashboard=dashboard, verbose=verbose) as ray:
+        single = sum(1 for w in world_sizes if w == 1) if search is None else sys.maxsize
+        at_once = min(single, max_concurrent or sweep.max_concurrent or single)
+        with prestarted_servers(address, context, sweep.resources, at_once) as context, \
+                ray_session(address, dashboard=dashboard, verbose=verbose) as ray:
             nodes = ray.nodes()
             resources = check_resources(nodes, sweep.resources)
             check_shared_storage(ray, store)

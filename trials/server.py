@@ -1,6 +1,7 @@
 """A trial process that serves trials one after another: imports and compiles are paid once.
 
     python -m trials.server --reply-fd N [--max-trials K] [--preload-te] [--fork]
+    python -m trials.server --listen PATH [--max-trials K] [--preload-te] [--fork]
 
 Started before its first spec is known (torch, and TE where asked, are imported while the caller is
 still scheduling), it reads one JSON request per line on stdin::
@@ -13,11 +14,16 @@ descriptor N with ``{"started": pid}`` (the process that runs the trial) and the
 own descriptor so that library output on stdout can never corrupt them. With ``--fork`` each trial
 runs in a fresh child forked from the server (imports inherited, CUDA never initialised before).
 
+With ``--listen`` the server is started before anyone knows who will use it (a sweep's driver starts
+it while its Ray starts: ``orchestrator/launchers/prestart.py``): it imports, then accepts one
+connection on the Unix socket PATH, and requests and replies both travel on that connection. It then
+also exits when the process that connected is gone (its pid from the socket's peer credentials).
+
 Every trial frees what it used before it returns (device memory, cuBLAS workspaces, TE's FP8
 global state: :func:`trials.trial.run_trial`) and the next starts every memory counter afresh. It retires - exits after answering -
 when a trial ends in oom, error or diverged (the process may be in a bad state), when TorchDynamo hit
 its recompile limit (later cells would run TE's fusers uncompiled), after ``--max-trials`` trials,
-at EOF on stdin, and when its parent dies.
+at EOF on stdin (or the connection), and when its parent dies.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import argparse
 import json
 import logging
 import os
+import socket
+import struct
 import sys
 import threading
 import time
@@ -46,6 +54,32 @@ def _exit_with_parent(parent: int, interval_s: float = 0.5) -> None:
             time.sleep(interval_s)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+
+
+def _exit_with_peer(pid: int, interval_s: float = 0.5) -> None:
+    """Exit when the process that adopted us (``--listen``) is gone: its trial must not outlive it."""
+
+    def watch() -> None:
+        while alive(pid):
+            time.sleep(interval_s)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="peer-watch", daemon=True).start()
 
 
 def preload(te: bool) -> None:
@@ -150,7 +184,9 @@ def serve(requests, reply, max_trials: int, fork: bool = False) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trials.server", description=__doc__.splitlines()[0])
-    parser.add_argument("--reply-fd", type=int, required=True, help="file descriptor for one JSON reply per trial")
+    channel = parser.add_mutually_exclusive_group(required=True)
+    channel.add_argument("--reply-fd", type=int, help="file descriptor for one JSON reply per trial")
+    channel.add_argument("--listen", metavar="PATH", help="accept one connection on this Unix socket and serve it")
     parser.add_argument("--max-trials", type=int, default=1, help="retire after this many trials")
     parser.add_argument("--preload-te", action="store_true", help="import Transformer Engine before the first spec")
     parser.add_argument("--fork", action="store_true", help="run each trial in a fresh process forked from this one")
@@ -160,9 +196,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     quiet_third_party()
     _exit_with_parent(os.getppid())
-    preload(args.preload_te)
-    with os.fdopen(args.reply_fd, "w", encoding="utf-8") as reply:
-        serve(sys.stdin, reply, max(1, args.max_trials), fork=args.fork)
+    if args.listen is None:
+        preload(args.preload_te)
+        with os.fdopen(args.reply_fd, "w", encoding="utf-8") as reply:
+            serve(sys.stdin, reply, max(1, args.max_trials), fork=args.fork)
+        return 0
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(args.listen)  # before the imports: whoever adopts us may connect and send while they run
+        listener.listen(1)
+        preload(args.preload_te)
+        conn, _ = listener.accept()
+    os.unlink(args.listen)
+    pid, _, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    _exit_with_peer(pid)
+    with conn, conn.makefile("r", encoding="utf-8") as requests, conn.makefile("w", encoding="utf-8") as reply:
+        serve(requests, reply, max(1, args.max_trials), fork=args.fork)
     return 0
 
 

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from trials.server import alive
+
 log = logging.getLogger(__name__)
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -47,6 +49,7 @@ class LaunchSettings:
     launcher: str
     warm_max_trials: int
     compile_cache: str | None = None
+    servers: str | None = None  # where the driver's prestarted trial servers wait to be adopted (.prestart)
 
 
 def compile_cache_dir(configured: str | None) -> str:
@@ -61,7 +64,8 @@ def compile_cache_dir(configured: str | None) -> str:
 
 def trial_env(settings: LaunchSettings) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+    paths = [PACKAGE_ROOT, *(env.get("PYTHONPATH") or "").split(os.pathsep)]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if p))  # each entry once, in order
     cache = compile_cache_dir(settings.compile_cache)
     env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache, "inductor")
     env["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
@@ -69,36 +73,74 @@ def trial_env(settings: LaunchSettings) -> dict[str, str]:
     return env
 
 
-def _wants_te() -> bool:
+def _wants_te(env: dict[str, str]) -> bool:
     """Preload TE only where a trial can use it: a GPU was given to this worker and TE is installed."""
-    return bool(os.environ.get("CUDA_VISIBLE_DEVICES")) and importlib.util.find_spec("transformer_engine") is not None
+    return bool(env.get("CUDA_VISIBLE_DEVICES")) and importlib.util.find_spec("transformer_engine") is not None
+
+
+def server_command(max_trials: int, env: dict[str, str], fork: bool) -> list[str]:
+    """``python -m trials.server`` with the flags a launcher gives it (its channel comes after)."""
+    cmd = [sys.executable, "-m", "trials.server", "--max-trials", str(max_trials)]
+    if _wants_te(env):
+        cmd.append("--preload-te")
+    if fork:
+        cmd.append("--fork")
+    return cmd
+
+
+class Adopted:
+    """The process handle of a trial server this launcher did not start (:mod:`.prestart`): what
+    :class:`subprocess.Popen` offers, for a pid that is not our child (its parent reaps it)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def poll(self) -> int | None:
+        return None if alive(self.pid) else -1  # its exit status is its parent's to read
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"trials.server pid {self.pid}", timeout or 0)
+            time.sleep(0.05)
+        return -1
 
 
 class TrialProcess:
-    """One ``python -m trials.server`` child: its pipes, its log, and how many trials it ran."""
+    """One ``python -m trials.server``: its request and reply channels, its log, how many trials it ran.
 
-    def __init__(self, max_trials: int, env: dict[str, str], workdir: str, fork: bool = False):
+    Spawned here (:meth:`spawn`: stdin and a reply pipe), or adopted, already importing, from the
+    driver that started it before Ray (:mod:`.prestart`: one Unix socket for both)."""
+
+    def __init__(self, proc: Any, requests: Any, replies: Any, log_path: Path):
+        self.proc = proc  # a Popen, or an Adopted
+        self._requests = requests
+        self._replies = replies
+        self.log_path = log_path
+        self.trials = 0
+
+    @classmethod
+    def spawn(cls, max_trials: int, env: dict[str, str], workdir: str, fork: bool = False) -> "TrialProcess":
         read_fd, write_fd = os.pipe()
         fd, path = tempfile.mkstemp(prefix="server-", suffix=".log", dir=workdir)
         os.close(fd)
-        self.log_path = Path(path)
-        cmd = [sys.executable, "-m", "trials.server", "--reply-fd", str(write_fd), "--max-trials", str(max_trials)]
-        if _wants_te():
-            cmd.append("--preload-te")
-        if fork:
-            cmd.append("--fork")
-        with open(self.log_path, "wb") as log_fh:
+        cmd = server_command(max_trials, env, fork) + ["--reply-fd", str(write_fd)]
+        with open(path, "wb") as log_fh:
             # its own process group: a kill reaches a forked trial process too
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log_fh, stderr=subprocess.STDOUT,
-                                         env=env, cwd=workdir, pass_fds=(write_fd,), text=True,
-                                         start_new_session=True)
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log_fh, stderr=subprocess.STDOUT,
+                                    env=env, cwd=workdir, pass_fds=(write_fd,), text=True,
+                                    start_new_session=True)
         os.close(write_fd)
-        self._replies = os.fdopen(read_fd, "r", encoding="utf-8")
-        self.trials = 0
+        # replies unbuffered: a readline must not take the next reply into a buffer that select cannot see
+        return cls(proc, proc.stdin, os.fdopen(read_fd, "rb", buffering=0), Path(path))
 
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
 
     def log_offset(self) -> int:
         return self.log_path.stat().st_size
@@ -109,9 +151,8 @@ class TrialProcess:
             return fh.read().decode(errors="replace")
 
     def submit(self, spec: dict[str, Any], out: Path) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"spec": spec, "out": str(out)}) + "\n")
-        self.proc.stdin.flush()
+        self._requests.write(json.dumps({"spec": spec, "out": str(out)}) + "\n")
+        self._requests.flush()
         self.trials += 1
 
     def reply(self, deadline: float | None) -> dict[str, Any] | None:
@@ -138,10 +179,9 @@ class TrialProcess:
 
     def close(self) -> None:
         self.kill()
-        self._replies.close()
-        if self.proc.stdin:
+        for channel in (self._replies, self._requests):
             try:
-                self.proc.stdin.close()
+                channel.close()
             except OSError:  # a broken pipe to a dead child
                 pass
         self.log_path.unlink(missing_ok=True)
@@ -169,10 +209,14 @@ class Launcher(ABC):
         self._env = trial_env(settings)
         self._child: TrialProcess | None = None
 
-    @property
+    @staticmethod
     @abstractmethod
-    def trials_per_process(self) -> int:
+    def process_trials(settings: LaunchSettings) -> int:
         """How many trials one trial process runs before it is replaced."""
+
+    @property
+    def trials_per_process(self) -> int:
+        return self.process_trials(self.settings)
 
     def run(self, spec: dict[str, Any], timeout_s: float | None, on_start: Callable[[int], None] | None = None
             ) -> Outcome:
@@ -199,7 +243,7 @@ class Launcher(ABC):
             reply = {"died": f"{type(exc).__name__}: {exc}"}
         text = child.log_since(offset)
         if reply is None or "died" in reply or not out.exists():
-            code = child.proc.poll()
+            code = child.poll()
             child.close()
             tail = (text.strip().splitlines() or ["no output"])[-1][:500]
             why = (reply or {}).get("died") or f"trial process exited with {code} and no record: {tail}"
@@ -225,7 +269,15 @@ class Launcher(ABC):
         return frozenset({self._child.pid}) if self._child is not None else frozenset()
 
     def _spawn(self) -> TrialProcess:
-        return TrialProcess(self.trials_per_process, self._env, self._workdir.name, fork=self.fork)
+        """A server the driver started for this launcher (:mod:`.prestart`) if one waits, else a new one."""
+        if self.settings.servers:
+            from .prestart import claim
+
+            command = server_command(self.trials_per_process, self._env, self.fork)
+            adopted = claim(self.settings.servers, command, self._env)
+            if adopted is not None:
+                return adopted
+        return TrialProcess.spawn(self.trials_per_process, self._env, self._workdir.name, fork=self.fork)
 
     def close(self) -> None:
         if self._child is not None:

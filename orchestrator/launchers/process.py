@@ -10,13 +10,13 @@ first-step fuser compiles (cut by the persistent compile cache). Where importing
 
 from __future__ import annotations
 
-from .base import Launcher
+from .base import Launcher, LaunchSettings
 
 
 class ProcessLauncher(Launcher):
     name = "process"
     fork = True
 
-    @property
-    def trials_per_process(self) -> int:
+    @staticmethod
+    def process_trials(settings: LaunchSettings) -> int:
         return 1

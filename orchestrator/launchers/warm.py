@@ -9,12 +9,12 @@ diverged or timeout, after a TorchDynamo recompile-limit hit, and after ``warm_m
 
 from __future__ import annotations
 
-from .base import Launcher
+from .base import Launcher, LaunchSettings
 
 
 class WarmLauncher(Launcher):
     name = "warm"
 
-    @property
-    def trials_per_process(self) -> int:
-        return self.settings.warm_max_trials
+    @staticmethod
+    def process_trials(settings: LaunchSettings) -> int:
+        return settings.warm_max_trials

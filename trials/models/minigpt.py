@@ -8,21 +8,32 @@ torch and torchao stacks; its parameter count and FLOPs have closed forms (``tri
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..model import MiniGPT, ModelConfig, build_model, param_count
 from . import Facts
-from .common import Built, to_json
+
+if TYPE_CHECKING:
+    from .common import Built
 
 LOGITS_LAYER = "head"
 
 
+# trials/model.py and .common (torch) are imported where a model is built or described, not here: the driver
+# validates a sweep's MiniGPT cells through this module (check), and torch took seconds of its start.
+
+
 def build(spec: Any, precision: str, device: str) -> Built:
+    from ..model import build_model
+    from .common import Built
+
     model = build_model(spec, "torch", precision, device)
     return Built(model, model.cfg.vocab, LOGITS_LAYER)
 
 
 def describe(spec: Any) -> Facts:
+    from ..model import MiniGPT, ModelConfig, param_count
+    from .common import to_json
+
     cfg = ModelConfig.from_spec(spec)
     shape = {"vocab": cfg.vocab, "d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
              "n_kv_heads": spec.n_kv_heads, "ffn": cfg.ffn}

@@ -1,0 +1,87 @@
+"""What a sweep does before its first trial (issue 31 item 6). The driver reads a sweep file without importing
+torch. Trial servers the driver starts before Ray (orchestrator/launchers/prestart.py): a launcher adopts one
+only when it is the process it would have spawned, runs its trial in it, and spawns its own when the server
+died. No Ray: the launcher runs here, as it does in a Tune worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from orchestrator.launchers import LaunchSettings, make_launcher, prestart
+from orchestrator.launchers.base import trial_env
+from trials.spec import TrialSpec
+
+from .conftest import REPO
+
+SPEC = TrialSpec(d_model=32, n_layers=1, seq_len=32, batch_size=8, train_steps=2, bench_steps=2, warmup_steps=1,
+                 gen_len=2, precision="fp32", device="cpu", profile=False).to_dict()
+SETTINGS = LaunchSettings("warm", 4)
+
+
+def test_the_driver_reads_a_sweep_without_importing_torch():
+    """torch took seconds of the driver's start (trials/models/minigpt.py imported it to validate nothing)."""
+    code = ("import sys; from orchestrator.sweep import load_sweep; load_sweep('examples/seed.yaml'); "
+            "load_sweep('examples/quickstart.yaml'); print(sorted(m for m in sys.modules if m.startswith('torch')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]
+
+
+@pytest.fixture
+def as_a_worker(monkeypatch):
+    """This process stands in for a Ray worker: the niceness and OMP_NUM_THREADS Ray would give it."""
+    monkeypatch.setenv("RAY_worker_niceness", str(os.nice(0)))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def test_plan_predicts_what_ray_gives_each_worker(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    gpus = prestart.plan(SETTINGS, False, 4, {"gpu": 1, "cpu": 2.5}, ["2", "3"], 16.0, trials=5)
+    assert [(name, env["CUDA_VISIBLE_DEVICES"], env["OMP_NUM_THREADS"]) for name, env in gpus] == [
+        ("gpu2", "2", "2"), ("gpu3", "3", "2")]
+    one = prestart.plan(SETTINGS, False, 4, {"gpu": 1, "cpu": 2}, ["0", "1"], 16.0, trials=1)
+    assert [name for name, _ in one] == ["gpu0"]
+    (name, env), = prestart.plan(SETTINGS, False, 4, {"gpu": 1, "cpu": 1}, [], 6.0, trials=3)  # the CPU fallback
+    assert name == "cpu" and env["OMP_NUM_THREADS"] == "6" and "CUDA_VISIBLE_DEVICES" not in env
+    assert prestart.plan(SETTINGS, False, 4, {"gpu": 0.5, "cpu": 1}, ["0"], 16.0, 3) == []
+
+
+def test_only_the_process_a_launcher_would_spawn_is_adopted():
+    env = trial_env(SETTINGS)
+    offer = prestart.Offer(1, "s", "l", ["python", "-m", "trials.server"], {**env, "RAY_JOB_ID": "x"}, 15)
+    ours = {**env, "PYTHONBREAKPOINT": "ray.util.rpdb.set_trace", "RAY_RAYLET_PID": "7"}
+    assert prestart.mismatch(offer, offer.command, ours, 15) == []  # what Ray adds to its workers does not count
+    assert prestart.mismatch(offer, offer.command, {**ours, "OMP_NUM_THREADS": "3"}, 15) == ["$OMP_NUM_THREADS"]
+    assert prestart.mismatch(offer, offer.command + ["--fork"], ours, 0) == [
+        "its command: -m trials.server", "niceness 15, not 0"]
+
+
+def test_a_launcher_runs_its_first_trial_in_the_prestarted_server(as_a_worker):
+    with prestart.start(SETTINGS, False, 4, {"gpu": 1, "cpu": 1}, [], 1.0, trials=1) as servers:
+        (server,) = servers.procs
+        launcher = make_launcher(LaunchSettings("warm", 4, servers=servers.directory))
+        try:
+            first, second = launcher.run(SPEC, 300).record, launcher.run(SPEC, 300).record
+        finally:
+            launcher.close()
+        assert first["status"] == second["status"] == "ok"
+        assert first["pid"] == second["pid"] == server.pid  # both trials in the server the driver started
+        assert (first["process_trial_index"], second["process_trial_index"]) == (0, 1)
+        assert server.wait(30) is not None  # closing the launcher ended the server it adopted
+
+
+def test_a_server_that_died_before_adoption_is_replaced_by_a_spawned_one(as_a_worker):
+    with prestart.start(SETTINGS, False, 4, {"gpu": 1, "cpu": 1}, [], 1.0, trials=1) as servers:
+        (server,) = servers.procs
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(30)
+        launcher = make_launcher(LaunchSettings("warm", 4, servers=servers.directory))
+        try:
+            record = launcher.run(SPEC, 300).record
+        finally:
+            launcher.close()
+        assert record["status"] == "ok" and record["pid"] != server.pid
