@@ -85,13 +85,16 @@ class SweepProgress:
 
 
 def summary_table(items: list[WorkItem], statuses: dict[str, str], records: Any = None) -> Table:
-    """One row per trial: label, sample, status, p50 step time and, for a trial that is not ok, why
-    (from the records: an unsupported cell's reason, an OOM, an exception)."""
+    """One row per trial: label, sample, status, p50 step time (an inference trial's: its decode step, per
+    token, marked /tok) and, for a trial that is not ok, why (from the records: an unsupported cell's reason,
+    an OOM, an exception)."""
     p50, why = {}, {}
     if records is not None and records.num_rows:
-        columns = (records.column(n).to_pylist() for n in ("cell_id", "sample", "step_ms_p50", "error"))
-        for cid, s, v, error in zip(*columns):
-            p50[f"{cid}-s{s}"] = v
+        names = ("cell_id", "sample", "step_ms_p50", "decode_ms_per_token_p50", "error")
+        columns = (records.column(n).to_pylist() if n in records.column_names else [None] * records.num_rows
+                   for n in names)
+        for cid, s, step, decode, error in zip(*columns):
+            p50[f"{cid}-s{s}"] = f"{step:.2f}" if step is not None else f"{decode:.2f}/tok" if decode is not None else None
             why[f"{cid}-s{s}"] = str(error).splitlines()[0][:WHY_CHARS] if error else ""
     table = Table(title="sweep summary")
     table.add_column("cell", no_wrap=True)  # labels stay whole in 80 columns; "why" folds instead
@@ -102,6 +105,6 @@ def summary_table(items: list[WorkItem], statuses: dict[str, str], records: Any 
         status = statuses.get(it.key, "missing")
         value = p50.get(it.key)
         table.add_row(it.label, str(it.sample), Text(status, style=_STYLE.get(status, "")),
-                      f"{value:.2f}" if isinstance(value, float) else "-", it.key,
+                      value or "-", it.key,
                       Text("" if status == "ok" else why.get(it.key, "")))  # an error's text, never markup
     return table

@@ -89,3 +89,23 @@ def test_the_summary_prints_an_error_that_looks_like_console_markup(tmp_path):
     console = Console(record=True, width=300)
     console.print(summary_table([item], {item.key: "error"}, records))
     assert "[/__w/pytorch/third_party/gloo/pair.cc:553]" in console.export_text()
+
+
+def test_the_summary_shows_an_inference_trials_decode_step_per_token():
+    """An infer record has no training step: the summary's p50 column read '-' for every served cell on the H200."""
+    import pyarrow as pa
+    from rich.console import Console
+
+    from orchestrator.progress import summary_table
+    from orchestrator.work import WorkItem
+    from trials import TrialSpec
+
+    train, infer = WorkItem.of(TrialSpec(), 0), WorkItem.of(TrialSpec(workload="infer"), 0)
+    records = pa.Table.from_pylist([
+        {"cell_id": train.cell_id, "sample": 0, "step_ms_p50": 12.5, "decode_ms_per_token_p50": None, "error": None},
+        {"cell_id": infer.cell_id, "sample": 0, "step_ms_p50": None, "decode_ms_per_token_p50": 3.365, "error": None}])
+    console = Console(record=True, width=300)
+    console.print(summary_table([train, infer], {train.key: "ok", infer.key: "ok"}, records))
+    rows = [[c.strip() for c in line.split("│")] for line in console.export_text().splitlines() if "-s0" in line]
+    p50 = {row[5]: row[4] for row in rows}  # key -> p50 ms
+    assert p50 == {train.key: "12.50", infer.key: "3.37/tok"}, rows
