@@ -97,7 +97,9 @@ def parts() -> None:
     t, wall = time.perf_counter(), time.time()
     tuner = tune.Tuner(tune.with_resources(Nothing, {"cpu": 1, "gpu": 0}), param_space={"x": tune.grid_search([0])},
                        tune_config=tune.TuneConfig(reuse_actors=True),
-                       run_config=tune.RunConfig(storage_path=tempfile.mkdtemp(prefix="jt-parts-"), verbose=0))
+                       run_config=tune.RunConfig(storage_path=tempfile.mkdtemp(prefix="jt-parts-"), verbose=0,
+                                                 checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False,
+                                                                                         checkpoint_frequency=0)))
     result = tuner.fit()[0]
     print(f"Tune fit -> trainable set up   {result.metrics['set_up_at'] - wall:6.1f} s   (Tune's set-up, its actor)")
     print(f"Tune fit, one empty trial      {time.perf_counter() - t:6.1f} s")

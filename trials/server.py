@@ -141,8 +141,17 @@ def _run_forked(request: dict[str, Any], reply, watch) -> dict[str, Any]:
     return {"died": f"trial process {pid} {how} without a record"}
 
 
-def serve(requests, reply, max_trials: int, fork: bool = False) -> int:
-    """Run requests until told to retire; returns the number of trials run.
+def guard_recompiles() -> Any:
+    """Raise Dynamo's recompile limit and watch for hits (:mod:`trials.compile_guard`); imports TorchDynamo
+    (seconds where TE did not import it already), so it is done before the first request is read."""
+    from . import compile_guard
+
+    compile_guard.raise_recompile_limit(RECOMPILE_LIMIT)
+    return compile_guard.watch()
+
+
+def serve(requests, reply, max_trials: int, watch: Any, fork: bool = False) -> int:
+    """Run requests until told to retire; returns the number of trials run. ``watch``: :func:`guard_recompiles`'.
 
     ``fork``: every trial in a process forked from this one, which never touches CUDA itself and so
     serves any number of trials. Where importing left CUDA initialised (forked children could not
@@ -150,10 +159,6 @@ def serve(requests, reply, max_trials: int, fork: bool = False) -> int:
     """
     import torch
 
-    from . import compile_guard
-
-    compile_guard.raise_recompile_limit(RECOMPILE_LIMIT)
-    watch = compile_guard.watch()
     if fork and torch.cuda.is_initialized():
         logging.getLogger(__name__).warning("CUDA was initialised while importing: trials run in this process")
         fork = False
@@ -198,19 +203,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     _exit_with_parent(os.getppid())
     if args.listen is None:
         preload(args.preload_te)
+        watch = guard_recompiles()
         with os.fdopen(args.reply_fd, "w", encoding="utf-8") as reply:
-            serve(sys.stdin, reply, max(1, args.max_trials), fork=args.fork)
+            serve(sys.stdin, reply, max(1, args.max_trials), watch, fork=args.fork)
         return 0
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
         listener.bind(args.listen)  # before the imports: whoever adopts us may connect and send while they run
         listener.listen(1)
         preload(args.preload_te)
+        watch = guard_recompiles()
         conn, _ = listener.accept()
     os.unlink(args.listen)
     pid, _, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
     _exit_with_peer(pid)
     with conn, conn.makefile("r", encoding="utf-8") as requests, conn.makefile("w", encoding="utf-8") as reply:
-        serve(requests, reply, max(1, args.max_trials), fork=args.fork)
+        serve(requests, reply, max(1, args.max_trials), watch, fork=args.fork)
     return 0
 
 
