@@ -37,6 +37,11 @@ OOM_VOCAB = 400_000_000  # a 100 GB embedding: the allocator refuses it at once 
 
 
 WORKERS = 2  # the CI machine's cores; more workers would each start a cluster of their own
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Ray runs its workers (every sweep's trials) at niceness 15; a test worker at 0, with the in-process trials and
+    # sweep drivers it starts, took the cores from the other worker's sweeps (the quickstart fixture 98 s serial,
+    # 396 s beside it). At Ray's niceness every process of the suite competes on equal terms.
+    os.nice(max(0, int(os.environ.get("RAY_worker_niceness", "15")) - os.nice(0)))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns -n into workers
