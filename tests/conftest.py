@@ -1,5 +1,13 @@
 """Shared fixtures. Ray is started once per test session: a real two-node cluster on this machine
-(``ray start --head`` plus a second ``ray start --address``), with token authentication on."""
+(``ray start --head`` plus a second ``ray start --address``), with token authentication on.
+
+The whole suite (``pytest`` with no path: the README's and CI's command) runs on two pytest-xdist workers
+(:func:`pytest_cmdline_main`): its slow tests wait on subprocesses, Ray's start and timeouts more than on
+both cores. A session is then a worker's: each worker that runs a test needing the cluster starts its own
+(two sweeps sharing one two-CPU cluster would queue behind each other and could not say which node ran
+what), and a fixture that is one run several tests read puts those tests on one worker
+(:data:`SHARED_RUNS`). A path or test named on the command line, ``-n 0``, or no pytest-xdist installed
+(the GPU host): one process, as before."""
 
 from __future__ import annotations
 
@@ -10,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,9 +29,57 @@ os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # Token authentication, explicitly, for every Ray this suite starts (local or cluster).
 os.environ["RAY_AUTH_MODE"] = "token"
-os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(16))
+# A token of this test process's own (each xdist worker its own): tests tell their session's Ray processes by it.
+if "RAY_AUTH_TOKEN" not in os.environ or os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(16)
 os.environ.pop("RAY_ADDRESS", None)
 OOM_VOCAB = 400_000_000  # a 100 GB embedding: the allocator refuses it at once on any CI machine
+
+
+WORKERS = 2  # the CI machine's cores; more workers would each start a cluster of their own
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Ray runs its workers (every sweep's trials) at niceness 15; a test worker at 0, with the in-process trials and
+    # sweep drivers it starts, took the cores from the other worker's sweeps (the quickstart fixture 98 s serial,
+    # 396 s beside it). At Ray's niceness every process of the suite competes on equal terms.
+    os.nice(max(0, int(os.environ.get("RAY_worker_niceness", "15")) - os.nice(0)))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns -n into workers
+def pytest_cmdline_main(config):
+    """``pytest`` with no path runs the whole suite on :data:`WORKERS` xdist workers, unless -n was given;
+    workers share the tests out by group (``--dist loadgroup``) unless another --dist was given."""
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return
+    if config.option.numprocesses is None and config.args_source == pytest.Config.ArgsSource.TESTPATHS:
+        config.option.numprocesses = WORKERS
+    if config.option.numprocesses and config.option.dist == "no":
+        config.option.dist = "loadgroup"
+
+
+# Fixtures that are one run several tests read (a sweep costs ~15 s of start-up): the tests reading one are an
+# xdist group of its name, so that the run is made once, on one worker, not once on each.
+SHARED_RUNS = ("tracked_sweep", "warm_sweep", "quickstart")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
+def pytest_collection_modifyitems(config, items):
+    """On an xdist worker: group the readers of each shared run (above), and put the tests marked ``slow``
+    first, so that the workers start the longest tests early and do not end on one of them alone (xdist
+    hands out its larger groups first anyway, and a group's tests stay in a row)."""
+    if not hasattr(config, "workerinput"):
+        return
+    for item in items:
+        shared = [name for name in SHARED_RUNS if name in item.fixturenames]
+        if shared:
+            group = shared[0]
+            item.add_marker(pytest.mark.xdist_group(group))
+            if hasattr(item, "_id") and not item.nodeid.endswith("@" + group):
+                # xdist 3.8 tells its scheduler a test's group by appending "@group" to the test's id through
+                # item._nodeid, which pytest 9.2's structured ids no longer read (pytest-xdist#1386, fix in
+                # #1388), and only when the worker's own command line said --dist loadgroup (here the
+                # controller chose it): done here, on the structured id, as that fix does
+                item._id = type(item._id).parse(f"{item.nodeid}@{group}")
+    items.sort(key=lambda item: not (item.get_closest_marker("slow") and not item.get_closest_marker("xdist_group")))
 
 
 def _ray_bin() -> str:
@@ -70,21 +127,28 @@ def one_torch_thread():
 
 
 @pytest.fixture(scope="session")
-def ray_cluster(tmp_path_factory):
+def ray_cluster():
     """Address of a two-node Ray cluster on loopback (head: 1 CPU, worker: 1 CPU)."""
     port = _free_port()
-    temp = tmp_path_factory.mktemp("ray")
+    # Ray's socket paths (<temp>/session_<date>_<pid>/sockets/plasma_store.1) must fit in 107 bytes: a short
+    # directory of its own in /tmp, not pytest's (under xdist, /tmp/pytest-of-<user>/pytest-<n>/popen-gw0/...)
+    temp = tempfile.mkdtemp(prefix="jt-ray-")
     common = ["--num-cpus=1", "--num-gpus=0", "--object-store-memory=120000000", "--disable-usage-stats"]
-    env = cli_env()
-    head = subprocess.run([_ray_bin(), "start", "--head", f"--port={port}", "--include-dashboard=false",
-                           f"--temp-dir={temp}", *common], capture_output=True, text=True, env=env, timeout=120)
-    assert head.returncode == 0, head.stderr[-2000:]
-    address = f"127.0.0.1:{port}"
-    worker = subprocess.run([_ray_bin(), "start", f"--address={address}", *common], capture_output=True,
-                            text=True, env=env, timeout=120)
-    assert worker.returncode == 0, worker.stderr[-2000:]
-    yield address
-    stop_cluster(str(temp))
+    # Ray Train's controller polls its ranks every 2 s by default; a multi-rank trial's start and end each wait
+    # for polls (tests/test_distributed.py runs four such trials)
+    env = cli_env(RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="0.5")
+    try:
+        head = subprocess.run([_ray_bin(), "start", "--head", f"--port={port}", "--include-dashboard=false",
+                               f"--temp-dir={temp}", *common], capture_output=True, text=True, env=env, timeout=120)
+        assert head.returncode == 0, head.stderr[-2000:]
+        address = f"127.0.0.1:{port}"
+        worker = subprocess.run([_ray_bin(), "start", f"--address={address}", *common], capture_output=True,
+                                text=True, env=env, timeout=120)
+        assert worker.returncode == 0, worker.stderr[-2000:]
+        yield address
+    finally:  # a node that did not start leaves the other running
+        stop_cluster(temp)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

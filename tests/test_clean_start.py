@@ -44,6 +44,7 @@ def test_no_orchestrator_module_imports_ray_at_import_time():
     assert int(out.stdout) > 30  # it walked the package, not nothing
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shell", ["stale token file", "RAY_AUTH_MODE=disabled"])
 def test_a_sweep_starts_its_own_ray_whatever_the_users_shell_holds(tmp_path, shell):
     home = tmp_path / "home"

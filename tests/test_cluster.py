@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from orchestrator.store import Store
 
@@ -64,6 +65,7 @@ def _start(sweep: Path, out: Path, address: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
+@pytest.mark.slow
 def test_driver_killed_mid_sweep_then_rerun_completes_exactly_once(ray_cluster, tmp_path):
     """The driver SIGKILLed mid-sweep; a second driver meanwhile is refused; the rerun takes the stale lock
     over and, though a trial's worker is SIGKILLed mid-trial (retried), finishes every cell exactly once."""

@@ -36,6 +36,7 @@ def trial(tmp_path, name: str, *args: str, ranks: int = 1) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_ddp_and_fsdp2_on_two_ranks_train_like_one_process_on_the_global_batch(tmp_path):
     one = trial(tmp_path, "one", "--batch-size", "8")
     ddp = trial(tmp_path, "ddp", "--batch-size", "4", "--world-size", "2", "--parallel", "ddp", ranks=2)
@@ -141,6 +142,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.slow
 def test_two_rank_cells_through_ray_train_one_record_each_even_when_a_rank_dies_stops_or_runs_out_of_memory(
         tmp_path, ray_cluster):
     """On the test cluster's two one-CPU nodes: each two-rank cell is one Tune trial holding nothing, its two

@@ -196,6 +196,7 @@ def test_ctrl_c_during_a_fit_is_noted_and_handed_to_tunes_stop():
     assert not Interrupts().seen
 
 
+@pytest.mark.slow
 def test_sigint_and_sigterm_stop_everything_and_the_rerun_resumes(tmp_path, ray_cluster):
     """SIGINT, and SIGTERM (Slurm, Kubernetes, systemd) on the resumed run, each end the driver the same way:
     no native stack dump, the summary, every process gone; the same command then finishes the sweep."""
@@ -260,6 +261,7 @@ def _fill(path: Path) -> None:
             pass
 
 
+@pytest.mark.slow
 def test_a_full_disk_stops_the_sweep_in_one_line_and_the_rerun_resumes(tmp_path, small_disk, ray_cluster):
     write_sweep(tmp_path, "full", f"""
         grid: {{d_model: [32, 48, 64, 80]}}

@@ -175,6 +175,7 @@ def test_bad_search_blocks_name_key_and_line(block, key, line):
     assert exc.value.key == key and exc.value.line == line, str(exc.value)
 
 
+@pytest.mark.slow
 def test_a_real_search_on_cpu_writes_grid_records_answers_and_resumes(tmp_path, ray_cluster):
     """Through Ray Tune's Searcher API on the test cluster: the twin in fp32 against bf16 on CPU."""
     sweep = tmp_path / "s.yaml"
