@@ -22,6 +22,7 @@ import torch
 
 from . import te_compat
 from .model import MiniGPT, rope_freqs
+from .teacher_forced import host_log_probs
 
 KV_LEN_MULTIPLE = 64  # TE's non-paged KV cache is sized in multiples of 64 tokens
 
@@ -119,11 +120,22 @@ class Generator:
         if graphs:
             self._capture()
 
+    def _prefill(self, prompts: torch.Tensor) -> torch.Tensor:
+        """prompts (rows, prompt_len) through a reset cache -> hidden states (rows, prompt_len, d_model)."""
+        positions = torch.arange(prompts.shape[1], device=self.device)
+        self.cache.start(prompts.shape[1] if self.te is not None else positions)
+        with te_compat.autocast(self.te, self.recipe):
+            return self.model.features(prompts, positions, self.cache)
+
+    def _step_features(self) -> torch.Tensor:
+        """The static token buffer at the static position, through the cache -> hidden (rows, 1, d_model)."""
+        with te_compat.autocast(self.te, self.recipe):
+            return self.model.features(self.token, self.position, self.cache)
+
     @torch.no_grad()
     def _decode(self) -> torch.Tensor:
         """One decode step on the static buffers -> the next token of every row, (rows,)."""
-        with te_compat.autocast(self.te, self.recipe):
-            hidden = self.model.features(self.token, self.position, self.cache)  # (rows, 1, d_model)
+        hidden = self._step_features()  # (rows, 1, d_model)
         self.next.copy_(self.model.head(hidden[:, -1]).argmax(-1))
         return self.next
 
@@ -156,10 +168,7 @@ class Generator:
         self.cache.reset()
         clock = Clock(cuda)
         clock.start()
-        positions = torch.arange(prompt_len, device=self.device)
-        self.cache.start(prompt_len if self.te is not None else positions)
-        with te_compat.autocast(self.te, self.recipe):
-            hidden = self.model.features(prompts, positions, self.cache)  # (rows, prompt_len, d_model)
+        hidden = self._prefill(prompts)  # (rows, prompt_len, d_model)
         out[:, 0] = self.model.head(hidden[:, -1]).argmax(-1)
         clock.stop()
         for j in range(1, gen_len):
@@ -183,28 +192,17 @@ class Generator:
         that token -> (keep, prompt_len + n, vocab) fp32 on the host, the first ``keep`` rows."""
         prompt_len = prompts.shape[1]
         self.cache.reset()
-        positions = torch.arange(prompt_len, device=self.device)
-        self.cache.start(prompt_len if self.te is not None else positions)
-        with te_compat.autocast(self.te, self.recipe):
-            hidden = self.model.features(prompts, positions, self.cache)  # (rows, prompt_len, d_model)
-        out = [host_log_probs(self.model.head(hidden[:keep]))]
+        out = [host_log_probs(self.model.head(self._prefill(prompts)[:keep]))]  # every prefill position
         for j in range(tokens.shape[1]):
             self.token.copy_(tokens[:, j:j + 1])
             self.position.fill_(prompt_len + j)
             self._begin_decode()
-            with te_compat.autocast(self.te, self.recipe):
-                hidden = self.model.features(self.token, self.position, self.cache)  # (rows, 1, d_model)
-            out.append(host_log_probs(self.model.head(hidden[:keep])))
+            out.append(host_log_probs(self.model.head(self._step_features()[:keep])))
         return torch.cat(out, dim=1)
 
     @property
     def cache_bytes(self) -> int:
         return self.cache.bytes
-
-
-def host_log_probs(logits: torch.Tensor) -> torch.Tensor:
-    """(rows, t, vocab) logits -> fp32 log-probabilities on the host (they wait there, out of device memory)."""
-    return logits.float().log_softmax(-1).cpu()
 
 
 class Clock:

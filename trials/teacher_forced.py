@@ -60,6 +60,11 @@ def served_rows(batch_size: int, positions: int) -> int:
     return max(1, min(batch_size, HELD_LEN // positions))
 
 
+def host_log_probs(logits: torch.Tensor) -> torch.Tensor:
+    """(rows, t, vocab) logits -> fp32 log-probabilities on the host (they wait there, out of device memory)."""
+    return logits.float().log_softmax(-1).cpu()
+
+
 @torch.no_grad()
 def log_probs(model: Any, ids: torch.Tensor, context: Callable[[], ContextManager] = contextlib.nullcontext
               ) -> torch.Tensor:
@@ -71,7 +76,7 @@ def log_probs(model: Any, ids: torch.Tensor, context: Callable[[], ContextManage
     try:
         with context():
             logits = model(ids)
-        return logits.float().log_softmax(-1).cpu()
+        return host_log_probs(logits)
     finally:
         model.train(was_training)
 

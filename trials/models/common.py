@@ -47,6 +47,13 @@ class Logits(nn.Module):
         return logits_of(self.model(idx, **self.call_kwargs))
 
 
+@torch.no_grad()
+def output_vocab(model: nn.Module, device: str) -> int:
+    """The vocabulary a built model's logits span, read off one tiny forward: for a factory's model that could not
+    say it before it existed (the record's ``vocab`` is then unset)."""
+    return int(model(torch.zeros(1, 2, dtype=torch.long, device=device)).shape[-1])
+
+
 def next_logits(model: nn.Module, idx: torch.Tensor, pos: int) -> torch.Tensor:
     """Logits (b, vocab) at position ``pos`` of ids (b, t): the model's own ``next_logits`` where it has one
     (MiniGPT runs its LM head at that position only), else its full logits' row."""

@@ -35,8 +35,9 @@ import torch
 import torch.nn as nn
 
 from .. import models, te_compat
-from ..decode import Clock, Generation, host_log_probs
+from ..decode import Clock, Generation
 from ..models.common import Logits, logits_of
+from ..teacher_forced import host_log_probs
 
 NOT_SERVABLE = ("serving a py: model needs a transformers causal LM (a PreTrainedModel with GenerationMixin, "
                 "whose forward takes a KV cache); {name} maps ids to logits only")

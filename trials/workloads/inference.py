@@ -48,6 +48,7 @@ from ..data import ArithmeticSequences
 from ..decode import Generation
 from ..generation import stride_accuracy
 from ..metrics import step_stats
+from ..models.common import output_vocab
 from ..spec import TrialSpec, field_default
 from ..train import build_train_step, train
 
@@ -72,8 +73,7 @@ def run(spec: TrialSpec, res: Resolution, cfg: Any, record: dict[str, Any], t0: 
         record.update(status="unsupported", error=why)
         return
     if record["vocab"] is None:  # a factory's model that could not say its vocabulary before it existed
-        with torch.no_grad():
-            record["vocab"] = int(step.model(torch.zeros(1, 2, dtype=torch.long, device=res.device)).shape[-1])
+        record["vocab"] = output_vocab(step.model, res.device)
     vocab = record["vocab"]
     recipe = None  # TE's recipe object (te fp8 cells)
     fp8 = res.precision == "fp8"

@@ -20,6 +20,7 @@ from ..data import ArithmeticSequences
 from ..generation import generation_check
 from ..metrics import count_flops, step_stats, throughput
 from ..model import ModelConfig
+from ..models.common import output_vocab
 from ..spec import TrialSpec
 from ..train import build_train_step, fp8_state, train
 
@@ -40,8 +41,7 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
     model, te, recipe = step.model, step.te, step.recipe
     record.update(step.built.info)
     if record["vocab"] is None:  # a factory's model that could not say its vocabulary before it existed
-        with torch.no_grad():
-            record["vocab"] = int(model(torch.zeros(1, 2, dtype=torch.long, device=res.device)).shape[-1])
+        record["vocab"] = output_vocab(model, res.device)
     vocab = record["vocab"]  # the model's (the spec's, or an hf/py model's own)
     if record["flops_method"] is None:
         record.update(count_flops(spec, model, vocab, res.device, ranks.world))
