@@ -351,3 +351,76 @@ def test_a_transformers_model_serves_on_the_gpu(extra):
         assert rec["decode_rows"] == 16 and json.loads(rec["fp8_skipped_modules"]) == ["model.lm_head"]
         assert rec["fp8_converted_modules"] == 14 and rec["gen_match_rate"] >= 0.9
         assert rec["tf_top1_agreement_decided"] >= 0.9 and 0 <= rec["tf_kl_mean"] < 0.1
+
+
+HF_INFER = dict(model="hf:llama", workload="infer", d_model=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn=512,
+                vocab=512, seq_len=128, batch_size=4, train_steps=150, lr=3e-3, bench_steps=3, prompt_len=32,
+                gen_len=32, profile=False, device="cuda")
+
+
+@needs_cuda
+@pytest.mark.parametrize("extra", [dict(backend="torch", precision="bf16"),
+                                   dict(backend="torchao", precision="fp8", recipe="tensorwise", weights="fp8"),
+                                   dict(backend="te", precision="fp8", recipe="delayed")],
+                         ids=["torch-bf16", "torchao-tensorwise", "te-delayed"])
+def test_a_transformers_models_decode_graphed_through_a_static_cache_serves_as_eager_does(request, extra):
+    """cuda_graphs on an hf:llama infer cell (trials/serving/hf.py's StaticGenerator, its decode step replayed):
+    the same cell eager and graphed; the graphed one continues its prompts, agrees with the eager trial's tokens
+    and (fp8) with its own eager BF16 reference as the eager neighbour test requires; its KV cache is the
+    preallocated static one (prompt_len + gen_len positions)."""
+    if extra["backend"] == "torchao":
+        pytest.importorskip("torchao")
+    if extra["backend"] == "te":
+        request.getfixturevalue("te")  # skips without TE
+    spec = TrialSpec(**HF_INFER, **extra)
+    eager = run_trial(spec)
+    graphed = run_trial(replace(spec, cuda_graphs=True))
+    assert eager["status"] == "ok", eager["error"]
+    assert graphed["status"] == "ok", graphed["error"]
+    print(f"\nhf:llama infer {extra}: decode {eager['decode_ms_per_token_p50']:.3f} ms/token eager, "
+          f"{graphed['decode_ms_per_token_p50']:.3f} graphed; prefill {graphed['prefill_ms_p50']:.3f} ms; match "
+          f"{graphed['gen_match_rate']}, tf {graphed['tf_top1_agreement']} / {graphed['tf_kl_mean']}")
+    assert graphed["cuda_graphs"] is True and graphed["timer"] == "cuda_event"
+    assert graphed["ref_stride_accuracy"] >= 0.9 and graphed["gen_stride_accuracy"] >= 0.9
+    generated = slice(HF_INFER["prompt_len"], None)  # row 0's greedy tokens after its prompt
+    same = [a == b for a, b in zip(eager["gen_tokens"][generated], graphed["gen_tokens"][generated])]
+    assert sum(same) / len(same) >= 0.9
+    # K and V x layers x rows x K/V heads x (32 + 32) positions x head dim 64 x BF16
+    assert graphed["kv_cache_bytes"] == 2 * 2 * graphed["decode_rows"] * 2 * 64 * 64 * 2
+    if extra["precision"] == "fp8":
+        assert graphed["decode_rows"] == eager["decode_rows"] and graphed["gen_match_rate"] >= 0.9
+        assert graphed["tf_top1_agreement_decided"] >= 0.9 and 0 <= graphed["tf_kl_mean"] < 0.1
+
+
+@needs_cuda
+@pytest.mark.parametrize("serve", [None, "tensorwise"], ids=["torch-bf16", "torchao-tensorwise"])
+def test_the_replayed_decode_graph_gives_the_uncaptured_static_caches_tokens_bit_for_bit(serve):
+    """One model, no training: StaticGenerator captured and replayed against the same cache run uncaptured; a
+    second generation (other rows first) shows the reset forgets the first and the capture's warm-up."""
+    from trials import backends, serving
+    from trials.serving.hf import StaticGenerator
+
+    if serve is not None:
+        pytest.importorskip("torchao")
+    spec = TrialSpec(**HF_INFER, backend="torch", precision="bf16")
+    model = backends.build(spec, "torch", "bf16", "cuda").model.eval()
+    for p in model.parameters():  # logits far apart: no argmax near-ties
+        if p.dim() > 1:
+            p.data.mul_(4.0)
+    if serve is not None:
+        from trials.backends import torchao as torchao_backend
+
+        torchao_backend.quantize_for_serving(model, serve, serving.of(spec).logits_layer(model))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    prompts = torch.randint(0, 512, (16, 32), device="cuda", generator=g)
+    eager = StaticGenerator(model, 16, 32 + 24, capture=False).generate(prompts, 24)
+    graphed = serving.of(spec).generator(model, 16, 32 + 24, graphs=True)
+    assert graphed.graph is not None
+    graphed.generate(prompts.flip(0), 24)
+    out = graphed.generate(prompts, 24)
+    assert torch.equal(out.tokens, eager.tokens)
+    dynamic = serving.of(spec).generator(model, 16, 32 + 24).generate(prompts, 24)
+    agreement = (dynamic.tokens == out.tokens).float().mean().item()
+    print(f"\nstatic graphed vs DynamicCache eager ({serve or 'bf16'}): token agreement {agreement:.3f}, decode "
+          f"{sorted(out.decode_ms)[11]:.3f} ms/token graphed, {sorted(dynamic.decode_ms)[11]:.3f} eager")
+    assert agreement >= 0.75  # the same attention: eager DynamicCache and replayed StaticCache rarely part ways

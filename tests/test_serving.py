@@ -1,5 +1,6 @@
 """Serving models JuicyTalk did not build (trials/serving): transformers' own KV cache on CPU at one tiny shape, the
-teacher-forced read through the cache, and a py: module that cannot be served."""
+teacher-forced read through the cache, the static cache the graphed decode runs (here uncaptured), and a py:
+module that cannot be served."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from trials import TrialSpec, run_trial, serving, teacher_forced
 from trials import backends, models
 from trials.decode import Generator
 from trials.model import MiniGPT, ModelConfig
+from trials.serving.hf import StaticGenerator
+from trials.spec import SpecError
 
 pytest.importorskip("transformers")
 
@@ -74,6 +77,36 @@ def test_cached_generation_equals_recomputing_the_prefix_and_forced_reads_its_ow
     assert lp.shape == (2, 8 + 9, 96) and lp.dtype == torch.float32 and lp.device.type == "cpu"
     assert torch.equal(lp[:, 7:].argmax(-1), first.tokens[:2])
     assert torch.allclose(lp.exp().sum(-1), torch.ones(2, 17), atol=1e-4)
+
+
+@pytest.mark.parametrize("model", ["hf:llama", "mistral-window5"])
+def test_the_static_cache_of_graphed_decode_generates_and_reads_as_the_dynamic_cache_does(model, tmp_path):
+    """StaticGenerator uncaptured (what cuda_graphs replays): the same greedy tokens and teacher-forced log-probs
+    as the DynamicCache path; mistral's window (5) is shorter than the 18 positions, so its sliding mask works."""
+    if model.startswith("mistral"):
+        (tmp_path / "config.json").write_text(json.dumps({"model_type": "mistral", "sliding_window": 5}))
+        model = f"hf:{tmp_path}"
+    spec = tiny(model, backend="torch", precision="fp32")
+    net = _sharp(models.build(spec, "fp32", "cpu").model)
+    prompts = torch.randint(0, 96, (3, 8), generator=torch.Generator().manual_seed(0))
+    dynamic = serving.of(spec).generator(net, 3, 8 + 10)
+    static = StaticGenerator(net, 3, 8 + 10, capture=False)
+    ref = dynamic.generate(prompts, 10)
+    assert torch.equal(static.generate(prompts.flip(0), 10).tokens, ref.tokens.flip(0))  # other rows first
+    out = static.generate(prompts, 10)  # the reset forgets them
+    assert torch.equal(out.tokens, ref.tokens) and len(out.decode_ms) == 9
+    lp = static.forced(prompts, ref.tokens[:, :-1], keep=2)
+    assert torch.allclose(lp, dynamic.forced(prompts, ref.tokens[:, :-1], keep=2), atol=1e-4)
+    # preallocated: K and V x layers x rows x K/V heads x 18 positions x head dim 32 x fp32
+    assert static.cache_bytes == 2 * 2 * 3 * 1 * 18 * 32 * 4
+
+
+def test_cuda_graphs_is_built_for_a_transformers_models_inference_not_its_training():
+    for model in ("hf:llama", "py:tests.fixtures.factories:transformers_llama"):
+        assert TrialSpec(model=model, workload="infer", cuda_graphs=True, device="cuda").cuda_graphs
+    with pytest.raises(SpecError, match="is built for workload train on model minigpt, not hf:llama") as exc:
+        TrialSpec(model="hf:llama", workload="train", cuda_graphs=True, device="cuda")
+    assert exc.value.field == "cuda_graphs" and "\n" not in str(exc.value)
 
 
 def test_minigpts_generator_reads_teacher_forced_log_probs_through_its_cache_too():

@@ -189,7 +189,8 @@ FIELDS: list[Field] = [
     _f("weight_bytes", "int", "infer: device memory the inference model's weights take (FP8 data and scales "
        "included; storage size on CPU)."),
     _f("kv_cache_bytes", "int", "infer: the KV cache's memory (rows x positions x layers x K and V): MiniGPT's "
-       "preallocated buffers; a transformers model's DynamicCache after a generation (prompt_len + gen_len - 1)."),
+       "preallocated buffers; a transformers model's DynamicCache after a generation (prompt_len + gen_len - 1), "
+       "its preallocated StaticCache with cuda_graphs (prompt_len + gen_len)."),
     _f("peak_decode_mem_bytes", "int", "infer: peak allocated device memory over the timed generations."),
     _f("gen_match_rate", "float", "infer, fp8 cells: share of greedy tokens equal to the BF16 model's (the same "
        "trained weights, the same prompts). Secondary: one early divergence ruins it (see tf_top1_agreement)."),

@@ -200,9 +200,10 @@ class TrialSpec:
         if self.workload == "infer" and not source.infer:
             raise SpecError("workload", f"infer is built for model "
                             f"{', '.join(m for m, s in SOURCES.items() if s.infer)}, not {self.model}{why}")
-        if self.cuda_graphs and not source.graphs:
-            raise SpecError("cuda_graphs", f"is built for model "
-                            f"{', '.join(m for m, s in SOURCES.items() if s.graphs)}, not {self.model}")
+        if self.cuda_graphs and not source.graphs_built(self.workload):
+            raise SpecError("cuda_graphs", f"is built for workload {self.workload} on model "
+                            f"{', '.join(m for m, s in SOURCES.items() if s.graphs_built(self.workload))}, "
+                            f"not {self.model} ({source.name}: models graph workload {' or '.join(source.graphs)})")
         if self.parallel != "none" and not source.parallel:
             raise SpecError("parallel", f"multi-rank trials are built for model "
                             f"{', '.join(m for m, s in SOURCES.items() if s.parallel)}, not {self.model}")

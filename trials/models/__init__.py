@@ -20,8 +20,8 @@ The ``model`` trial field names the source and its target (``hf:qwen2``). Each s
 once, what each source supports: which stacks build its models, how TE takes them (MiniGPT: TE builds
 its own te blocks, ``te_layer`` transformer_layer or modules; any other model: TE converts the module
 the source builds, ``te_layer`` swap or transformer_layer, trials/backends/te_convert.py), whether
-inference, CUDA graphs and multi-rank trials apply (inference: which trials/serving module serves the
-source's models), and whether MiniGPT's closed forms hold (elsewhere
+inference, CUDA graphs (for which workloads) and multi-rank trials apply (inference: which
+trials/serving module serves the source's models), and whether MiniGPT's closed forms hold (elsewhere
 FLOPs are counted). Importing this package imports nothing heavy.
 """
 
@@ -47,7 +47,9 @@ class Source:
     name: str
     stacks: tuple[str, ...]  # the stacks (trials/backends) that build this source's models
     parallel: bool  # multi-rank trials (DDP, FSDP2 over its blocks) are built for it
-    graphs: bool  # ``cuda_graphs: true`` (the step captured as CUDA graphs) is built for it
+    # the workloads whose ``cuda_graphs: true`` is built for it (train: forward+backward captured; infer: the
+    # decode step captured and replayed)
+    graphs: tuple[str, ...]
     # the trials/serving module that serves its models (the inference workload); '' where none is built
     server: str = ""
     own: bool = False  # JuicyTalk's own network: ``arch``, the shape defaults and the analytic FLOP formula apply
@@ -62,6 +64,10 @@ class Source:
         """The inference workload is built for it."""
         return bool(self.server)
 
+    def graphs_built(self, workload: str) -> bool:
+        """``cuda_graphs: true`` is built for ``workload`` on this source's models."""
+        return workload in self.graphs
+
     def te_unsupported(self, workload: str, te_layer: str | None = None) -> str:
         """Why TE cannot run ``workload`` with ``te_layer`` (None: the source's default) on this source's models
         ('' where it can): the one place that says it."""
@@ -72,13 +78,14 @@ class Source:
 
 
 SOURCES: dict[str, Source] = {s.name: s for s in (
-    Source("minigpt", ("te", "torch", "torchao"), parallel=True, graphs=True, server="minigpt", own=True,
-           te_layers=("transformer_layer", "modules"), te_own=True),
-    # transformers' mask code inspects its inputs on the host, which a CUDA graph capture cannot hold
-    Source("hf", ("te", "torch", "torchao"), parallel=False, graphs=False, server="hf"),
+    Source("minigpt", ("te", "torch", "torchao"), parallel=True, graphs=("train", "infer"), server="minigpt",
+           own=True, te_layers=("transformer_layer", "modules"), te_own=True),
+    # decode graphs through transformers' StaticCache (trials/serving/hf.py); a training step is not captured
+    # (transformers' mask code inspects its inputs on the host, which a capture of forward+backward cannot hold)
+    Source("hf", ("te", "torch", "torchao"), parallel=False, graphs=("infer",), server="hf"),
     # a factory's module serves when it is a transformers causal LM (trials/serving/hf.py says why), else the
     # cell is unsupported with that reason
-    Source("py", ("te", "torch", "torchao"), parallel=False, graphs=False, server="hf"),
+    Source("py", ("te", "torch", "torchao"), parallel=False, graphs=("infer",), server="hf"),
 )}
 DEFAULT_MODEL = "minigpt"
 

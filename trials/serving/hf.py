@@ -8,21 +8,39 @@ the prefix, which is not serving.
 
 The generation is what ``model.generate`` does greedily, without its host-side machinery (logits processors,
 stopping criteria), so the timed steps hold the model and its cache only, as MiniGPT's Generator does:
-prefill ``prompt_len`` tokens through a fresh ``DynamicCache`` (made before the clock starts) keeping only the
-last position's logits (``logits_to_keep=1``), then one token per decode step, each fed the previous argmax;
-positions come from the cache's length. ``DynamicCache`` grows by concatenation (transformers' default for
-eager decoding); a ``StaticCache`` is what ``torch.compile`` or CUDA graphs would need, and neither is built
-for these models (the spec refuses ``compile`` for inference and ``cuda_graphs`` for hf/py models).
-``kv_cache_bytes`` is the cache's size after a generation (prompt_len + gen_len - 1 positions; MiniGPT's
-counts its preallocated buffers instead).
+prefill ``prompt_len`` tokens keeping only the last position's logits (``logits_to_keep=1``), then one token
+per decode step, each fed the previous argmax. Two caches:
+
+    eager (cuda_graphs false)  :class:`HFGenerator`: a fresh ``DynamicCache`` per generation (made before the
+                               clock starts), grown by concatenation (transformers' default for eager decoding);
+                               positions come from the cache's length. ``kv_cache_bytes`` is its size after a
+                               generation (prompt_len + gen_len - 1 positions).
+    static (cuda_graphs true)  :class:`StaticGenerator`: one ``StaticCache`` of ``max_len`` positions for
+                               ``rows`` rows, reset (zeroed in place) before each generation; the prefill runs
+                               eager into it, and the decode step (static token (rows, 1) and position (1, 1)
+                               buffers in, argmax into a static ``next`` buffer) is captured once as a CUDA graph
+                               after warm-up steps on a side stream, and replayed. ``kv_cache_bytes`` counts
+                               its preallocated buffers, as MiniGPT's does.
+
+Why the static cache can be graphed: its layers write at, and the causal mask starts from, a length each layer
+keeps on the device (``cumulative_length``, advanced in place by every replay); the rotary positions come from
+the static position buffer (``position_ids``: transformers 5.x takes no ``cache_position``). Sliding-window
+layers (mistral) keep their length on the host instead (a Python int a graph would freeze), so this cache
+holds them as full-length static layers too: the model's sliding-window mask, built from the device-side
+length, keeps each query to its window, the same attention as DynamicCache's window-sized layers.
+``StaticGenerator(capture=False)`` runs the same cache and buffers without capturing (CPU tests compare
+it with the DynamicCache path); the teacher-forced read (``forced``) is eager on either cache (it needs every
+position's logits, a graphed step keeps only its argmax).
 
 The stacks: torch serves the model as built; torchao quantizes its Linears for serving as it does MiniGPT's
 (``quantize_for_serving``: the layer that makes the logits and Linears with a dimension not a multiple of
 16 stay BF16); te converts it as training did (``te_layer: swap``: te.Linear and te.RMSNorm inside
 transformers' own attention and MLP modules, so transformers' cache still works) and runs every forward
-under ``te.autocast`` with the cell's recipe; ``weights: fp8`` converts under ``quantized_model_init`` and
-loads the calibrated weights as MiniGPT's FP8-weight model does. ``te_layer: transformer_layer`` does not
-serve (te.TransformerLayer keeps no transformers cache; see ``Source.te_unsupported``).
+under ``te.autocast`` with the cell's recipe (a graphed step captures the autocast, as MiniGPT's Generator
+does); ``weights: fp8`` converts under ``quantized_model_init`` and loads the calibrated weights as MiniGPT's
+FP8-weight model does. ``te_layer: transformer_layer`` does not serve (te.TransformerLayer keeps no
+transformers cache; see ``Source.te_unsupported``). Which workloads graph on these models is the source
+table's ``Source.graphs`` (trials/models): inference only.
 """
 
 from __future__ import annotations
@@ -90,8 +108,9 @@ def logits_layer(model: nn.Module) -> str | None:
 
 def generator(model: nn.Module, rows: int, max_len: int, te: Any = None, recipe: Any = None,
               graphs: bool = False) -> "HFGenerator":
+    """``graphs``: the static cache with its decode step captured; else the eager DynamicCache path."""
     if graphs:
-        raise ValueError("cuda_graphs: decode graphs are not built for transformers models")
+        return StaticGenerator(model, rows, max_len, te, recipe, capture=True)
     return HFGenerator(model, te, recipe)
 
 
@@ -116,10 +135,12 @@ class HFGenerator:
         except TypeError:
             return DynamicCache()
 
-    def _forward(self, ids: torch.Tensor, last: bool) -> torch.Tensor:
-        """ids (rows, t) through the cache -> logits (rows, vocab) at the last position, or (rows, t, vocab)."""
+    def _forward(self, ids: torch.Tensor, last: bool, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """ids (rows, t) through the cache -> logits (rows, vocab) at the last position, or (rows, t, vocab).
+        ``positions`` (1, t): the tokens' positions; None: transformers counts them from the cache's length."""
+        at = {} if positions is None else {"position_ids": positions}
         with te_compat.autocast(self.te, self.recipe):
-            out = self.lm(input_ids=ids, use_cache=True, **{self.cache_kw: self.cache},
+            out = self.lm(input_ids=ids, use_cache=True, **{self.cache_kw: self.cache}, **at,
                           **(self.last_only if last else {}))
         logits = logits_of(out)
         return logits[:, -1] if last else logits
@@ -156,3 +177,94 @@ class HFGenerator:
                 if isinstance(t, torch.Tensor):
                     total += t.numel() * t.element_size()
         return total
+
+
+class StaticGenerator(HFGenerator):
+    """Greedy generation for ``rows`` prompts through one ``StaticCache`` of ``max_len`` positions; with
+    ``capture`` (a CUDA device) the decode step is a CUDA graph, replayed once per token."""
+
+    def __init__(self, model: nn.Module, rows: int, max_len: int, te: Any = None, recipe: Any = None,
+                 capture: bool = False):
+        super().__init__(model, te, recipe)
+        self.rows, self.max_len = rows, max_len
+        self.cache = self._new_cache()
+        self.token = torch.zeros(rows, 1, dtype=torch.long, device=self.device)  # (rows, 1) decode input
+        self.position = torch.zeros(1, 1, dtype=torch.long, device=self.device)  # (1, 1) its position
+        self.next = torch.zeros(rows, dtype=torch.long, device=self.device)  # (rows,) its argmax
+        self.graph: torch.cuda.CUDAGraph | None = None
+        if capture:
+            self._capture()
+
+    def _new_cache(self) -> Any:
+        """transformers' StaticCache for the config, its sliding-window layers made full-length static layers
+        (their host-side length would be frozen by a graph; the model's sliding mask keeps the window)."""
+        from transformers import StaticCache
+        from transformers.cache_utils import StaticLayer
+
+        cache = StaticCache(config=self.lm.config, max_cache_len=self.max_len)
+        for i, layer in enumerate(cache.layers):
+            if getattr(layer, "is_sliding", False):
+                cache.layers[i] = StaticLayer(max_cache_len=self.max_len)
+        return cache
+
+    @torch.no_grad()
+    def _decode(self) -> torch.Tensor:
+        """One decode step on the static buffers: the token at the position -> the next token of every row."""
+        self.next.copy_(self._forward(self.token, last=True, positions=self.position).argmax(-1))
+        return self.next
+
+    def _capture(self) -> None:
+        """Capture the decode step after two warm-up steps on a side stream (they allocate the cache's buffers
+        and choose kernels); what they and the capture wrote, a reset zeroes."""
+        self.cache.reset()
+        self.token.zero_()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for step in range(2):
+                self.position.fill_(step)
+                self._decode()
+        torch.cuda.current_stream().wait_stream(side)
+        self.cache.reset()
+        self.position.fill_(0)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self._decode()
+        self.cache.reset()
+        torch.cuda.synchronize()
+
+    @torch.no_grad()
+    def generate(self, prompts: torch.Tensor, gen_len: int) -> Generation:
+        """prompts (rows, prompt_len) -> the next ``gen_len`` greedy tokens and their timings."""
+        prompt_len = prompts.shape[1]
+        out = torch.empty(prompts.shape[0], gen_len, dtype=torch.long, device=self.device)
+        clock = Clock(self.device.type == "cuda")
+        self.cache.reset()  # before the clock, as the eager path makes its DynamicCache
+        clock.start()
+        positions = torch.arange(prompt_len, device=self.device).unsqueeze(0)  # (1, prompt_len)
+        out[:, 0] = self._forward(prompts, last=True, positions=positions).argmax(-1)
+        clock.stop()
+        for j in range(1, gen_len):
+            clock.start()
+            self.token.copy_(out[:, j - 1:j])
+            self.position.fill_(prompt_len + j - 1)
+            if self.graph is not None:
+                self.graph.replay()
+            else:
+                self._decode()
+            out[:, j] = self.next
+            clock.stop()
+        times = clock.read()
+        return Generation(out, times[0], times[1:])
+
+    @torch.no_grad()
+    def forced(self, prompts: torch.Tensor, tokens: torch.Tensor, keep: int) -> torch.Tensor:
+        """Teacher-forced through the static cache, eager: every position's logits, as the eager path reads."""
+        prompt_len = prompts.shape[1]
+        self.cache.reset()
+        positions = torch.arange(prompt_len, device=self.device).unsqueeze(0)  # (1, prompt_len)
+        out = [host_log_probs(self._forward(prompts, last=False, positions=positions)[:keep])]
+        for j in range(tokens.shape[1]):
+            at = torch.full((1, 1), prompt_len + j, dtype=torch.long, device=self.device)
+            out.append(host_log_probs(self._forward(tokens[:, j:j + 1], last=False, positions=at)[:keep]))
+        return torch.cat(out, dim=1)
