@@ -27,8 +27,9 @@ def _fail(message: str) -> int:
 
 def _console() -> Console:
     """Rich output on stdout: a terminal's width when there is one; piped or redirected, lines as long as
-    they need (rich would wrap at 80 columns and break labels mid-word)."""
-    return Console() if sys.stdout.isatty() else Console(width=10_000)
+    they need (rich would wrap at 80 columns and break labels mid-word). No emoji codes: a model's name is
+    data, and rich would print ``hf:llama:`` (a label and its colon) as "hf🦙"."""
+    return Console(emoji=False) if sys.stdout.isatty() else Console(width=10_000, emoji=False)
 
 
 def _quiet_ray_logs(verbose: bool) -> None:

@@ -29,7 +29,7 @@ class SweepProgress:
     """Polls the store once a second from a background thread and renders a rich Live panel."""
 
     def __init__(self, console: Console | None = None, interval_s: float = 1.0):
-        self.console = console or Console(stderr=True)
+        self.console = console or Console(stderr=True, emoji=False)
         self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -267,6 +267,7 @@ resources: {cpu: 1, gpu: 0}
 """)
     run = juicytalk("sweep", str(sweep), "--out", str(tmp_path), "--address", ray_cluster, "--no-progress")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "hf:llama: torchao-fp8-tensorwise vs torch-bf16" in run.stdout  # the model's name, not an emoji code
     records = Store(str(tmp_path), "mine").read_records().to_pylist()
     assert len(records) == 8 and all(r["status"] == "ok" for r in records), [r["error"] for r in records]
     pairs = pair_cells(prepare(pd.DataFrame(records)))
