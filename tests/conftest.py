@@ -34,6 +34,9 @@ if "RAY_AUTH_TOKEN" not in os.environ or os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(16)
 os.environ.pop("RAY_ADDRESS", None)
 OOM_VOCAB = 400_000_000  # a 100 GB embedding: the allocator refuses it at once on any CI machine
+# A tiny model whose forward passes wait (tests/fixtures/factories.py): for the fault tests that must catch a
+# trial mid-run, a trial that lasts in wall time (~22 ms a train step) without taking a core from the suite
+SLOW_MODEL = "py:tests.fixtures.factories:slow"
 
 
 WORKERS = 2  # the CI machine's cores; more workers would each start a cluster of their own

@@ -16,11 +16,12 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
-from .conftest import OOM_VOCAB, REPO, cli_env, juicytalk, running_trial, wait_for
+from .conftest import OOM_VOCAB, REPO, SLOW_MODEL, cli_env, juicytalk, running_trial, wait_for
 from .test_cluster import records, write_sweep
 
 CPU_CELL = ("n_layers: 1, seq_len: 32, batch_size: 8, train_steps: %d, bench_steps: 3, warmup_steps: 1, "
             "gen_len: 2, precision: fp32, device: cpu, profile: false")  # no kernel breakdown: not under test here
+SLOW_CELL = f"model: '{SLOW_MODEL}', " + CPU_CELL.split(", ", 1)[1]  # ~22 ms a train step, little CPU
 
 
 def _sweep(out: Path, name: str, *extra: str, address: str | None = None, timeout: float = 600):
@@ -99,7 +100,7 @@ def test_warm_oom_replaces_the_process_and_the_next_trial_is_clean(warm_sweep):
 def test_killed_trial_process_is_retried_once_and_later_trials_are_unaffected(ray_cluster, tmp_path, launcher):
     write_sweep(tmp_path, "kt", f"""
         grid: {{d_model: [32, 48]}}
-        fixed: {{{CPU_CELL % 1500}}}
+        fixed: {{{SLOW_CELL % 150}}}
         resources: {{cpu: 1, gpu: 0}}
         max_concurrent: 1
         launcher: {launcher}
@@ -123,7 +124,7 @@ def test_killed_trial_process_is_retried_once_and_later_trials_are_unaffected(ra
 def test_timeout_kills_the_trial_process(ray_cluster, tmp_path, launcher):
     write_sweep(tmp_path, "slow", f"""
         grid: {{d_model: [256]}}
-        fixed: {{n_layers: 4, train_steps: 100000, device: cpu}}
+        fixed: {{model: "{SLOW_MODEL}", train_steps: 100000, device: cpu}}
         trial_timeout_s: 6
         launcher: {launcher}
     """)
@@ -202,7 +203,7 @@ def test_sigint_and_sigterm_stop_everything_and_the_rerun_resumes(tmp_path, ray_
     no native stack dump, the summary, every process gone; the same command then finishes the sweep."""
     write_sweep(tmp_path, "int", f"""
         grid: {{d_model: [32, 40, 48, 64]}}
-        fixed: {{{CPU_CELL % 600}}}
+        fixed: {{{SLOW_CELL % 250}}}
         resources: {{cpu: 1, gpu: 0}}
         launcher: warm
     """)
