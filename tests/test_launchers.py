@@ -219,7 +219,7 @@ def test_sigint_and_sigterm_stop_everything_and_the_rerun_resumes(tmp_path, ray_
 def test_corrupt_record_files_are_quarantined_and_rerun(tracked_sweep, ray_cluster, tmp_path):
     shutil.copytree(tracked_sweep[0] / "trk", tmp_path / "bad")  # four records, two of them of fp8 cells
     cells = (tracked_sweep[0] / "trk.yaml").read_text().split("trackers:")[0].split("\n", 1)[1]
-    write_sweep(tmp_path, "bad", cells)  # the same cells, without the trackers
+    write_sweep(tmp_path, "bad", cells + "max_concurrent: 1\n")  # the same cells, no trackers; one Tune worker
     files = sorted((tmp_path / "bad" / "trials").glob("*.parquet"))
     files = [f for f in files if pq.read_table(f).column("precision")[0].as_py() == "fp8"]  # quick to rerun
     data = files[0].read_bytes()
@@ -266,9 +266,10 @@ def _fill(path: Path) -> None:
 def test_a_full_disk_stops_the_sweep_in_one_line_and_the_rerun_resumes(tmp_path, small_disk, ray_cluster):
     write_sweep(tmp_path, "full", f"""
         grid: {{d_model: [32, 48, 64, 80]}}
-        fixed: {{{CPU_CELL % 3}}}
+        fixed: {{{SLOW_CELL % 40}}}
         resources: {{cpu: 1, gpu: 0}}
-    """)
+        max_concurrent: 1
+    """)  # one Tune worker and trial process, not one per node; ~1 s a trial: the disk fills between two
     args = [sys.executable, "-m", "orchestrator.cli", "sweep", str(tmp_path / "full.yaml"), "--out", str(small_disk),
             "--no-progress", "--no-report", "--address", ray_cluster]
     driver = subprocess.Popen(args, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
