@@ -203,7 +203,7 @@ def test_sigint_and_sigterm_stop_everything_and_the_rerun_resumes(tmp_path, ray_
     no native stack dump, the summary, every process gone; the same command then finishes the sweep."""
     write_sweep(tmp_path, "int", f"""
         grid: {{d_model: [32, 40, 48, 64]}}
-        fixed: {{{SLOW_CELL % 250}}}
+        fixed: {{{SLOW_CELL % 100}}}
         resources: {{cpu: 1, gpu: 0}}
         launcher: warm
     """)
