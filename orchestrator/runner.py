@@ -207,17 +207,27 @@ class Interrupts:
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
-        before_env = os.environ.get("TUNE_DISABLE_SIGINT_HANDLER")
-        os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # Tune leaves SIGINT to this handler; SIGUSR1 stays its
         before = signal.signal(signal.SIGINT, self._on_int)
         try:
-            yield self
+            with environ(TUNE_DISABLE_SIGINT_HANDLER="1"):  # Tune leaves SIGINT to this handler; SIGUSR1 stays its
+                yield self
         finally:
             signal.signal(signal.SIGINT, before)
-            if before_env is None:
-                os.environ.pop("TUNE_DISABLE_SIGINT_HANDLER", None)
+
+
+@contextmanager
+def environ(**values: str) -> Iterator[None]:
+    """``values`` set in ``os.environ`` for the block (Tune reads some settings only from there), then as before."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
             else:
-                os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = before_env
+                os.environ[name] = value
 
 
 def check_resources(nodes: list[dict[str, Any]], resources: dict[str, float]) -> dict[str, float]:
@@ -364,6 +374,7 @@ def fit(ray: Any, sweep: Sweep, store: Store, context: Context, resources: dict[
     """Run ``items`` (a grid) or what ``searcher`` proposes (at most ``max_trials``) as Tune trials;
     raises :class:`StorageFull` when the store ran out of room; ``interrupts`` notes a Ctrl-C."""
     from ray import tune
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     from .trackers import build_callbacks
     from .trainable import STORAGE_FULL, TrialTrainable
@@ -396,12 +407,16 @@ def fit(ray: Any, sweep: Sweep, store: Store, context: Context, resources: dict[
             stop=_stop_when_storage_is_full(),
             # the store holds every result; a one-step trial has nothing to resume from
             checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False, checkpoint_frequency=0),
-            callbacks=build_callbacks(sweep.trackers, {"sweep": sweep.name, "run_id": context.run["run_id"]}),
+            # Tune's result files (what ExperimentAnalysis and Tuner.restore read), named here because Tune's
+            # automatic loggers (off below) add TensorBoard's too, which imports torch into this driver (~2 s
+            # of CPU a sweep): event files are the tensorboard tracker's, written where the sweep names it
+            callbacks=[CSVLoggerCallback(), JsonLoggerCallback(),
+                       *build_callbacks(sweep.trackers, {"sweep": sweep.name, "run_id": context.run["run_id"]})],
             verbose=1 if verbose else 0,
             log_to_file=True,
         ),
     )
-    with interrupts.catching():
+    with interrupts.catching(), environ(TUNE_DISABLE_AUTO_CALLBACK_LOGGERS="1"):
         results = tuner.fit()
     full = next((r.metrics[STORAGE_FULL] for r in results if (r.metrics or {}).get(STORAGE_FULL)), None)
     if full:

@@ -33,7 +33,15 @@ os.environ["RAY_AUTH_MODE"] = "token"
 if "RAY_AUTH_TOKEN" not in os.environ or os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(16)
 os.environ.pop("RAY_ADDRESS", None)
+# OpenMP threads that sleep at a barrier rather than spin: a CPU trial that takes the whole host (the quickstart,
+# every local sweep: OMP_NUM_THREADS=2) spins one core while its other thread waits for the core the other
+# xdist worker holds. The quickstart sweep beside one busy process at the same niceness: 316 s spinning, 37 s
+# passive (22 s alone). Every process the suite starts inherits it (user_env too: it is no Ray setting).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 OOM_VOCAB = 400_000_000  # a 100 GB embedding: the allocator refuses it at once on any CI machine
+# A tiny model whose forward passes wait (tests/fixtures/factories.py): for the fault tests that must catch a
+# trial mid-run, a trial that lasts in wall time (~22 ms a train step) without taking a core from the suite
+SLOW_MODEL = "py:tests.fixtures.factories:slow"
 
 
 WORKERS = 2  # the CI machine's cores; more workers would each start a cluster of their own

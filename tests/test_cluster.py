@@ -16,7 +16,7 @@ import pytest
 
 from orchestrator.store import Store
 
-from .conftest import REPO, cli_env, juicytalk, running_trial, wait_for
+from .conftest import REPO, SLOW_MODEL, cli_env, juicytalk, running_trial, wait_for
 
 
 def write_sweep(tmp: Path, name: str, body: str) -> Path:
@@ -45,9 +45,10 @@ def test_unschedulable_resources_fail_fast(ray_cluster, tmp_path):
 
 SMALL = """
     grid: {d_model: [32, 48, 64, 80]}
-    fixed: {n_layers: 2, seq_len: 32, batch_size: 8, train_steps: %d, bench_steps: 5, warmup_steps: 1,
+    fixed: {model: "%s", seq_len: 32, batch_size: 8, train_steps: %d, bench_steps: 5, warmup_steps: 1,
             gen_len: 4, precision: fp32, device: cpu, profile: false}
     resources: {cpu: 1, gpu: 0}
+    max_concurrent: 1
 """
 
 
@@ -69,7 +70,7 @@ def _start(sweep: Path, out: Path, address: str) -> subprocess.Popen:
 def test_driver_killed_mid_sweep_then_rerun_completes_exactly_once(ray_cluster, tmp_path):
     """The driver SIGKILLed mid-sweep; a second driver meanwhile is refused; the rerun takes the stale lock
     over and, though a trial's worker is SIGKILLed mid-trial (retried), finishes every cell exactly once."""
-    sweep = write_sweep(tmp_path, "kd", SMALL % 1500)  # long enough to kill a worker mid-trial
+    sweep = write_sweep(tmp_path, "kd", SMALL % (SLOW_MODEL, 200))  # ~5 s a trial, one at a time
     trials_dir, running = tmp_path / "kd" / "trials", tmp_path / "kd" / "running"
     driver = _start(sweep, tmp_path, ray_cluster)
     wait_for(lambda: trials_dir.exists() and any(p.suffix == ".parquet" for p in trials_dir.iterdir()), 240)

@@ -55,6 +55,8 @@ def test_quickstart_records(quickstart):
     starts = sorted((r["started_at"], r["finished_at"]) for r in table)
     assert all(end <= nxt for (_, end), (nxt, _) in zip(starts, starts[1:]))  # no two trials overlap
     assert "launcher warm" in " ".join(run.stdout.split()) and all(r["launcher"] == "warm" for r in table)
+    # TensorBoard event files only where the sweep names that tracker (Tune's own would import torch in the driver)
+    assert (root / "ray").is_dir() and not list((root / "ray").rglob("events.out.tfevents.*"))
 
 
 def test_tune_sees_each_trial_spec_and_metrics(quickstart):

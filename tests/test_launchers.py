@@ -16,11 +16,12 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
-from .conftest import OOM_VOCAB, REPO, cli_env, juicytalk, running_trial, wait_for
+from .conftest import OOM_VOCAB, REPO, SLOW_MODEL, cli_env, juicytalk, running_trial, wait_for
 from .test_cluster import records, write_sweep
 
 CPU_CELL = ("n_layers: 1, seq_len: 32, batch_size: 8, train_steps: %d, bench_steps: 3, warmup_steps: 1, "
             "gen_len: 2, precision: fp32, device: cpu, profile: false")  # no kernel breakdown: not under test here
+SLOW_CELL = f"model: '{SLOW_MODEL}', " + CPU_CELL.split(", ", 1)[1]  # ~22 ms a train step, little CPU
 
 
 def _sweep(out: Path, name: str, *extra: str, address: str | None = None, timeout: float = 600):
@@ -99,7 +100,7 @@ def test_warm_oom_replaces_the_process_and_the_next_trial_is_clean(warm_sweep):
 def test_killed_trial_process_is_retried_once_and_later_trials_are_unaffected(ray_cluster, tmp_path, launcher):
     write_sweep(tmp_path, "kt", f"""
         grid: {{d_model: [32, 48]}}
-        fixed: {{{CPU_CELL % 1500}}}
+        fixed: {{{SLOW_CELL % 150}}}
         resources: {{cpu: 1, gpu: 0}}
         max_concurrent: 1
         launcher: {launcher}
@@ -123,7 +124,7 @@ def test_killed_trial_process_is_retried_once_and_later_trials_are_unaffected(ra
 def test_timeout_kills_the_trial_process(ray_cluster, tmp_path, launcher):
     write_sweep(tmp_path, "slow", f"""
         grid: {{d_model: [256]}}
-        fixed: {{n_layers: 4, train_steps: 100000, device: cpu}}
+        fixed: {{model: "{SLOW_MODEL}", train_steps: 100000, device: cpu}}
         trial_timeout_s: 6
         launcher: {launcher}
     """)
@@ -202,7 +203,7 @@ def test_sigint_and_sigterm_stop_everything_and_the_rerun_resumes(tmp_path, ray_
     no native stack dump, the summary, every process gone; the same command then finishes the sweep."""
     write_sweep(tmp_path, "int", f"""
         grid: {{d_model: [32, 40, 48, 64]}}
-        fixed: {{{CPU_CELL % 600}}}
+        fixed: {{{SLOW_CELL % 100}}}
         resources: {{cpu: 1, gpu: 0}}
         launcher: warm
     """)
@@ -218,7 +219,7 @@ def test_sigint_and_sigterm_stop_everything_and_the_rerun_resumes(tmp_path, ray_
 def test_corrupt_record_files_are_quarantined_and_rerun(tracked_sweep, ray_cluster, tmp_path):
     shutil.copytree(tracked_sweep[0] / "trk", tmp_path / "bad")  # four records, two of them of fp8 cells
     cells = (tracked_sweep[0] / "trk.yaml").read_text().split("trackers:")[0].split("\n", 1)[1]
-    write_sweep(tmp_path, "bad", cells)  # the same cells, without the trackers
+    write_sweep(tmp_path, "bad", cells + "max_concurrent: 1\n")  # the same cells, no trackers; one Tune worker
     files = sorted((tmp_path / "bad" / "trials").glob("*.parquet"))
     files = [f for f in files if pq.read_table(f).column("precision")[0].as_py() == "fp8"]  # quick to rerun
     data = files[0].read_bytes()
@@ -265,9 +266,10 @@ def _fill(path: Path) -> None:
 def test_a_full_disk_stops_the_sweep_in_one_line_and_the_rerun_resumes(tmp_path, small_disk, ray_cluster):
     write_sweep(tmp_path, "full", f"""
         grid: {{d_model: [32, 48, 64, 80]}}
-        fixed: {{{CPU_CELL % 3}}}
+        fixed: {{{SLOW_CELL % 40}}}
         resources: {{cpu: 1, gpu: 0}}
-    """)
+        max_concurrent: 1
+    """)  # one Tune worker and trial process, not one per node; ~1 s a trial: the disk fills between two
     args = [sys.executable, "-m", "orchestrator.cli", "sweep", str(tmp_path / "full.yaml"), "--out", str(small_disk),
             "--no-progress", "--no-report", "--address", ray_cluster]
     driver = subprocess.Popen(args, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

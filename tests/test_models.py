@@ -264,7 +264,8 @@ grid: {model: [hf:llama, hf:qwen2], d_model: [32, 64], backend: [torch, torchao]
 fixed: {recipe: tensorwise, n_layers: 1, n_heads: 2, n_kv_heads: 1, ffn: 64, vocab: 96, seq_len: 16, batch_size: 2,
         train_steps: 2, warmup_steps: 1, bench_steps: 2, gen_len: 2, prompt_len: 4, profile: false, device: cpu}
 resources: {cpu: 1, gpu: 0}
-""")
+max_concurrent: 1
+""")  # one trial at a time: one Tune worker and one trial process (transformers imported once), not one per node
     run = juicytalk("sweep", str(sweep), "--out", str(tmp_path), "--address", ray_cluster, "--no-progress")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "hf:llama: torchao-fp8-tensorwise vs torch-bf16" in run.stdout  # the model's name, not an emoji code

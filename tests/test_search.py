@@ -192,7 +192,8 @@ def test_a_real_search_on_cpu_writes_grid_records_answers_and_resumes(tmp_path, 
                 warmup_steps: 1, bench_steps: 3, gen_len: 2, prompt_len: 2, profile: false}
         samples: 2
         resources: {cpu: 1, gpu: 0}
-    """))
+        max_concurrent: 1
+    """))  # one Tune worker and trial process, not one per node (a sweep's second costs ~6 CPU-s)
     out = tmp_path / "out"
     first = juicytalk("sweep", str(sweep), "--out", str(out), "--no-progress", "--no-report", "--address", ray_cluster)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]

@@ -1,7 +1,8 @@
 """``trackers: [{tensorboard: {}}]``: TensorBoard event files in each trial's Tune directory.
 
-Tune writes them already when tensorboardX is installed (it is a ``ray[tune]`` dependency); naming the
-tracker makes that explicit and is checked at validation.
+Only where the sweep names this tracker: Tune would write them for every sweep (tensorboardX is a
+``ray[tune]`` dependency), but its logger imports torch into the driver (~2 s of CPU a sweep), so the
+runner turns Tune's automatic loggers off and names its CSV and JSON ones (orchestrator/runner.py).
 """
 
 from __future__ import annotations
