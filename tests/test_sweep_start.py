@@ -55,6 +55,9 @@ def test_only_the_process_a_launcher_would_spawn_is_adopted():
     offer = prestart.Offer(1, "s", "l", ["python", "-m", "trials.server"], {**env, "RAY_JOB_ID": "x"}, 15)
     ours = {**env, "PYTHONBREAKPOINT": "ray.util.rpdb.set_trace", "RAY_RAYLET_PID": "7"}
     assert prestart.mismatch(offer, offer.command, ours, 15) == []  # what Ray adds to its workers does not count
+    # the shell's idea of the working directory: Ray's workers get the driver's real one; neither process reads it
+    moved = {**ours, "PWD": "/somewhere/else", "OLDPWD": "/before"}
+    assert prestart.mismatch(offer, offer.command, moved, 15) == []
     assert prestart.mismatch(offer, offer.command, {**ours, "OMP_NUM_THREADS": "3"}, 15) == ["$OMP_NUM_THREADS"]
     assert prestart.mismatch(offer, offer.command + ["--fork"], ours, 0) == [
         "its command: -m trials.server", "niceness 15, not 0"]

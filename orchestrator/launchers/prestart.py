@@ -43,8 +43,9 @@ log = logging.getLogger(__name__)
 
 # What a Tune worker's environment has that its driver's has not, but for its GPU and OMP_NUM_THREADS (Ray
 # 2.60, checked by diffing the two): Ray's and Tune's bookkeeping, Ray's debugger hook, Lightning's fork
-# switch; nothing a trial reads.
-RAY_BOOKKEEPING = ("PYTHONBREAKPOINT", "SPT_NOENV", "PL_DISABLE_FORK")
+# switch; and the shell's PWD/OLDPWD, which Ray's workers get as the driver's real working directory while a
+# driver started with another cwd than its parent shell's still carries the shell's; nothing a trial reads.
+RAY_BOOKKEEPING = ("PYTHONBREAKPOINT", "SPT_NOENV", "PL_DISABLE_FORK", "PWD", "OLDPWD")
 RAY_PREFIXES = ("RAY_", "TUNE_")
 BIND_WAIT_S = 60.0  # a live server not yet listening is still sooner ready than a new one
 RAY_WORKER_NICENESS = 15  # Ray's default niceness for its workers (its RAY_worker_niceness overrides it)
