@@ -16,7 +16,7 @@ import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -100,6 +100,35 @@ class TECache:
         return total
 
 
+def timed_generation(gen: Any, prompts: torch.Tensor, gen_len: int,
+                     prefill: Callable[[torch.Tensor], torch.Tensor]) -> Generation:
+    """The timed greedy generation every static-buffer generator shares (MiniGPT's here, a transformers model's
+    StaticGenerator in trials/serving/hf.py): ``gen.cache`` reset, then ``prefill(prompts)`` -> the first token of
+    every row (rows,), then each decode step copies the previous token into ``gen.token``, sets ``gen.position``,
+    lets the cache begin (``gen._begin_decode()``), replays ``gen.graph`` (or runs ``gen._decode()`` uncaptured)
+    and reads ``gen.next``. prompts (rows, prompt_len) -> ``gen_len`` tokens per row and one time per step."""
+    prompt_len = prompts.shape[1]
+    out = torch.empty(prompts.shape[0], gen_len, dtype=torch.long, device=gen.device)
+    gen.cache.reset()  # before the clock, as an eager generator makes its cache
+    clock = Clock(gen.device.type == "cuda")
+    clock.start()
+    out[:, 0] = prefill(prompts)
+    clock.stop()
+    for j in range(1, gen_len):
+        clock.start()
+        gen.token.copy_(out[:, j - 1:j])
+        gen.position.fill_(prompt_len + j - 1)
+        gen._begin_decode()
+        if gen.graph is not None:
+            gen.graph.replay()
+        else:
+            gen._decode()
+        out[:, j] = gen.next
+        clock.stop()
+    times = clock.read()
+    return Generation(out, times[0], times[1:])
+
+
 class Generator:
     """Greedy generation for ``rows`` prompts with a KV cache of ``max_len`` positions."""
 
@@ -162,28 +191,8 @@ class Generator:
     @torch.no_grad()
     def generate(self, prompts: torch.Tensor, gen_len: int) -> Generation:
         """prompts (rows, prompt_len) -> the next ``gen_len`` greedy tokens and their timings."""
-        cuda = self.device.type == "cuda"
-        prompt_len = prompts.shape[1]
-        out = torch.empty(prompts.shape[0], gen_len, dtype=torch.long, device=self.device)
-        self.cache.reset()
-        clock = Clock(cuda)
-        clock.start()
-        hidden = self._prefill(prompts)  # (rows, prompt_len, d_model)
-        out[:, 0] = self.model.head(hidden[:, -1]).argmax(-1)
-        clock.stop()
-        for j in range(1, gen_len):
-            clock.start()
-            self.token.copy_(out[:, j - 1:j])
-            self.position.fill_(prompt_len + j - 1)
-            self._begin_decode()
-            if self.graph is not None:
-                self.graph.replay()
-            else:
-                self._decode()
-            out[:, j] = self.next
-            clock.stop()
-        times = clock.read()
-        return Generation(out, times[0], times[1:])
+        return timed_generation(self, prompts, gen_len,
+                                lambda p: self.model.head(self._prefill(p)[:, -1]).argmax(-1))
 
     @torch.no_grad()
     def forced(self, prompts: torch.Tensor, tokens: torch.Tensor, keep: int) -> torch.Tensor:

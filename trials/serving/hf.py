@@ -53,7 +53,7 @@ import torch
 import torch.nn as nn
 
 from .. import models, te_compat
-from ..decode import Clock, Generation
+from ..decode import Clock, Generation, timed_generation
 from ..models.common import Logits, logits_of
 from ..teacher_forced import host_log_probs
 
@@ -207,6 +207,9 @@ class StaticGenerator(HFGenerator):
                 cache.layers[i] = StaticLayer(max_cache_len=self.max_len)
         return cache
 
+    def _begin_decode(self) -> None:
+        """Nothing to begin: each static layer advances its own length on the device, inside the step."""
+
     @torch.no_grad()
     def _decode(self) -> torch.Tensor:
         """One decode step on the static buffers: the token at the position -> the next token of every row."""
@@ -236,26 +239,11 @@ class StaticGenerator(HFGenerator):
     @torch.no_grad()
     def generate(self, prompts: torch.Tensor, gen_len: int) -> Generation:
         """prompts (rows, prompt_len) -> the next ``gen_len`` greedy tokens and their timings."""
-        prompt_len = prompts.shape[1]
-        out = torch.empty(prompts.shape[0], gen_len, dtype=torch.long, device=self.device)
-        clock = Clock(self.device.type == "cuda")
-        self.cache.reset()  # before the clock, as the eager path makes its DynamicCache
-        clock.start()
-        positions = torch.arange(prompt_len, device=self.device).unsqueeze(0)  # (1, prompt_len)
-        out[:, 0] = self._forward(prompts, last=True, positions=positions).argmax(-1)
-        clock.stop()
-        for j in range(1, gen_len):
-            clock.start()
-            self.token.copy_(out[:, j - 1:j])
-            self.position.fill_(prompt_len + j - 1)
-            if self.graph is not None:
-                self.graph.replay()
-            else:
-                self._decode()
-            out[:, j] = self.next
-            clock.stop()
-        times = clock.read()
-        return Generation(out, times[0], times[1:])
+        def prefill(p: torch.Tensor) -> torch.Tensor:  # (rows, prompt_len) -> first tokens (rows,)
+            positions = torch.arange(p.shape[1], device=self.device).unsqueeze(0)  # (1, prompt_len)
+            return self._forward(p, last=True, positions=positions).argmax(-1)
+
+        return timed_generation(self, prompts, gen_len, prefill)
 
     @torch.no_grad()
     def forced(self, prompts: torch.Tensor, tokens: torch.Tensor, keep: int) -> torch.Tensor:
