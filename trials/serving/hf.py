@@ -149,7 +149,7 @@ class HFGenerator:
     def generate(self, prompts: torch.Tensor, gen_len: int) -> Generation:
         """prompts (rows, prompt_len) -> the next ``gen_len`` greedy tokens and their timings."""
         out = torch.empty(prompts.shape[0], gen_len, dtype=torch.long, device=self.device)
-        self.cache = self._new_cache()
+        self._fresh_cache()
         clock = Clock(self.device.type == "cuda")
         clock.start()
         out[:, 0] = self._forward(prompts, last=True).argmax(-1)
@@ -161,13 +161,23 @@ class HFGenerator:
         times = clock.read()
         return Generation(out, times[0], times[1:])
 
+    def _fresh_cache(self) -> None:
+        """An empty cache for a generation or a teacher-forced read: a new DynamicCache."""
+        self.cache = self._new_cache()
+
+    def _positions(self, start: int, t: int) -> torch.Tensor | None:
+        """The positions of ``t`` tokens from ``start``, (1, t); None: transformers counts them from the cache."""
+        return None
+
     @torch.no_grad()
     def forced(self, prompts: torch.Tensor, tokens: torch.Tensor, keep: int) -> torch.Tensor:
-        self.cache = self._new_cache()
-        out = [host_log_probs(self._forward(prompts, last=False)[:keep])]  # (keep, prompt_len, vocab)
-        for j in range(tokens.shape[1]):
-            out.append(host_log_probs(self._forward(tokens[:, j:j + 1], last=False)[:keep]))
-        return torch.cat(out, dim=1)
+        prompt_len = prompts.shape[1]
+        self._fresh_cache()
+        out = [host_log_probs(self._forward(prompts, last=False, positions=self._positions(0, prompt_len))[:keep])]
+        for j in range(tokens.shape[1]):  # (keep, 1, vocab) each, fed column j through the cache
+            at = self._positions(prompt_len + j, 1)
+            out.append(host_log_probs(self._forward(tokens[:, j:j + 1], last=False, positions=at)[:keep]))
+        return torch.cat(out, dim=1)  # (keep, prompt_len + n, vocab)
 
     @property
     def cache_bytes(self) -> int:
@@ -207,6 +217,15 @@ class StaticGenerator(HFGenerator):
                 cache.layers[i] = StaticLayer(max_cache_len=self.max_len)
         return cache
 
+    def _fresh_cache(self) -> None:
+        """The one static cache, zeroed in place (a graph holds its buffers); the teacher-forced read (base
+        class) runs eager through it: it needs every position's logits, a graphed step keeps only its argmax."""
+        self.cache.reset()
+
+    def _positions(self, start: int, t: int) -> torch.Tensor:
+        """(1, t) positions from ``start``: a static cache's length says nothing the rotary embedding can read."""
+        return torch.arange(start, start + t, device=self.device).unsqueeze(0)
+
     def _begin_decode(self) -> None:
         """Nothing to begin: each static layer advances its own length on the device, inside the step."""
 
@@ -240,19 +259,6 @@ class StaticGenerator(HFGenerator):
     def generate(self, prompts: torch.Tensor, gen_len: int) -> Generation:
         """prompts (rows, prompt_len) -> the next ``gen_len`` greedy tokens and their timings."""
         def prefill(p: torch.Tensor) -> torch.Tensor:  # (rows, prompt_len) -> first tokens (rows,)
-            positions = torch.arange(p.shape[1], device=self.device).unsqueeze(0)  # (1, prompt_len)
-            return self._forward(p, last=True, positions=positions).argmax(-1)
+            return self._forward(p, last=True, positions=self._positions(0, p.shape[1])).argmax(-1)
 
         return timed_generation(self, prompts, gen_len, prefill)
-
-    @torch.no_grad()
-    def forced(self, prompts: torch.Tensor, tokens: torch.Tensor, keep: int) -> torch.Tensor:
-        """Teacher-forced through the static cache, eager: every position's logits, as the eager path reads."""
-        prompt_len = prompts.shape[1]
-        self.cache.reset()
-        positions = torch.arange(prompt_len, device=self.device).unsqueeze(0)  # (1, prompt_len)
-        out = [host_log_probs(self._forward(prompts, last=False, positions=positions)[:keep])]
-        for j in range(tokens.shape[1]):
-            at = torch.full((1, 1), prompt_len + j, dtype=torch.long, device=self.device)
-            out.append(host_log_probs(self._forward(tokens[:, j:j + 1], last=False, positions=at)[:keep]))
-        return torch.cat(out, dim=1)
