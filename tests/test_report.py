@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pandas as pd
+import plotly.graph_objects as go
 import pytest
 
 from orchestrator.report import build_report, side_names
 from orchestrator.report.analysis import compare_runs, prepare
 from orchestrator.report.charts import compare_chart
+from orchestrator.report.render import export_pngs
 from orchestrator.store import Store
 from trials import TrialSpec
 from trials.model import ModelConfig, param_count
@@ -565,3 +567,26 @@ def test_te_cells_of_your_model_pair_within_their_te_layer(tmp_path):
     assert sp == {("te-fp8-delayed", "te-bf16"): pytest.approx(193.0 / 166.0, rel=1e-9),
                   ("te-fp8-delayed-transformer_layer", "te-bf16-transformer_layer"): pytest.approx(190.0 / 163.0,
                                                                                                rel=1e-9)}
+
+
+class _RacedOnce(go.Figure):
+    """A real figure that kaleido fails to draw the first time, as when it runs a chart before its tab's page loaded."""
+
+    def to_dict(self):
+        if not getattr(self, "_raced", False):
+            object.__setattr__(self, "_raced", True)
+            raise RuntimeError("{'description': 'ReferenceError: kaleido_scopes is not defined'}")
+        return super().to_dict()
+
+
+class _Broken(go.Figure):
+    def to_dict(self):
+        raise RuntimeError("chart cannot be drawn")
+
+
+def test_png_export_draws_again_in_a_fresh_browser_after_kaleidos_page_race_and_nothing_else(tmp_path, caplog):
+    raced = _RacedOnce(go.Scatter(x=[1, 2], y=[2, 1]))
+    with pytest.raises(RuntimeError, match="chart cannot be drawn"):
+        export_pngs([("raced", raced), ("broken", _Broken())], str(tmp_path))
+    assert (tmp_path / "raced.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn by kaleido the second time
+    assert "raced.png before its page had loaded" in caplog.text and "broken" not in caplog.text

@@ -402,22 +402,43 @@ def write_html(path: str, figures: list[tuple[str, go.Figure]], df: pd.DataFrame
     write_text_atomic(path, page)
 
 
-def export_pngs(figures: list[tuple[str, go.Figure]], out_dir: str) -> list[str]:
-    """PNG per chart through kaleido, which drives a Chromium (Debian's /usr/bin/chromium works)."""
-    import warnings
+BROWSERS = 3  # kaleido's tab race (below) met ~1 browser in 12 on a loaded 2-core host: 3 make a failure ~1 in 2000
 
-    import kaleido
+
+def export_pngs(figures: list[tuple[str, go.Figure]], out_dir: str) -> list[str]:
+    """PNG per chart through kaleido, which drives a Chromium (Debian's /usr/bin/chromium works).
+
+    kaleido 1.5 sends its new tab to its page and only then enables the tab's JavaScript runtime, so on a busy host
+    it can take the blank page's context for its page's and run a chart before its script exists
+    (``ReferenceError: kaleido_scopes is not defined``; 3 of 25 six-chart exports beside three busy processes on a
+    2-core machine). Rendering again in the same tab does not always help (kaleido reloads whatever page the tab
+    holds: 1 of 3 retries failed again), so a chart that meets it is drawn again in a fresh browser (beside four
+    busy processes: 5 of 60 exports met it, each drew in the next browser, none failed)."""
+    import asyncio
 
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    paths = []
-    kaleido.start_sync_server(silence_warnings=True)
-    try:
-        for name, fig in figures:
-            path = str(Path(out_dir) / f"{name}.png")
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # "kopts ignored when using a server"
-                fig.write_image(path, width=1100, height=int(fig.layout.height or 500), scale=1)
-            paths.append(path)
-    finally:
-        kaleido.stop_sync_server(silence_warnings=True)
+    paths = [str(Path(out_dir) / f"{name}.png") for name, _ in figures]
+    asyncio.run(_render_pngs([fig for _, fig in figures], paths))
     return paths
+
+
+async def _render_pngs(figures: list[go.Figure], paths: list[str]) -> None:
+    import kaleido
+
+    done = 0
+    for browser in range(1, BROWSERS + 1):
+        if done == len(figures):
+            return
+        async with kaleido.Kaleido(n=1, mathjax=False) as k:  # no LaTeX in these charts; MathJax is a CDN fetch
+            while done < len(figures):
+                fig = figures[done]
+                opts = {"format": "png", "width": 1100, "height": int(fig.layout.height or 500), "scale": 1}
+                try:
+                    await k.write_fig(fig, path=paths[done], opts=opts, cancel_on_error=True)
+                except Exception as exc:  # kaleido's JavascriptError is private; its text identifies the race
+                    if browser == BROWSERS or "kaleido_scopes is not defined" not in str(exc):
+                        raise
+                    log.warning("kaleido ran %s before its page had loaded; drawing it in a fresh browser",
+                                Path(paths[done]).name)
+                    break
+                done += 1
