@@ -143,8 +143,9 @@ def ray_cluster():
     temp = tempfile.mkdtemp(prefix="jt-ray-")
     common = ["--num-cpus=1", "--num-gpus=0", "--object-store-memory=120000000", "--disable-usage-stats"]
     # Ray Train's controller polls its ranks every 2 s by default; a multi-rank trial's start and end each wait
-    # for polls (tests/test_distributed.py runs four such trials)
-    env = cli_env(RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="0.5")
+    # for polls (tests/test_distributed.py runs four such trials). Its preemption watcher (an actor per Train run,
+    # a process importing Ray: ~2 CPU-s a trial) watches for nodes being drained, which these never are.
+    env = cli_env(RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="0.5", RAY_TRAIN_ENABLE_PREEMPTION_WATCHER="0")
     try:
         head = subprocess.run([_ray_bin(), "start", "--head", f"--port={port}", "--include-dashboard=false",
                                f"--temp-dir={temp}", *common], capture_output=True, text=True, env=env, timeout=120)
