@@ -368,13 +368,20 @@ def _stop_when_storage_is_full() -> Any:
     return StopOnFullStorage()
 
 
+# Tune's result files (what ExperimentAnalysis and Tuner.restore read), named because Tune's automatic loggers
+# (off in fit) add TensorBoard's too, which imports torch into the driver (~2 s of CPU a sweep): event files are the
+# tensorboard tracker's, written where the sweep names it. Named through Ray's RAY_TUNE_CALLBACKS, not callbacks=:
+# for its usage statistics Tune counts the callbacks passed there by importing its MLflow, W&B, Comet and Aim
+# integrations (~1.4 CPU-s of every sweep's start), and skips that when none are passed (no trackers).
+TUNE_LOGGERS = "ray.tune.logger.CSVLoggerCallback,ray.tune.logger.JsonLoggerCallback"
+
+
 def fit(ray: Any, sweep: Sweep, store: Store, context: Context, resources: dict[str, float],
         max_concurrent: int | None, verbose: bool, items: list[WorkItem] | None = None, searcher: Any = None,
         max_trials: int = 1, interrupts: Interrupts | None = None) -> None:
     """Run ``items`` (a grid) or what ``searcher`` proposes (at most ``max_trials``) as Tune trials;
     raises :class:`StorageFull` when the store ran out of room; ``interrupts`` notes a Ctrl-C."""
     from ray import tune
-    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     from .trackers import build_callbacks
     from .trainable import STORAGE_FULL, TrialTrainable
@@ -407,16 +414,14 @@ def fit(ray: Any, sweep: Sweep, store: Store, context: Context, resources: dict[
             stop=_stop_when_storage_is_full(),
             # the store holds every result; a one-step trial has nothing to resume from
             checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False, checkpoint_frequency=0),
-            # Tune's result files (what ExperimentAnalysis and Tuner.restore read), named here because Tune's
-            # automatic loggers (off below) add TensorBoard's too, which imports torch into this driver (~2 s
-            # of CPU a sweep): event files are the tensorboard tracker's, written where the sweep names it
-            callbacks=[CSVLoggerCallback(), JsonLoggerCallback(),
-                       *build_callbacks(sweep.trackers, {"sweep": sweep.name, "run_id": context.run["run_id"]})],
+            # the trackers' callbacks; Tune's own result files come from TUNE_LOGGERS (below)
+            callbacks=build_callbacks(sweep.trackers, {"sweep": sweep.name, "run_id": context.run["run_id"]}) or None,
             verbose=1 if verbose else 0,
             log_to_file=True,
         ),
     )
-    with interrupts.catching(), environ(TUNE_DISABLE_AUTO_CALLBACK_LOGGERS="1"):
+    loggers = ",".join(filter(None, [os.environ.get("RAY_TUNE_CALLBACKS"), TUNE_LOGGERS]))
+    with interrupts.catching(), environ(TUNE_DISABLE_AUTO_CALLBACK_LOGGERS="1", RAY_TUNE_CALLBACKS=loggers):
         results = tuner.fit()
     full = next((r.metrics[STORAGE_FULL] for r in results if (r.metrics or {}).get(STORAGE_FULL)), None)
     if full:

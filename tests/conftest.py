@@ -1,9 +1,10 @@
 """Shared fixtures. Ray is started once per test session: a real two-node cluster on this machine
 (``ray start --head`` plus a second ``ray start --address``), with token authentication on.
 
-The whole suite (``pytest`` with no path: the README's and CI's command) runs on two pytest-xdist workers
-(:func:`pytest_cmdline_main`): its slow tests wait on subprocesses, Ray's start and timeouts more than on
-both cores. A session is then a worker's: each worker that runs a test needing the cluster starts its own
+The whole suite (``pytest`` with no path: the README's and CI's command) runs on three pytest-xdist workers
+(:func:`pytest_cmdline_main`) on the 2-core CI machine: its slow tests wait on subprocesses, Ray's start, trials
+that sleep and timeouts, and with two workers the cores were idle ~30% of the run; a third fills them. A
+session is then a worker's: each worker that runs a test needing the cluster starts its own
 (two sweeps sharing one two-CPU cluster would queue behind each other and could not say which node ran
 what), and a fixture that is one run several tests read puts those tests on one worker
 (:data:`SHARED_RUNS`). A path or test named on the command line, ``-n 0``, or no pytest-xdist installed
@@ -44,7 +45,7 @@ OOM_VOCAB = 400_000_000  # a 100 GB embedding: the allocator refuses it at once 
 SLOW_MODEL = "py:tests.fixtures.factories:slow"
 
 
-WORKERS = 2  # the CI machine's cores; more workers would each start a cluster of their own
+WORKERS = 3  # the CI machine's 2 cores and the suite's waits (above); each worker starts a cluster of its own
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Ray runs its workers (every sweep's trials) at niceness 15; a test worker at 0, with the in-process trials and
     # sweep drivers it starts, took the cores from the other worker's sweeps (the quickstart fixture 98 s serial,
@@ -143,8 +144,9 @@ def ray_cluster():
     temp = tempfile.mkdtemp(prefix="jt-ray-")
     common = ["--num-cpus=1", "--num-gpus=0", "--object-store-memory=120000000", "--disable-usage-stats"]
     # Ray Train's controller polls its ranks every 2 s by default; a multi-rank trial's start and end each wait
-    # for polls (tests/test_distributed.py runs four such trials)
-    env = cli_env(RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="0.5")
+    # for polls (tests/test_distributed.py runs four such trials). Its preemption watcher (an actor per Train run,
+    # a process importing Ray: ~2 CPU-s a trial) watches for nodes being drained, which these never are.
+    env = cli_env(RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="0.5", RAY_TRAIN_ENABLE_PREEMPTION_WATCHER="0")
     try:
         head = subprocess.run([_ray_bin(), "start", "--head", f"--port={port}", "--include-dashboard=false",
                                f"--temp-dir={temp}", *common], capture_output=True, text=True, env=env, timeout=120)

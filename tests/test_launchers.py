@@ -16,12 +16,16 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
+from orchestrator.sweep import parse_sweep
+from orchestrator.work import grid_items
+
 from .conftest import OOM_VOCAB, REPO, SLOW_MODEL, cli_env, juicytalk, running_trial, wait_for
 from .test_cluster import records, write_sweep
 
 CPU_CELL = ("n_layers: 1, seq_len: 32, batch_size: 8, train_steps: %d, bench_steps: 3, warmup_steps: 1, "
             "gen_len: 2, precision: fp32, device: cpu, profile: false")  # no kernel breakdown: not under test here
 SLOW_CELL = f"model: '{SLOW_MODEL}', " + CPU_CELL.split(", ", 1)[1]  # ~22 ms a train step, little CPU
+TIMEOUT_S = 15  # trial_timeout_s of the killed-trial sweep: its ~4 s trials (a new process included) fit
 
 
 def _sweep(out: Path, name: str, *extra: str, address: str | None = None, timeout: float = 600):
@@ -97,42 +101,43 @@ def test_warm_oom_replaces_the_process_and_the_next_trial_is_clean(warm_sweep):
 
 
 @pytest.mark.parametrize("launcher", ["warm", "process"])
-def test_killed_trial_process_is_retried_once_and_later_trials_are_unaffected(ray_cluster, tmp_path, launcher):
-    write_sweep(tmp_path, "kt", f"""
-        grid: {{d_model: [32, 48]}}
-        fixed: {{{SLOW_CELL % 150}}}
+def test_a_killed_trial_process_is_retried_once_and_one_past_its_timeout_is_killed(ray_cluster, tmp_path, launcher):
+    """One sweep per launcher, one trial at a time (were two tests, a sweep each): a trial process SIGKILLed
+    mid-trial is retried once in a new process and the later trials are unaffected; a trial past
+    trial_timeout_s is recorded as timeout and its process killed."""
+    sweep = write_sweep(tmp_path, "kt", f"""
+        grid:
+          - {{d_model: [32, 48], train_steps: [150]}}
+          - {{d_model: [256], train_steps: [100000]}}
+        fixed: {{{SLOW_CELL.replace("train_steps: %d, ", "")}}}
         resources: {{cpu: 1, gpu: 0}}
         max_concurrent: 1
+        trial_timeout_s: {TIMEOUT_S}
         launcher: {launcher}
-    """)
+    """)  # ~4 s a trial for the two small cells, well inside the timeout; the third outlasts it
+    parsed = parse_sweep(sweep.read_text(), source=str(sweep))
+    finite = {it.key for it in grid_items(parsed.cells, parsed.samples) if it.spec["train_steps"] == 150}
     running = tmp_path / "kt" / "running"
-    driver = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "sweep", str(tmp_path / "kt.yaml"), "--out",
+    driver = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "sweep", str(sweep), "--out",
                                str(tmp_path), "--address", ray_cluster, "--no-progress", "--no-report"], cwd=REPO,
                               env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    key, info = wait_for(lambda: running_trial(running, min_age_s=2), 240)  # mid-trial, not mid-hand-over
+    def small_trial_mid_run():  # mid-trial, not mid-hand-over; one of the cells that would end by itself
+        found = running_trial(running, min_age_s=2)
+        return found if found and found[0] in finite else None
+    key, info = wait_for(small_trial_mid_run, 240)
     os.kill(info["child_pid"], signal.SIGKILL)
     out, err = driver.communicate(timeout=600)
-    assert driver.returncode == 0, out[-2000:] + err[-2000:]
-    recs = records(tmp_path, "kt")
-    assert len(recs) == 2 and all(r["status"] == "ok" and r["launcher"] == launcher for r in recs)
-    [retried] = [r for r in recs if f"{r['cell_id']}-s{r['sample']}" == key]
+    # exit 1 for the timed-out trial alone: the killed trial's retry is no failure
+    assert driver.returncode == 1, out[-2000:] + err[-2000:]
+    assert "3 run now, 1 failed" in " ".join(out.split()) and "failed" in out, out[-2000:]
+    recs = {r["d_model"]: r for r in records(tmp_path, "kt")}
+    assert len(recs) == 3 and all(r["launcher"] == launcher for r in recs.values())
+    assert recs[32]["status"] == recs[48]["status"] == "ok"
+    [retried] = [r for r in recs.values() if f"{r['cell_id']}-s{r['sample']}" == key]
     assert retried["pid"] != info["child_pid"] and retried["process_trial_index"] == 0
-
-
-@pytest.mark.parametrize("launcher", ["warm", "process"])
-def test_timeout_kills_the_trial_process(ray_cluster, tmp_path, launcher):
-    write_sweep(tmp_path, "slow", f"""
-        grid: {{d_model: [256]}}
-        fixed: {{model: "{SLOW_MODEL}", train_steps: 100000, device: cpu}}
-        trial_timeout_s: 6
-        launcher: {launcher}
-    """)
-    run = _sweep(tmp_path, "slow", address=ray_cluster)
-    assert run.returncode == 1
-    [rec] = records(tmp_path, "slow")
-    assert rec["status"] == "timeout" and "trial_timeout_s=6" in rec["error"] and rec["launcher"] == launcher
-    assert "failed" in run.stdout  # (was test_cluster.py's test_trial_timeout_is_recorded: warm, the default)
+    rec = recs[256]  # (was test_timeout_kills_the_trial_process, and before it test_cluster.py's)
+    assert rec["status"] == "timeout" and f"trial_timeout_s={TIMEOUT_S}" in rec["error"]
     wait_for(lambda: not _servers(), 30)  # the timed-out process, and any kept ready, are gone
 
 

@@ -30,10 +30,10 @@ from typing import Any, Iterator
 import torch
 import torch.nn as nn
 
+from .spec import COLLECTIVE_TIMEOUT_S
+
 log = logging.getLogger(__name__)
 
-PARALLEL = ("none", "ddp", "fsdp")
-COLLECTIVE_TIMEOUT_S = 300  # a rank that stops makes the others fail after this, not hang
 # What gloo and NCCL say when a collective waited past the group's timeout (a rank stopped or hung).
 TIMEOUT_MARKERS = ("timed out waiting", "collective operation timeout", "watchdog caught", "wait timeout")
 

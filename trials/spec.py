@@ -28,6 +28,9 @@ TE_LAYERS = tuple(dict.fromkeys(layer for source in SOURCES.values() for layer i
 WORKLOADS = ("train", "infer")  # what a trial measures: training steps, or prefill + KV-cached decode
 WEIGHTS = ("bf16", "fp8")  # how an inference model stores its weights (fp8: TE's quantized_model_init, torchao's quantize_)
 PARALLEL = ("none", "ddp", "fsdp")  # how a trial's ranks split the model: not at all, DDP, FSDP2 (trials/distributed.py)
+# a rank that stops makes the others' collectives fail after this, not hang (trials/distributed.py); here, not
+# there, so that a multi-rank trial's launcher reads it without importing torch
+COLLECTIVE_TIMEOUT_S = 300
 HEAD_DIM_MULTIPLE = 8  # fused attention kernels (and TE) need head dims in multiples of 8
 FP8_FILTERS = ("dims", "auto")  # torchao: which Linears go FP8 (dims: all but the logits layer and dims not /16;
                                 # auto: torchao's own small-layer filter for the recipe)

@@ -171,7 +171,7 @@ def run_ranks(spec: dict[str, Any], env: dict[str, str], use_gpu: bool, cpu_per_
     child ends its Ray job and with it every actor and placement group of the run."""
     import ray
 
-    from trials.distributed import COLLECTIVE_TIMEOUT_S
+    from trials.spec import COLLECTIVE_TIMEOUT_S
 
     t0 = time.perf_counter()
     world = int(spec["world_size"])
