@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
+from trials.environ import environ
 from trials.record import FINAL_STATUSES
 
 from . import embedded_ray
@@ -213,21 +214,6 @@ class Interrupts:
                 yield self
         finally:
             signal.signal(signal.SIGINT, before)
-
-
-@contextmanager
-def environ(**values: str) -> Iterator[None]:
-    """``values`` set in ``os.environ`` for the block (Tune reads some settings only from there), then as before."""
-    before = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def check_resources(nodes: list[dict[str, Any]], resources: dict[str, float]) -> dict[str, float]:

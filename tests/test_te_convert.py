@@ -5,6 +5,7 @@ The GPU side (logits equal HF's, FP8 trains) is tests/test_gpu_te_convert.py."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -300,3 +301,20 @@ name: te-gpt2
 grid: {model: [hf:gpt2]}
 fixed: {backend: te, te_layer: transformer_layer, d_model: 64, n_layers: 2, n_heads: 2, vocab: 96, seq_len: 16}
 """)
+
+
+def test_te_unpickling_guard_is_lifted_only_around_the_load(monkeypatch):
+    """NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE is 1 inside own_extra_state only; after it, as it was: unset, or the
+    user's own value (a warm server runs many trials in one process)."""
+    from trials import te_compat
+
+    name = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
+    monkeypatch.delenv(name, raising=False)
+    with te_compat.own_extra_state():
+        assert os.environ[name] == "1"
+    assert name not in os.environ
+    monkeypatch.setenv(name, "0")
+    with pytest.raises(RuntimeError), te_compat.own_extra_state():
+        assert os.environ[name] == "1"
+        raise RuntimeError("a load that fails")
+    assert os.environ[name] == "0"

@@ -16,6 +16,8 @@ import os
 from types import ModuleType
 from typing import Any, Callable
 
+from .environ import environ
+
 log = logging.getLogger(__name__)
 
 
@@ -164,16 +166,8 @@ def own_extra_state() -> Any:
     code. The state loaded here never left this process's memory; the variable is set only around
     that load and restored after it.
     """
-    name = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
-    before = os.environ.get(name)
-    os.environ[name] = "1"
-    try:
+    with environ(NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE="1"):
         yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
 
 
 @contextlib.contextmanager
