@@ -23,6 +23,8 @@ rm -rf "$work"/ray/ray/jars "$work"/ray/ray/rllib "$work"/ray/ray/serve "$work"/
 find "$work/ao/torchao" -name '_C*.so' -delete  # cutlass/mxfp8 kernels (Blackwell); float8 uses torch._scaled_mm
 (cd "$work/ray" && find . -type f -exec sh -c 'head -c4 "$1" | grep -q ELF' _ {} \; -print) | sed 's|^\./||' > "$work/elf"
 (cd "$work/ray" && xargs -a "$work/elf" -r strip --strip-unneeded 2>/dev/null || true)
+# zipfile -e keeps no file modes: raylet, gcs_server and the other programs must be executable on the host
+(cd "$work/ray" && xargs -a "$work/elf" -r chmod +x)
 (cd "$work/ray" && tar -cf - -T "$work/elf" | xz -9 --x86 --lzma2=preset=9 > "$OLDPWD/$kit/ray-bin.tar.xz")
 (cd "$work/ray" && find . -type f | sed 's|^\./||' | grep -vxF -f "$work/elf" | tar -cf - -T - | xz -9 > "$OLDPWD/$kit/ray-py.tar.xz")
 (cd "$work/ao" && tar -cf - torchao torchao-0.18.0.dist-info | xz -9 > "$OLDPWD/$kit/torchao-0.18.0-slim.tar.xz")
