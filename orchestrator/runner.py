@@ -21,7 +21,7 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 from trials.environ import environ
 from trials.record import FINAL_STATUSES
@@ -106,18 +106,17 @@ def ray_session(address: str | None, dashboard: bool = False, verbose: bool = Fa
 
 
 @contextmanager
-def prestarted_servers(address: str | None, context: Context, resources: dict[str, float], trials: int,
-                       first: Sequence[dict[str, Any]] = ()) -> Iterator[Context]:
+def prestarted_servers(address: str | None, context: Context, resources: dict[str, float], trials: int
+                       ) -> Iterator[Context]:
     """``context`` naming the trial servers started here for a local Ray's launchers to adopt, while Ray and
-    Tune start (:mod:`~orchestrator.launchers.prestart`), for ``trials`` single-rank trials at most at once,
-    warming up at ``first`` (the pending trials' specs, in order); ``context`` as it is when joining a cluster
-    or when none can be planned. Ends the servers on exit."""
+    Tune start (:mod:`~orchestrator.launchers.prestart`), for ``trials`` single-rank trials at most at once;
+    ``context`` as it is when joining a cluster or when none can be planned. Ends the servers on exit."""
     node = None if address or os.environ.get("RAY_ADDRESS") or trials < 1 else embedded_ray.local_node()
     settings = LaunchSettings(**context.launch)
     kind = LAUNCHERS[settings.launcher]
     try:
         servers = None if node is None else prestart.start(settings, kind.fork, kind.process_trials(settings),
-                                                           resources, *node, trials, first)
+                                                           resources, *node, trials)
     except OSError as exc:  # a saving, never a failure: the launchers start their own
         log.warning("trial servers could not be started before Ray (%s); the workers start them", exc)
         servers = None
@@ -461,7 +460,7 @@ def _run_locked(sweep: Sweep, storage: str, address: str | None, restart: bool, 
     if pending or (search is not None and not search.finished):
         single = sum(1 for w in world_sizes if w == 1) if search is None else sys.maxsize
         at_once = min(single, max_concurrent or sweep.max_concurrent or single)
-        with prestarted_servers(address, context, sweep.resources, at_once, [it.spec for it in pending]) as context, \
+        with prestarted_servers(address, context, sweep.resources, at_once) as context, \
                 ray_session(address, dashboard=dashboard, verbose=verbose) as ray:
             nodes = ray.nodes()
             resources = check_resources(nodes, sweep.resources)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import replace
 
 import pytest
@@ -239,41 +238,6 @@ def test_warm_server_trials_report_their_own_memory_and_retire_after_oom(te, tmp
     print(f"\ntorch cell peak allocated: fresh process {fresh['peak_mem_allocated_bytes']}, "
           f"after a TE cell in the same process {torch_rec['peak_mem_allocated_bytes']}")
     assert abs(torch_rec["peak_mem_allocated_bytes"] - fresh["peak_mem_allocated_bytes"]) <= (1 << 20)
-
-
-def test_a_server_warmed_up_at_its_first_cell_trains_it_as_a_fresh_process_does(te, tmp_path, monkeypatch):
-    """trials/warmup.py: the server a sweep's driver starts before Ray runs its first cell's first steps untimed;
-    the trial that follows in it computes the fresh process's losses (the warm-up leaves no FP8 state, RNG or
-    memory behind) and says it was warmed up."""
-    import subprocess
-    import sys
-
-    from orchestrator.launchers import LaunchSettings, make_launcher, prestart
-
-    spec = TrialSpec(backend="te", precision="fp8", recipe="delayed", d_model=768, n_layers=2, train_steps=8,
-                     warmup_steps=1, bench_steps=3, gen_len=2, device="cuda", profile=False)
-    subprocess.run([sys.executable, "-m", "trials", "--spec-json", json.dumps(spec.to_dict()), "--json",
-                    str(tmp_path / "fresh.json"), "-q"], check=True, timeout=300)
-    fresh = json.loads((tmp_path / "fresh.json").read_text())
-    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]  # this process's first visible GPU
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", gpu)  # what Ray gives the worker that adopts the server
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    monkeypatch.setenv("RAY_worker_niceness", str(os.nice(0)))
-    settings = LaunchSettings("warm", 4)
-    with prestart.start(settings, False, 4, {"gpu": 1, "cpu": 1}, [gpu], 1.0, trials=1,
-                        first=[spec.to_dict()]) as servers:
-        launcher = make_launcher(LaunchSettings("warm", 4, servers=servers.directory))
-        try:
-            warm = launcher.run(spec.to_dict(), 600).record
-        finally:
-            launcher.close()
-        assert warm["pid"] == servers.procs[0].pid
-    print(f"\nwarm-up {warm['process_warm_up_s']:.1f} s; first step {warm['first_step_s']:.2f} s after it, "
-          f"{fresh['first_step_s']:.2f} s in a fresh process; p50 {warm['step_ms_p50']:.2f} vs "
-          f"{fresh['step_ms_p50']:.2f} ms")
-    assert warm["status"] == fresh["status"] == "ok"
-    assert warm["process_warm_up_s"] > 0 and warm["process_trial_index"] == 0
-    assert warm["loss_curve"] == fresh["loss_curve"] and warm["fp8_state"] == fresh["fp8_state"]
 
 
 @pytest.mark.parametrize("cfg", [CFG, LLAMA], ids=["gpt", "llama"])

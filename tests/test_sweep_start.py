@@ -50,17 +50,6 @@ def test_plan_predicts_what_ray_gives_each_worker(monkeypatch):
     assert prestart.plan(SETTINGS, False, 4, {"gpu": 0.5, "cpu": 1}, ["0"], 16.0, 3) == []
 
 
-def test_each_gpu_server_warms_up_at_the_next_cell_and_no_other_server_does():
-    """trials/warmup.py: the GPU servers, in order, get the next pending cells; the CPU server and forking servers
-    (which must not touch CUDA) none; more servers than cells: the rest none."""
-    gpus = prestart.plan(SETTINGS, False, 4, {"gpu": 1, "cpu": 2}, ["0", "1", "2"], 16.0, trials=3)
-    first, second = {**SPEC, "seed": 1}, {**SPEC, "seed": 2}
-    assert prestart.warm_ups(gpus, False, [first, second]) == [first, second, None]
-    assert prestart.warm_ups(gpus, True, [first, second]) == [None, None, None]
-    cpu = prestart.plan(SETTINGS, False, 4, {"gpu": 0, "cpu": 1}, [], 6.0, trials=3)
-    assert prestart.warm_ups(cpu, False, [first]) == [None]
-
-
 def test_only_the_process_a_launcher_would_spawn_is_adopted():
     env = trial_env(SETTINGS)
     offer = prestart.Offer(1, "s", "l", ["python", "-m", "trials.server"], {**env, "RAY_JOB_ID": "x"}, 15)

@@ -242,9 +242,6 @@ FIELDS: list[Field] = [
     _f("hostname", "str", "Host the trial ran on."),
     _f("pid", "int", "Process that ran the trial."),
     _f("process_trial_index", "int", "Trials this process ran before this one (0: a fresh process)."),
-    _f("process_warm_up_s", "float", "Seconds this trial's process spent, before its first trial, running the first "
-       "steps of the cell it expected first, untimed (trials/warmup.py: a server started before Ray, on a GPU); "
-       "null: no warm-up. The first trial's first_step_s then holds no compile the warm-up already paid."),
     _f("dynamo_recompile_limit_hit", "bool", "TorchDynamo hit its recompile limit during the trial (a TE fuser may "
        "have run uncompiled); the process is replaced after it. Null when the process did not watch."),
     _f("compile_cache_dir", "str", "TORCHINDUCTOR_CACHE_DIR in effect (null: torch's default); Triton's cache sits "

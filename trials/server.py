@@ -1,7 +1,7 @@
 """A trial process that serves trials one after another: imports and compiles are paid once.
 
     python -m trials.server --reply-fd N [--max-trials K] [--preload-te] [--fork]
-    python -m trials.server --listen PATH [--max-trials K] [--preload-te] [--fork] [--warm-up SPEC_JSON]
+    python -m trials.server --listen PATH [--max-trials K] [--preload-te] [--fork]
 
 Started before its first spec is known (torch, and TE where asked, are imported while the caller is
 still scheduling), it reads one JSON request per line on stdin::
@@ -18,8 +18,6 @@ With ``--listen`` the server is started before anyone knows who will use it (a s
 it while its Ray starts: ``orchestrator/launchers/prestart.py``): it imports, then accepts one
 connection on the Unix socket PATH, and requests and replies both travel on that connection. It then
 also exits when the process that connected is gone (its pid from the socket's peer credentials).
-Given ``--warm-up SPEC`` (the cell it will most likely run first), it runs that cell's first training steps
-untimed before it accepts (:mod:`trials.warmup`), so its one-time compiles overlap the caller's start too.
 
 Every trial frees what it used before it returns (device memory, cuBLAS workspaces, TE's FP8
 global state: :func:`trials.trial.run_trial`) and the next starts every memory counter afresh. It retires - exits after answering -
@@ -104,7 +102,7 @@ def _send(reply, message: dict[str, Any]) -> None:
     reply.flush()
 
 
-def _run_one(request: dict[str, Any], index: int, watch, warmed_s: float | None = None) -> dict[str, Any]:
+def _run_one(request: dict[str, Any], index: int, watch) -> dict[str, Any]:
     """Run one trial here and write its record; returns the record."""
     from .cli import write_json_atomic
     from .spec import TrialSpec
@@ -112,7 +110,6 @@ def _run_one(request: dict[str, Any], index: int, watch, warmed_s: float | None 
 
     record = run_trial(TrialSpec.from_dict(request["spec"]), process_trial_index=index)  # leaves nothing behind
     record["dynamo_recompile_limit_hit"] = bool(watch.take())
-    record["process_warm_up_s"] = warmed_s
     write_json_atomic(Path(request["out"]), record)
     return record
 
@@ -153,9 +150,8 @@ def guard_recompiles() -> Any:
     return compile_guard.watch()
 
 
-def serve(requests, reply, max_trials: int, watch: Any, fork: bool = False, warmed_s: float | None = None) -> int:
+def serve(requests, reply, max_trials: int, watch: Any, fork: bool = False) -> int:
     """Run requests until told to retire; returns the number of trials run. ``watch``: :func:`guard_recompiles`'.
-    ``warmed_s``: what this process spent warming up before its first trial (:mod:`trials.warmup`), for the records.
 
     ``fork``: every trial in a process forked from this one, which never touches CUDA itself and so
     serves any number of trials. Where importing left CUDA initialised (forked children could not
@@ -176,7 +172,7 @@ def serve(requests, reply, max_trials: int, watch: Any, fork: bool = False, warm
             answer = _run_forked(request, reply, watch)
         else:
             _send(reply, {"started": os.getpid()})
-            record = _run_one(request, index - 1, watch, warmed_s)
+            record = _run_one(request, index - 1, watch)
             why = None
             if record["status"] in RETIRE_STATUSES:
                 why = f"trial ended in {record['status']}"
@@ -199,8 +195,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-trials", type=int, default=1, help="retire after this many trials")
     parser.add_argument("--preload-te", action="store_true", help="import Transformer Engine before the first spec")
     parser.add_argument("--fork", action="store_true", help="run each trial in a fresh process forked from this one")
-    parser.add_argument("--warm-up", metavar="SPEC_JSON", help="with --listen: the first steps of this cell, untimed, "
-                        "before accepting (trials/warmup.py); not with --fork (the server must not touch CUDA)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from .noise import quiet_third_party
@@ -218,21 +212,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         listener.listen(1)
         preload(args.preload_te)
         watch = guard_recompiles()
-        warmed_s = None if args.warm_up is None or args.fork else _warm_up(args.warm_up)
         conn, _ = listener.accept()
     os.unlink(args.listen)
     pid, _, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
     _exit_with_peer(pid)
     with conn, conn.makefile("r", encoding="utf-8") as requests, conn.makefile("w", encoding="utf-8") as reply:
-        serve(requests, reply, max(1, args.max_trials), watch, fork=args.fork, warmed_s=warmed_s)
+        serve(requests, reply, max(1, args.max_trials), watch, fork=args.fork)
     return 0
-
-
-def _warm_up(spec_json: str) -> float | None:
-    from .spec import TrialSpec
-    from .warmup import warm_up
-
-    return warm_up(TrialSpec.from_dict(json.loads(spec_json)))
 
 
 if __name__ == "__main__":

@@ -7,9 +7,6 @@ starts the trial servers itself right away - one per GPU a trial can run on, one
 each listening on a Unix socket (``python -m trials.server --listen``), and their imports overlap Ray's
 start. The first launcher on that GPU adopts its server instead of spawning one; later ones (after a
 retirement, an OOM, a death) spawn as before. A cluster joined with ``--address`` gets none.
-A GPU's server is also told the sweep's next cell for that GPU and runs its first training steps untimed
-while Ray starts (``--warm-up``, :mod:`trials.warmup`): TE's and torch.compile's one-time compiles then
-overlap Ray's start as the imports do, instead of holding up the first trial's first step.
 
 A launcher adopts a server only if it is the process it would have spawned itself: the same command
 (launcher kind, ``warm_max_trials``, TE preload), the same environment but for what Ray adds to its
@@ -36,7 +33,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from trials.server import alive
 
@@ -90,12 +87,10 @@ class Servers:
         self.directory = tempfile.mkdtemp(prefix="jt-srv-")  # short: a socket path has ~100 characters
         self.procs: list[subprocess.Popen] = []
 
-    def start(self, name: str, command: list[str], env: dict[str, str], nice: int,
-              warm_up: dict[str, Any] | None = None) -> None:
+    def start(self, name: str, command: list[str], env: dict[str, str], nice: int) -> None:
         sock, log_path = os.path.join(self.directory, f"{name}.sock"), os.path.join(self.directory, f"{name}.log")
-        channel = ["--listen", sock] + ([] if warm_up is None else ["--warm-up", json.dumps(warm_up)])
         with open(log_path, "wb") as out:
-            proc = subprocess.Popen(command + channel, stdin=subprocess.DEVNULL, stdout=out,
+            proc = subprocess.Popen(command + ["--listen", sock], stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, env=env, cwd=self.directory,
                                     start_new_session=True)
         self.procs.append(proc)
@@ -147,26 +142,16 @@ def plan(settings: LaunchSettings, fork: bool, max_trials: int, resources: dict[
     return [(name, {**base, **extra}) for name, extra in slots]
 
 
-def warm_ups(planned: list[tuple[str, dict[str, str]]], fork: bool, first: Sequence[dict[str, Any]]
-             ) -> list[dict[str, Any] | None]:
-    """The cell each planned server warms up at (:mod:`trials.warmup`), or None: the GPU servers, in order,
-    the next cells to run (``first``: the sweep's pending trial specs in the order Tune starts them); none for
-    the CPU server nor with ``fork`` (the server must not touch CUDA). A wrong guess costs only the saving."""
-    specs = iter(first)
-    return [None if fork or not env.get("CUDA_VISIBLE_DEVICES") else next(specs, None) for _, env in planned]
-
-
 def start(settings: LaunchSettings, fork: bool, max_trials: int, resources: dict[str, float],
-          gpu_ids: list[str], node_cpus: float, trials: int, first: Sequence[dict[str, Any]] = ()
-          ) -> Servers | None:
-    """Start the servers of :func:`plan`, each warming up at its cell of :func:`warm_ups`; None when it plans none."""
+          gpu_ids: list[str], node_cpus: float, trials: int) -> Servers | None:
+    """Start the servers of :func:`plan`; None when it plans none."""
     planned = plan(settings, fork, max_trials, resources, gpu_ids, node_cpus, trials)
     if not planned:
         return None
     servers, nice = Servers(), worker_niceness()
     try:
-        for (name, env), warm_up in zip(planned, warm_ups(planned, fork, first)):
-            servers.start(name, server_command(max_trials, env, fork), env, nice, warm_up)
+        for name, env in planned:
+            servers.start(name, server_command(max_trials, env, fork), env, nice)
     except BaseException:
         servers.close()
         raise
