@@ -28,9 +28,10 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from hf_loop import plain_model  # noqa: E402 - benchmarks/ is this script's directory
+from hf_loop import plain_model  # benchmarks/ is this script's directory
 from orchestrator.sweep import load_sweep
-from trials import TrialSpec, run_trial, te_compat
+from plain_check import compare
+from trials import TrialSpec, te_compat
 
 STACKS = ("torch", "torchao", "te")
 
@@ -123,19 +124,8 @@ def main() -> int:
     for cell in cells:
         # training only makes generation mean something; the decode's kernels do not depend on the weights
         spec = cell.spec.replace(device="cuda", train_steps=2, profile=False)
-        trial, plain = [], []
-        for _ in range(args.rounds):
-            rec = run_trial(spec)
-            if rec["status"] != "ok":
-                print(f"{cell.label}: trial {rec['status']}: {rec['error']}", flush=True)
-                break
-            trial.append(rec["decode_ms_per_token_p50"])
-            plain.append(plain_decode_ms(spec, args.repeats))
-        if not trial:
-            continue
-        t, p = statistics.median(trial), statistics.median(plain)
-        print(f"{cell.label} batch {spec.batch_size}: trial {t:.3f} ms/token  plain {p:.3f}  trial/plain {t / p:.3f}"
-              f"{'' if abs(t / p - 1) <= 0.02 else '  (outside 2%)'}", flush=True)
+        compare(f"{cell.label} batch {spec.batch_size}", spec, "decode_ms_per_token_p50",
+                lambda: plain_decode_ms(spec, args.repeats), args.rounds, unit="ms/token")
     return 0
 
 

@@ -27,7 +27,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from orchestrator.sweep import load_sweep
-from trials import TrialSpec, run_trial
+from plain_check import compare  # benchmarks/ is this script's directory
+from trials import TrialSpec
 
 HF_NAMES = {"vocab": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers",
             "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "ffn": "intermediate_size"}
@@ -105,20 +106,9 @@ def main() -> int:
     for cell in cells:
         spec = cell.spec.replace(device="cuda", train_steps=args.warmup, warmup_steps=args.warmup,
                                  bench_steps=args.steps, repeats=1, profile=False)
-        trial, plain = [], []
-        for _ in range(args.rounds):
-            rec = run_trial(spec)
-            if rec["status"] != "ok":
-                print(f"{cell.label}: trial {rec['status']}: {rec['error']}", flush=True)
-                break
-            trial.append(rec["step_ms_p50"])
-            plain.append(plain_loop(spec, args.steps, args.warmup))
-        if not trial:
-            continue
-        t, p = statistics.median(trial), statistics.median(plain)
-        rows.append({"cell": cell.label, "trial_ms": t, "plain_ms": p, "ratio": t / p})
-        print(f"{cell.label}: trial {t:.2f} ms  plain {p:.2f} ms  trial/plain {t / p:.3f}"
-              f"{'' if abs(t / p - 1) <= 0.02 else '  (outside 2%)'}", flush=True)
+        row = compare(cell.label, spec, "step_ms_p50", lambda: plain_loop(spec, args.steps, args.warmup), args.rounds)
+        if row is not None:
+            rows.append(row)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

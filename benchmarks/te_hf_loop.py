@@ -139,7 +139,7 @@ def by_flags(args: argparse.Namespace, te) -> list[dict]:
 
 def by_sweep(args: argparse.Namespace, te) -> list[dict]:
     from orchestrator.sweep import load_sweep
-    from trials import run_trial
+    from plain_check import compare
 
     cells = [c for c in load_sweep(args.sweep).cells
              if c.spec.source.name == "hf" and c.spec.backend == "te" and any(o in c.label for o in args.only)]
@@ -150,21 +150,10 @@ def by_sweep(args: argparse.Namespace, te) -> list[dict]:
                                  bench_steps=args.steps, repeats=1, profile=False)
         recipe = (te_compat.make_recipe(spec.recipe, spec.fp8_format, spec.amax_history_len, spec.amax_compute_algo)
                   if spec.precision == "fp8" else None)
-        trial, plain = [], []
-        for _ in range(args.rounds):
-            rec = run_trial(spec)
-            if rec["status"] != "ok":
-                print(f"{cell.label}: trial {rec['status']}: {rec['error']}", flush=True)
-                break
-            trial.append(rec["step_ms_p50"])
-            plain.append(plain_loop(Shape.of(spec), te, spec.te_layer, recipe, args.steps, args.warmup)["ms_p50"])
-        if not trial:
-            continue
-        t, p = statistics.median(trial), statistics.median(plain)
-        rows.append({"cell": cell.label, "trial_ms": t, "plain_ms": p, "ratio": t / p, "trial_rounds": trial,
-                     "plain_rounds": plain})
-        print(f"{cell.label}: trial {t:.2f} ms  plain {p:.2f} ms  trial/plain {t / p:.3f}"
-              f"{'' if abs(t / p - 1) <= 0.02 else '  (outside 2%)'}", flush=True)
+        row = compare(cell.label, spec, "step_ms_p50", lambda: plain_loop(
+            Shape.of(spec), te, spec.te_layer, recipe, args.steps, args.warmup)["ms_p50"], args.rounds)
+        if row is not None:
+            rows.append(row)
     return rows
 
 

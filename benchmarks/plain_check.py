@@ -1,0 +1,33 @@
+"""The harness against a plain loop of the same model: rounds of one and the other, interleaved, medians compared.
+
+Shared by benchmarks/hf_loop.py (torch and torchao training cells), te_hf_loop.py (TE training cells) and
+hf_decode_loop.py (graphed serving cells): each says what its plain loop is; this runs the rounds and prints
+one line per cell. The goal every one of them checks: |trial / plain - 1| <= GOAL.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Callable
+
+from trials import TrialSpec, run_trial
+
+GOAL = 0.02
+
+
+def compare(label: str, spec: TrialSpec, field: str, plain: Callable[[], float], rounds: int,
+            unit: str = "ms") -> dict[str, Any] | None:
+    """``rounds`` times: ``run_trial(spec)[field]``, then ``plain()``; the medians, their ratio and every round,
+    or None when the trial did not end ok (said on stdout)."""
+    trial, loop = [], []
+    for _ in range(rounds):
+        rec = run_trial(spec)
+        if rec["status"] != "ok":
+            print(f"{label}: trial {rec['status']}: {rec['error']}", flush=True)
+            return None
+        trial.append(rec[field])
+        loop.append(plain())
+    t, p = statistics.median(trial), statistics.median(loop)
+    print(f"{label}: trial {t:.3f} {unit}  plain {p:.3f} {unit}  trial/plain {t / p:.3f}"
+          f"{'' if abs(t / p - 1) <= GOAL else f'  (outside {GOAL:.0%})'}", flush=True)
+    return {"cell": label, "trial_ms": t, "plain_ms": p, "ratio": t / p, "trial_rounds": trial, "plain_rounds": loop}
