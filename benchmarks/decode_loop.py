@@ -15,6 +15,7 @@ import statistics
 
 import torch
 
+from plain_check import graphed_ms_per_step  # benchmarks/ is this script's directory
 from trials import TrialSpec
 from trials.decode import Generator, TwinCache
 from trials.model import MiniGPT, ModelConfig
@@ -32,26 +33,7 @@ def bare_ms_per_token(model: MiniGPT, rows: int, max_len: int, start: int, steps
         token.copy_(model.head(hidden[:, -1]).argmax(-1, keepdim=True))
         position.add_(1)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    out = []
-    for _ in range(repeats):
-        position.fill_(start)
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        for _ in range(steps):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        out.append(begin.elapsed_time(end) / steps)
-    return out
+    return graphed_ms_per_step(step, lambda: position.fill_(start), steps, repeats)
 
 
 def main() -> None:

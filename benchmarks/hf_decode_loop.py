@@ -30,7 +30,7 @@ import torch.nn as nn
 
 from hf_loop import plain_model  # benchmarks/ is this script's directory
 from orchestrator.sweep import load_sweep
-from plain_check import compare
+from plain_check import compare, graphed_ms_per_step
 from trials import TrialSpec, te_compat
 
 STACKS = ("torch", "torchao", "te")
@@ -82,28 +82,8 @@ def plain_decode_ms(spec: TrialSpec, repeats: int) -> float:
         token.copy_(forward(token, position))
         position.add_(1)
 
-    prefill()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up steps choose kernels and allocate outside the graph
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    prefill()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    times = []
-    for _ in range(repeats + 1):  # the first generation untimed
-        prefill()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(steps):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / steps)
-    del graph, model, cache
+    times = graphed_ms_per_step(step, prefill, steps, repeats + 1)  # the first generation untimed
+    del model, cache
     torch.cuda.empty_cache()
     return statistics.median(times[1:])
 

@@ -2,13 +2,16 @@
 
 Shared by benchmarks/hf_loop.py (torch and torchao training cells), te_hf_loop.py (TE training cells) and
 hf_decode_loop.py (graphed serving cells): each says what its plain loop is; this runs the rounds and prints
-one line per cell. The goal every one of them checks: |trial / plain - 1| <= GOAL.
+one line per cell. The goal every one of them checks: |trial / plain - 1| <= GOAL. The plain graphed decode of
+hf_decode_loop.py and decode_loop.py (MiniGPT) is :func:`graphed_ms_per_step`.
 """
 
 from __future__ import annotations
 
 import statistics
 from typing import Any, Callable
+
+import torch
 
 from trials import TrialSpec, run_trial
 
@@ -31,3 +34,32 @@ def compare(label: str, spec: TrialSpec, field: str, plain: Callable[[], float],
     print(f"{label}: trial {t:.3f} {unit}  plain {p:.3f} {unit}  trial/plain {t / p:.3f}"
           f"{'' if abs(t / p - 1) <= GOAL else f'  (outside {GOAL:.0%})'}", flush=True)
     return {"cell": label, "trial_ms": t, "plain_ms": p, "ratio": t / p, "trial_rounds": trial, "plain_rounds": loop}
+
+
+def graphed_ms_per_step(step: Callable[[], None], reset: Callable[[], None], steps: int, repeats: int) -> list[float]:
+    """A hand-written server's decode: ``step`` (the whole decode step, the next token fed back and the position
+    advanced inside it) run twice on a side stream (kernels chosen, buffers allocated outside the graph), captured
+    as one CUDA graph, then per repeat ``reset()`` and ``steps`` replays back to back between two events; the ms
+    per step of each repeat."""
+    reset()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    reset()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    out = []
+    for _ in range(repeats):
+        reset()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(steps):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        out.append(begin.elapsed_time(end) / steps)
+    return out
