@@ -142,7 +142,10 @@ def ray_cluster():
     # Ray's socket paths (<temp>/session_<date>_<pid>/sockets/plasma_store.1) must fit in 107 bytes: a short
     # directory of its own in /tmp, not pytest's (under xdist, /tmp/pytest-of-<user>/pytest-<n>/popen-gw0/...)
     temp = tempfile.mkdtemp(prefix="jt-ray-")
-    common = ["--num-cpus=1", "--num-gpus=0", "--object-store-memory=120000000", "--disable-usage-stats"]
+    # No log monitor: it streams every Ray worker's log to drivers that say log_to_driver (a sweep's, with -v
+    # only, which no test gives), ~1 CPU-s a minute per node idle and more while trials log
+    common = ["--num-cpus=1", "--num-gpus=0", "--object-store-memory=120000000", "--disable-usage-stats",
+              "--include-log-monitor=false"]
     # Ray Train's controller polls its ranks every 2 s by default; a multi-rank trial's start and end each wait
     # for polls (tests/test_distributed.py runs four such trials). Its preemption watcher (an actor per Train run,
     # a process importing Ray: ~2 CPU-s a trial) watches for nodes being drained, which these never are.

@@ -19,7 +19,7 @@ import pytest
 from orchestrator.sweep import parse_sweep
 from orchestrator.work import grid_items
 
-from .conftest import OOM_VOCAB, REPO, SLOW_MODEL, cli_env, juicytalk, running_trial, wait_for
+from .conftest import OOM_VOCAB, REPO, SLOW_MODEL, cli_env, juicytalk, running_trial, user_env, wait_for
 from .test_cluster import records, write_sweep
 
 CPU_CELL = ("n_layers: 1, seq_len: 32, batch_size: 8, train_steps: %d, bench_steps: 3, warmup_steps: 1, "
@@ -141,20 +141,23 @@ def test_a_killed_trial_process_is_retried_once_and_one_past_its_timeout_is_kill
     wait_for(lambda: not _servers(), 30)  # the timed-out process, and any kept ready, are gone
 
 
-def _interrupt(tmp_path: Path, sig: int, mid_trial: bool) -> int:
-    """Start the sweep, send ``sig`` once it has a new record (or, ``mid_trial``, once a trial process is
-    running); check it stopped cleanly. Returns the records on disk."""
+def _interrupt(tmp_path: Path, sig: int, mid_trial: bool, env: dict[str, str]) -> int:
+    """Start the sweep in the shell ``env``, send ``sig`` once it has a new record (or, ``mid_trial``, once a
+    trial process is running); check it stopped cleanly. Returns the records on disk."""
     before = len(records(tmp_path, "int")) if (tmp_path / "int" / "trials").exists() else 0
     for marker in (tmp_path / "int" / "running").glob("*.json"):
         marker.unlink()  # the interrupted run's: a new one is what says a trial runs now
     driver = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "sweep", str(tmp_path / "int.yaml"), "--out",
-                               str(tmp_path), "--no-progress", "--no-report"], cwd=REPO, env=cli_env(),
+                               str(tmp_path), "--no-progress", "--no-report"], cwd=REPO, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     trials_dir = tmp_path / "int" / "trials"
-    if mid_trial:
-        wait_for(lambda: running_trial(tmp_path / "int" / "running"), 240)
-    else:
-        wait_for(lambda: trials_dir.exists() and sum(p.suffix == ".parquet" for p in trials_dir.iterdir()) > before, 240)
+
+    def running() -> bool:  # a driver that ended first (its Ray did not start in this shell?) says why
+        assert driver.poll() is None, driver.communicate()[1][-2000:]
+        if mid_trial:
+            return bool(running_trial(tmp_path / "int" / "running"))
+        return trials_dir.exists() and sum(p.suffix == ".parquet" for p in trials_dir.iterdir()) > before
+    wait_for(running, 240)
     tree = psutil.Process(driver.pid).children(recursive=True)  # embedded Ray, workers, trial processes
     assert any("trials.server" in " ".join(p.cmdline()) for p in tree if p.is_running())
     driver.send_signal(sig)
@@ -205,20 +208,31 @@ def test_ctrl_c_during_a_fit_is_noted_and_handed_to_tunes_stop():
 @pytest.mark.slow
 def test_sigint_and_sigterm_stop_everything_and_the_rerun_resumes(tmp_path, ray_cluster):
     """SIGINT, and SIGTERM (Slurm, Kubernetes, systemd) on the resumed run, each end the driver the same way:
-    no native stack dump, the summary, every process gone; the same command then finishes the sweep."""
+    no native stack dump, the summary, every process gone; the same command then finishes the sweep.
+
+    Each interrupted run starts its own Ray (no --address) in a new user's shell (no RAY_* variables, an empty
+    HOME) holding what could trip that start: a token file left by an earlier Ray, then RAY_AUTH_MODE=disabled.
+    Its trials ran (records, a running trial process), so Ray started there. (Were the two one-cell sweeps of
+    test_clean_start.py's test_a_sweep_starts_its_own_ray_whatever_the_users_shell_holds: a local Ray's start
+    and a sweep's each, ~20 CPU-s a run.)"""
     write_sweep(tmp_path, "int", f"""
         grid: {{d_model: [32, 40, 48, 64]}}
         fixed: {{{SLOW_CELL % 100}}}
         resources: {{cpu: 1, gpu: 0}}
         launcher: warm
     """)
-    after_int = _interrupt(tmp_path, signal.SIGINT, mid_trial=False)
-    done_before = _interrupt(tmp_path, signal.SIGTERM, mid_trial=True)
+    stale = tmp_path / "stale-home"  # a token file some earlier Ray on this machine left
+    (stale / ".ray").mkdir(parents=True)
+    (stale / ".ray" / "auth_token").write_text("0123456789abcdef" * 4)
+    after_int = _interrupt(tmp_path, signal.SIGINT, mid_trial=False, env=user_env(stale))
+    done_before = _interrupt(tmp_path, signal.SIGTERM, mid_trial=True,
+                             env=user_env(tmp_path / "home", RAY_AUTH_MODE="disabled"))
     assert 1 <= after_int <= done_before < 4
     run = _sweep(tmp_path, "int", address=ray_cluster)  # the resume reads the store, whichever Ray runs it
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert f"{done_before} already done" in " ".join(run.stdout.split())
-    assert sorted(r["d_model"] for r in records(tmp_path, "int")) == [32, 40, 48, 64]
+    recs = records(tmp_path, "int")
+    assert sorted(r["d_model"] for r in recs) == [32, 40, 48, 64] and all(r["status"] == "ok" for r in recs)
 
 
 def test_corrupt_record_files_are_quarantined_and_rerun(tracked_sweep, ray_cluster, tmp_path):
