@@ -35,10 +35,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from orchestrator.runner import TUNE_LOGGERS  # noqa: E402
+from orchestrator.runner import tune_loggers  # noqa: E402
 from orchestrator.store import read_results  # noqa: E402
 from orchestrator.sweep import load_sweep  # noqa: E402
-from trials.environ import environ  # noqa: E402
 
 
 def epoch(stamp: str) -> float:
@@ -104,7 +103,7 @@ def parts() -> None:
                                                                                          checkpoint_frequency=0)))
     # the sweep's own Tune loggers (orchestrator/runner.fit): without them Tune's automatic ones import
     # tensorboardX and torch into the driver (~4 s of this phase on an H200 host), which no sweep pays
-    with environ(TUNE_DISABLE_AUTO_CALLBACK_LOGGERS="1", RAY_TUNE_CALLBACKS=TUNE_LOGGERS):
+    with tune_loggers():
         result = tuner.fit()[0]
     print(f"Tune fit -> trainable set up   {result.metrics['set_up_at'] - wall:6.1f} s   (Tune's set-up, its actor)")
     print(f"Tune fit, one empty trial      {time.perf_counter() - t:6.1f} s")

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
@@ -362,6 +362,13 @@ def _stop_when_storage_is_full() -> Any:
 TUNE_LOGGERS = "ray.tune.logger.CSVLoggerCallback,ray.tune.logger.JsonLoggerCallback"
 
 
+def tune_loggers() -> AbstractContextManager:
+    """Around ``tuner.fit()``: Tune's automatic loggers off, :data:`TUNE_LOGGERS` (after any the user named in
+    RAY_TUNE_CALLBACKS) on (benchmarks/sweep_start.py times Tune under the same)."""
+    loggers = ",".join(filter(None, [os.environ.get("RAY_TUNE_CALLBACKS"), TUNE_LOGGERS]))
+    return environ(TUNE_DISABLE_AUTO_CALLBACK_LOGGERS="1", RAY_TUNE_CALLBACKS=loggers)
+
+
 def fit(ray: Any, sweep: Sweep, store: Store, context: Context, resources: dict[str, float],
         max_concurrent: int | None, verbose: bool, items: list[WorkItem] | None = None, searcher: Any = None,
         max_trials: int = 1, interrupts: Interrupts | None = None) -> None:
@@ -406,8 +413,7 @@ def fit(ray: Any, sweep: Sweep, store: Store, context: Context, resources: dict[
             log_to_file=True,
         ),
     )
-    loggers = ",".join(filter(None, [os.environ.get("RAY_TUNE_CALLBACKS"), TUNE_LOGGERS]))
-    with interrupts.catching(), environ(TUNE_DISABLE_AUTO_CALLBACK_LOGGERS="1", RAY_TUNE_CALLBACKS=loggers):
+    with interrupts.catching(), tune_loggers():
         results = tuner.fit()
     full = next((r.metrics[STORAGE_FULL] for r in results if (r.metrics or {}).get(STORAGE_FULL)), None)
     if full:
