@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from hf_loop import plain_model  # benchmarks/ is this script's directory
+from hf_loop import fp8_layer, plain_model  # benchmarks/ is this script's directory
 from orchestrator.sweep import load_sweep
 from plain_check import compare, graphed_ms_per_step
 from trials import TrialSpec, te_compat
@@ -42,12 +42,8 @@ def serving_model(spec: TrialSpec) -> nn.Module:
     if spec.backend == "torchao":
         from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, PerTensor, quantize_
 
-        def keep(mod: nn.Module, fqn: str) -> bool:
-            return (isinstance(mod, nn.Linear) and fqn != "lm_head" and mod.in_features % 16 == 0
-                    and mod.out_features % 16 == 0)
-
         granularity = {"tensorwise": PerTensor, "rowwise": PerRow}[spec.recipe]()
-        quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=granularity), filter_fn=keep)
+        quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=granularity), filter_fn=fp8_layer)
     elif spec.backend == "te":
         from trials.backends import te_convert
 

@@ -34,6 +34,12 @@ HF_NAMES = {"vocab": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hi
             "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "ffn": "intermediate_size"}
 
 
+def fp8_layer(mod: nn.Module, fqn: str) -> bool:
+    """The Linears a plain FP8 loop converts (torchao's ``module_filter_fn`` / ``filter_fn``): not the head that makes
+    the logits, and only dims that are multiples of 16 (FP8 GEMMs need them), as the stacks keep them."""
+    return isinstance(mod, nn.Linear) and fqn != "lm_head" and mod.in_features % 16 == 0 and mod.out_features % 16 == 0
+
+
 def plain_model(spec: TrialSpec) -> nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -50,12 +56,8 @@ def plain_model(spec: TrialSpec) -> nn.Module:
     if spec.precision == "fp8":
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-        def keep(mod: nn.Module, fqn: str) -> bool:
-            return (isinstance(mod, nn.Linear) and fqn != "lm_head" and mod.in_features % 16 == 0
-                    and mod.out_features % 16 == 0)
-
         convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(spec.recipe),
-                                   module_filter_fn=keep)
+                                   module_filter_fn=fp8_layer)
     return model
 
 
