@@ -149,7 +149,12 @@ def ray_cluster():
     # Ray Train's controller polls its ranks every 2 s by default; a multi-rank trial's start and end each wait
     # for polls (tests/test_distributed.py runs four such trials). Its preemption watcher (an actor per Train run,
     # a process importing Ray: ~2 CPU-s a trial) watches for nodes being drained, which these never are.
-    env = cli_env(RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="0.5", RAY_TRAIN_ENABLE_PREEMPTION_WATCHER="0")
+    # Ray Train's bound on starting a worker group (60 s by default; the product adds it to a multi-rank trial's
+    # start bound): on a 2-core CI host under the whole suite, two two-rank cells of tests/test_distributed.py
+    # (each starts six new Ray processes) did not have both ranks running within 60 + 12 s and were recorded as
+    # start timeouts; the bound is for a hung start, which no test here makes.
+    env = cli_env(RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="0.5", RAY_TRAIN_ENABLE_PREEMPTION_WATCHER="0",
+                  RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="180")
     try:
         head = subprocess.run([_ray_bin(), "start", "--head", f"--port={port}", "--include-dashboard=false",
                                f"--temp-dir={temp}", *common], capture_output=True, text=True, env=env, timeout=120)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from orchestrator.lock import lock_path
 from orchestrator.store import Store
 
 from .conftest import REPO, SLOW_MODEL, cli_env, juicytalk, running_trial, wait_for
@@ -73,11 +74,15 @@ def test_driver_killed_mid_sweep_then_rerun_completes_exactly_once(ray_cluster, 
     sweep = write_sweep(tmp_path, "kd", SMALL % (SLOW_MODEL, 200))  # ~5 s a trial, one at a time
     trials_dir, running = tmp_path / "kd" / "trials", tmp_path / "kd" / "running"
     driver = _start(sweep, tmp_path, ray_cluster)
-    wait_for(lambda: trials_dir.exists() and any(p.suffix == ".parquet" for p in trials_dir.iterdir()), 240)
+    # the second driver as soon as the first holds the lock (it writes its pid there before Ray starts): refused
+    # while the first lives, its whole sweep (not only what is left after a record, which a loaded host can miss)
+    lock = lock_path(Store(str(tmp_path), "kd"))
+    wait_for(lambda: lock.exists() and f'"pid": {driver.pid},' in lock.read_text(), 120)
     second = juicytalk("sweep", str(sweep), "--out", str(tmp_path), "--address", ray_cluster,
                        "--no-progress", "--no-report", timeout=60)
     assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
     assert "in use by another juicytalk sweep" in second.stderr and f"pid {driver.pid}," in second.stderr
+    wait_for(lambda: trials_dir.exists() and any(p.suffix == ".parquet" for p in trials_dir.iterdir()), 240, 0.05)
     os.kill(driver.pid, signal.SIGKILL)
     driver.wait(30)
     first = {r["cell_id"]: r["recorded_at"] for r in records(tmp_path, "kd")}
