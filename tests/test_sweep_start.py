@@ -88,3 +88,18 @@ def test_a_server_that_died_before_adoption_is_replaced_by_a_spawned_one(as_a_wo
         finally:
             launcher.close()
         assert record["status"] == "ok" and record["pid"] != server.pid
+
+
+def test_a_te_preload_also_imports_what_tes_first_fused_call_would():
+    """TE wraps its fusers in torch.compile, whose first call imports Dynamo's frame converter and Inductor:
+    0.4-0.5 s of the seed example's first training step on the H200 (more where Python has no bytecode).
+    A server that preloads TE imports them while Ray starts. Fails when torch moves a listed module (the
+    preload would then skip it silently), when the preload touches CUDA (forked trials need it untouched), or
+    when it ignores TE's own switch (NVTE_TORCH_COMPILE=0: TE compiles nothing, nothing to import)."""
+    code = ("import os, sys, torch; from trials import te_compat; mods = te_compat.FUSER_COMPILER_MODULES\n"
+            "os.environ['NVTE_TORCH_COMPILE'] = '0'; te_compat.import_fuser_compiler()\n"
+            "print([m for m in mods if m in sys.modules])\n"
+            "os.environ['NVTE_TORCH_COMPILE'] = '1'; te_compat.import_fuser_compiler()\n"
+            "print([m for m in mods if m not in sys.modules], torch.cuda.is_initialized())")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.split("\n")[:2] == ["[]", "[] False"], out.stdout + out.stderr[-2000:]
