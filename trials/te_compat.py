@@ -39,7 +39,7 @@ def import_te() -> ModuleType:
 # What torch.compile loads at its first call (Dynamo's frame converter, Inductor's compiler, its GPU code generator),
 # not at ``import torch._dynamo``: where TE compiles its fusers, its first fused call pays for these imports.
 FUSER_COMPILER_MODULES = ("torch._dynamo.convert_frame", "torch._inductor.compile_fx",
-                          "torch._inductor.codegen.cuda_combined_scheduling")  # the last imports Triton
+                          "torch._inductor.codegen.cuda_combined_scheduling")
 
 
 def import_fuser_compiler() -> None:
