@@ -132,6 +132,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                   + f"; driver wall {outcome.wall_s:.1f}s (Ray's start included)", soft_wrap=True)
     if note := resources_note(sweep.resources, outcome.resources):
         console.print(note, soft_wrap=True)
+    if outcome.ran and args.address is None:  # trials ran here: their start is this Python's (trials/bytecode.py)
+        from trials.bytecode import advice
+
+        if slow := advice():
+            console.print(f"[yellow]slow start[/] {slow}", soft_wrap=True)
     if outcome.ran:
         eff = run_efficiency(records.to_pandas())
         this_run = eff[eff["run_id"] == outcome.run_id]
@@ -219,6 +224,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     cap = probe("auto", want_te=True, want_torchao=True)
     info = {"capability": cap.as_dict(), "fingerprint": fingerprint(cap.device_type), "power": power_and_clocks()}
     info["peaks_tflops"] = {p: peak_tflops(cap.gpu_name, p) for p in ("bf16", "fp8", "fp32")}
+    from trials.bytecode import advice
+
+    info["bytecode"] = advice()
     from importlib import metadata
 
     try:
@@ -269,6 +277,7 @@ def doctor_lines(info: dict) -> list[str]:
     lines.append(f"peaks         {known} TFLOP/s (dense datasheet; JUICYTALK_PEAK_TFLOPS overrides)" if known else
                  "peaks         unknown for this device (MFU is left out; JUICYTALK_PEAK_TFLOPS gives them)")
     lines.append(f"ray           {info['ray_version']}")
+    lines.append(f"bytecode      {info['bytecode'] or 'present or writable for torch and TE: no process compiles them'}")
     if "cluster_resources" in info:
         resources = "  ".join(f"{k}={v:g}" for k, v in sorted(info["cluster_resources"].items())
                               if not k.startswith("node:") and isinstance(v, (int, float)))

@@ -193,3 +193,4 @@ def test_doctor_on_cpu(shell):
     assert all(f"fp8 torchao {recipe:18} yes" in lines[recipe] for recipe in ("tensorwise", "rowwise"))
     assert "torchao       0." in run.stdout
     assert "power         unknown: NVML unavailable (no NVIDIA driver here)" in run.stdout
+    assert "bytecode      present or writable for torch and TE" in run.stdout  # pip leaves bytecode

@@ -88,3 +88,42 @@ def test_a_server_that_died_before_adoption_is_replaced_by_a_spawned_one(as_a_wo
         finally:
             launcher.close()
         assert record["status"] == "ok" and record["pid"] != server.pid
+
+
+def test_a_te_preload_also_imports_what_tes_first_fused_call_would():
+    """TE wraps its fusers in torch.compile, whose first call imports Dynamo's frame converter and Inductor:
+    0.4-0.5 s of the seed example's first training step on the H200 (more where Python has no bytecode).
+    A server that preloads TE imports them while Ray starts. Fails when torch moves a listed module (the
+    preload would then skip it silently), when the preload touches CUDA (forked trials need it untouched), or
+    when it ignores TE's own switch (NVTE_TORCH_COMPILE=0: TE compiles nothing, nothing to import)."""
+    code = ("import os, sys, torch; from trials import te_compat; mods = te_compat.FUSER_COMPILER_MODULES\n"
+            "os.environ['NVTE_TORCH_COMPILE'] = '0'; te_compat.import_fuser_compiler()\n"
+            "print([m for m in mods if m in sys.modules])\n"
+            "os.environ['NVTE_TORCH_COMPILE'] = '1'; te_compat.import_fuser_compiler()\n"
+            "print([m for m in mods if m not in sys.modules], torch.cuda.is_initialized())")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.split("\n")[:2] == ["[]", "[] False"], out.stdout + out.stderr[-2000:]
+
+
+def test_a_package_compiled_from_source_by_every_process_is_found_and_the_fix_named(tmp_path, monkeypatch):
+    """The lent H200 host sets PYTHONDONTWRITEBYTECODE and its torch has no .pyc: every process compiled torch and
+    TE from source (11 s + 15.6 s per process; 3 s + 5.9 s with bytecode). doctor and the sweep say so, with the
+    fix; where bytecode exists, or the first import can write it, they say nothing."""
+    from trials import bytecode
+
+    package = tmp_path / "jt_bytecode_probe"
+    package.mkdir()
+    (package / "__init__.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(bytecode, "CHECKED", ("jt_bytecode_probe", "jt_not_installed"))
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    assert bytecode.compiled_from_source("jt_bytecode_probe") is None  # the first import will write it
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    assert bytecode.compiled_from_source("jt_bytecode_probe") == "PYTHONDONTWRITEBYTECODE is set"
+    line = bytecode.advice()
+    assert line.startswith("jt_bytecode_probe has no bytecode here") and line.endswith(
+        f"`python -m compileall -q -j 0 {tmp_path}` once writes it"), line
+    import py_compile
+
+    py_compile.compile(str(package / "__init__.py"), doraise=True)  # what compileall does
+    assert bytecode.compiled_from_source("jt_bytecode_probe") is None and bytecode.advice() is None

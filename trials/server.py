@@ -93,6 +93,7 @@ def preload(te: bool) -> None:
 
         try:
             te_compat.import_te()
+            te_compat.import_fuser_compiler()
         except Exception as exc:  # noqa: BLE001 - the trial itself reports TE's absence as unsupported
             logging.getLogger(__name__).info("TE preload failed: %s", exc)
 

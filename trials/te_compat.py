@@ -36,6 +36,26 @@ def import_te() -> ModuleType:
     return importlib.import_module("transformer_engine.pytorch")
 
 
+# What torch.compile loads at its first call (Dynamo's frame converter, Inductor's compiler, its GPU code generator),
+# not at ``import torch._dynamo``: where TE compiles its fusers, its first fused call pays for these imports.
+FUSER_COMPILER_MODULES = ("torch._dynamo.convert_frame", "torch._inductor.compile_fx",
+                          "torch._inductor.codegen.cuda_combined_scheduling")
+
+
+def import_fuser_compiler() -> None:
+    """Import, ahead of TE's first fused call, what that call would import (:data:`FUSER_COMPILER_MODULES`):
+    a trial server that preloads TE does it while the sweep's Ray starts, instead of inside the first
+    training step. Imports only: nothing is compiled and CUDA is not touched (forked trials need it
+    uninitialised). A module torch moved is skipped: the first step then imports what it needs itself."""
+    if not te_torch_compile():
+        return
+    for name in FUSER_COMPILER_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - an optimisation, never a failure
+            log.info("not preloaded: %s (%s: %s)", name, type(exc).__name__, exc)
+
+
 def te_torch_compile() -> bool:
     """Whether TE compiled its fusers: the same parse TE's jit module applies to the variable."""
     return bool(int(os.environ.get(TE_TORCH_COMPILE_ENV, "1")))
