@@ -13,7 +13,10 @@ embedded Ray) and reads the timeline off the records:
     first trial  -> first step      the trial's own set-up: capability probe, model, optimizer (``startup_s``)
     first step                      the first step alone: TE's fuser compiles, torch.compile (``first_step_s``)
 
-then the driver's wall against the trials' train+bench seconds (the GPU-busy part). With ``--parts`` it
+then the driver's wall against the trials' train+bench seconds (the GPU-busy part), and each trial in turn:
+when it started, the gap since the one before, its ``duration_s`` split into the parts its record names (set-up,
+training, benchmark, energy window, kernel profile, generation, teacher-forced partner) and the rest, and what
+the driver spent after the last trial (Ray's and Tune's end). With ``--parts`` it
 also times, in this process, what the middle phase is made of: ``import ray``, a local ``ray.init``,
 ``import ray.tune``, a one-trial Tune run of an empty trainable (Tune's set-up and worker actor) and
 ``ray.shutdown``, each once.
@@ -68,6 +71,30 @@ def run(sweep_file: str, out: str) -> None:
     print(f"first step alone               {float(first['first_step_s'] or 0):6.1f} s")
     print(f"=> first step issued at        {step:6.1f} s after the command")
     print(f"driver wall {wall:.1f} s for {len(df)} trials, train+bench {busy:.1f} s (busy {busy / wall:.2f})")
+    timeline(df, t0, wall)
+
+
+# the parts of each trial's duration_s its record names: the energy window (a run of the timed step of at least
+# trials/energy.MIN_WINDOW_S, on a GPU with NVML) is one of them
+PARTS = ("setup_s", "train_s", "bench_s", "energy_window_s", "profile_s", "gen_s", "tf_s")
+
+
+def timeline(df, t0: float, wall: float) -> None:
+    """Each trial in the order it ran: when it started (s after the command), the gap since the previous one
+    ended (the hand-over: Tune, the worker, the trial process), its duration_s and the parts of it the record
+    names (train_s holds the first step, shown apart too); then what the driver spent after the last trial
+    ended (Ray's and Tune's end)."""
+    print(f"{'trial':28s} {'start':>6s} {'gap':>5s} {'dur':>6s} " + " ".join(f"{p[:-2].replace('energy_window', 'energy'):>7s}" for p in PARTS)
+          + "    rest  1st step")
+    end = None
+    for _, r in df.assign(t=df["started_at"].map(epoch)).sort_values("t").iterrows():
+        start, dur = r["t"] - t0, float(r["duration_s"] or 0)
+        parts = [float(r[p]) if p in r and r[p] == r[p] and r[p] is not None else 0.0 for p in PARTS]
+        gap = "" if end is None else f"{start - end:5.1f}"
+        print(f"{r['cell_label'][:28]:28s} {start:6.1f} {gap:>5s} {dur:6.1f} " + " ".join(f"{x:7.2f}" for x in parts)
+              + f" {dur - sum(parts):7.2f} {float(r['first_step_s'] or 0):9.2f}")
+        end = max(end or 0.0, epoch(r["finished_at"]) - t0)
+    print(f"last trial ended at {end:.1f} s; driver wall {wall:.1f} s: {wall - end:.1f} s after it")
 
 
 def parts() -> None:
