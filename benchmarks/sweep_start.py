@@ -31,6 +31,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import math
 import time
 from datetime import datetime
 from pathlib import Path
@@ -79,17 +80,23 @@ def run(sweep_file: str, out: str) -> None:
 PARTS = ("setup_s", "train_s", "bench_s", "energy_window_s", "profile_s", "gen_s", "tf_s")
 
 
+def seconds(value) -> float:
+    """A record's seconds field as a number: 0 where the trial had no such part (null, which pandas reads as None
+    or NaN)."""
+    return 0.0 if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+
 def timeline(df, t0: float, wall: float) -> None:
     """Each trial in the order it ran: when it started (s after the command), the gap since the previous one
     ended (the hand-over: Tune, the worker, the trial process), its duration_s and the parts of it the record
     names (train_s holds the first step, shown apart too); then what the driver spent after the last trial
     ended (Ray's and Tune's end)."""
-    print(f"{'trial':28s} {'start':>6s} {'gap':>5s} {'dur':>6s} " + " ".join(f"{p[:-2].replace('energy_window', 'energy'):>7s}" for p in PARTS)
-          + "    rest  1st step")
+    names = " ".join(f"{p.removesuffix('_s').replace('energy_window', 'energy'):>7s}" for p in PARTS)
+    print(f"{'trial':28s} {'start':>6s} {'gap':>5s} {'dur':>6s} {names}    rest  1st step")
     end = None
     for _, r in df.assign(t=df["started_at"].map(epoch)).sort_values("t").iterrows():
-        start, dur = r["t"] - t0, float(r["duration_s"] or 0)
-        parts = [float(r[p]) if p in r and r[p] == r[p] and r[p] is not None else 0.0 for p in PARTS]
+        start, dur = r["t"] - t0, seconds(r["duration_s"])
+        parts = [seconds(r[p]) for p in PARTS]
         gap = "" if end is None else f"{start - end:5.1f}"
         print(f"{r['cell_label'][:28]:28s} {start:6.1f} {gap:>5s} {dur:6.1f} " + " ".join(f"{x:7.2f}" for x in parts)
               + f" {dur - sum(parts):7.2f} {float(r['first_step_s'] or 0):9.2f}")
