@@ -1,7 +1,7 @@
 """Where a warm trial process's seconds go: cells run one after another in this process under cProfile.
 
 A sweep's trial server runs its cells in turn in one process; this runs the same cells the same way
-(``trials.run_trial``, ``process_trial_index`` counting up) and prints, per cell, the record's phase fields
+(``trials.run_trial``, ``process_trial_index`` counting up, one ``teacher_forced.Partners`` for all) and prints, per cell, the record's phase fields
 (``startup_s``, ``first_step_s``, ``train_s``, ``bench_s``, ``energy_window_s``, ``profile_s``, ``gen_s``,
 ``tf_s``, ``duration_s``), then the functions with the most cumulative time over all cells and
 torch.compile's own account (TE compiles its fusers with ``torch.compile``).
@@ -41,10 +41,12 @@ def main() -> None:
         os.environ["TRITON_CACHE_DIR"] = os.path.join(args.cache, "triton")
     t0 = time.perf_counter()
     from trials import TrialSpec
+    from trials.teacher_forced import Partners
     from trials.trial import run_trial
 
     print(f"import trials {time.perf_counter() - t0:.1f} s", flush=True)
     prof = None if args.no_profile else cProfile.Profile()
+    partners = Partners()  # as a trial server keeps one: FP8 cells sharing a BF16 partner train it once
     for i, cell in enumerate(args.cells.split(",")):
         backend, precision, *recipe = cell.split("-")
         spec = TrialSpec(backend=backend, precision=precision, d_model=args.d_model, n_layers=args.n_layers,
@@ -52,7 +54,7 @@ def main() -> None:
         t = time.perf_counter()
         if prof is not None:
             prof.enable()
-        record = run_trial(spec, process_trial_index=i)
+        record = run_trial(spec, process_trial_index=i, partners=partners)
         if prof is not None:
             prof.disable()
         phases = " ".join(f"{p} {record[p]:.2f}" for p in PHASES if isinstance(record.get(p), float))

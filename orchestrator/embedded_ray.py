@@ -23,6 +23,11 @@ import time
 from pathlib import Path
 
 AUTH_MODE = "token"  # Ray's own default for new local clusters, said explicitly
+# How long ``ray.init`` waits for the local GCS to write its port file before it gives up (Ray's own knob,
+# RAY_gcs_server_port_wait_time_s; Ray's default is 30 s). A GCS that has not written it in this time has died
+# (its reason is in gcs_server.err, which the one line quotes): on the 2-core machine it wrote it 0.10-0.22 s
+# after its start, idle and beside 8 busy processes (benchmarks/ray_start.py). A user's own value wins.
+GCS_PORT_WAIT_S = 10
 LOGS = ("gcs_server.err", "raylet.err", "gcs_server.out", "raylet.out")  # where a process that died says why
 FATAL = re.compile(r"^\[[^\]]* [CEF] \d+ \d+\]\s*(?:\([^)]*\)\s*)?(.*)$")  # a glog line of severity C, E or F
 
@@ -33,10 +38,13 @@ class RayStartError(RuntimeError):
 
 
 def configure(local: bool) -> None:
-    """Set, before ``import ray``, what this driver and the Ray it starts (``local``) must agree on.
-    Joining a cluster, the cluster's mode is the user's to give (RAY_AUTH_MODE, RAY_AUTH_TOKEN)."""
+    """Set, before ``import ray``, what this driver and the Ray it starts (``local``) must agree on, and how
+    long that start waits for its GCS (:data:`GCS_PORT_WAIT_S`). Joining a cluster, the cluster's mode is the
+    user's to give (RAY_AUTH_MODE, RAY_AUTH_TOKEN)."""
     if local and "ray" not in sys.modules:
         os.environ.setdefault("RAY_AUTH_MODE", AUTH_MODE)
+    if local:  # read by ray.init when it starts the GCS, so this may come after the import
+        os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(GCS_PORT_WAIT_S))
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's classic progress output, read when Tune is imported
 
 
@@ -65,7 +73,11 @@ def start(ray, package_root: str, **kwargs) -> None:
     The path goes to the workers through the environment Ray's processes inherit, not a job
     ``runtime_env``: a runtime environment makes Ray start workers of its own for it instead of taking
     the ones it prestarts with the cluster (measured: the first actor ready 0.8-1.3 s after ray.init
-    instead of 2.0-2.4 s; every trial's worker is such an actor)."""
+    instead of 2.0-2.4 s; every trial's worker is such an actor).
+
+    A GCS that dies at start is reported after :data:`GCS_PORT_WAIT_S`, not Ray's 30 s: Ray's wait for its port
+    file holds the GIL in native code, so nothing in this process can notice the death sooner. A raylet that
+    dies is still reported after Ray's own fixed 30 s wait for it to register."""
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if package_root not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([package_root, *paths])

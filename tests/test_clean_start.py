@@ -5,6 +5,7 @@ start their own Ray, one in each such shell); here the rule that keeps it so, an
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -53,7 +54,8 @@ def test_a_ray_that_cannot_start_is_one_line_with_rays_own_reason(tmp_path):
         from orchestrator.cli import main
         sys.exit(main(["sweep", {str(tmp_path / "s.yaml")!r}, "--out", {str(tmp_path / "out")!r}, "--no-progress"]))
     """)
-    # Ray waits 30 s for a GCS that already died; its own knob shortens the wait, not what is reported after
+    # Ray waits for a GCS that already died (embedded_ray.GCS_PORT_WAIT_S, in the test below); its own knob
+    # shortens the wait here, not what is reported after
     env = user_env(tmp_path / "home", RAY_gcs_server_port_wait_time_s="4")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=180)
     assert out.returncode == 1, out.stdout[-1500:] + out.stderr[-1500:]
@@ -62,3 +64,19 @@ def test_a_ray_that_cannot_start_is_one_line_with_rays_own_reason(tmp_path):
     assert "gcs_server.err: Check failed" in line and "token" in line, line
     log = line.rsplit("(log: ", 1)[1].rstrip(")")
     assert log.endswith("gcs_server.err") and "Check failed" in open(log).read()
+
+
+def test_a_local_start_waits_less_than_rays_30_s_for_a_dead_gcs_and_a_users_own_wait_wins(monkeypatch):
+    """Ray's own wait for a GCS that died at start is 30 s; the embedded start's is GCS_PORT_WAIT_S (the GCS writes
+    its port in 0.1-0.2 s: benchmarks/ray_start.py), unless the user gave one. Joining a cluster sets none."""
+    from orchestrator import embedded_ray
+
+    name = "RAY_gcs_server_port_wait_time_s"
+    monkeypatch.delenv(name, raising=False)
+    embedded_ray.configure(local=False)
+    assert name not in os.environ
+    embedded_ray.configure(local=True)
+    assert os.environ[name] == str(embedded_ray.GCS_PORT_WAIT_S) and embedded_ray.GCS_PORT_WAIT_S < 30
+    monkeypatch.setenv(name, "45")
+    embedded_ray.configure(local=True)
+    assert os.environ[name] == "45"

@@ -275,6 +275,31 @@ def test_torchao_float8_trial_converts_the_block_linears_and_keeps_the_head():
     assert rec["torchao_version"] and all(math.isfinite(v) for v in rec["loss_curve"])
 
 
+def test_a_trial_server_trains_the_bf16_partner_its_fp8_cells_share_once(tmp_path):
+    """Three torchao FP8 cells through one trial server (as a warm launcher runs them): rowwise takes the BF16
+    partner tensorwise trained (same model, seed and schedule), with the teacher-forced fields of a trial that
+    trains its own; a cell of another seed trains its own."""
+    pytest.importorskip("torchao")
+    import io
+
+    from trials import server
+    from trials.compile_guard import RecompileWatch
+
+    base = dict(TINY, backend="torchao", precision="fp8", profile=False)
+    specs = [TrialSpec(recipe="tensorwise", **base), TrialSpec(recipe="rowwise", **base),
+             TrialSpec(recipe="rowwise", **{**base, "seed": 7})]
+    requests = io.StringIO("".join(json.dumps({"spec": spec.to_dict(), "out": str(tmp_path / f"{i}.json")}) + "\n"
+                                   for i, spec in enumerate(specs)))
+    assert server.serve(requests, io.StringIO(), max_trials=3, watch=RecompileWatch()) == 3
+    recs = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(3)]
+    assert [r["status"] for r in recs] == ["ok"] * 3, [r["error"] for r in recs]
+    assert [r["tf_partner_reused"] for r in recs] == [False, True, False]
+    alone = run_trial(specs[1])  # no process before it: trains its partner
+    tf = [name for name in FIELD_NAMES if name.startswith("tf_") and name not in ("tf_s", "tf_partner_reused")]
+    assert alone["tf_partner_reused"] is False and alone["tf_kl_mean"] is not None
+    assert {n: recs[1][n] for n in tf} == {n: alone[n] for n in tf}
+
+
 def test_torchao_serving_is_refused_in_one_line_where_it_cannot_run_and_unsupported_on_cpu():
     from trials import SpecError
 

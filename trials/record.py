@@ -226,6 +226,9 @@ FIELDS: list[Field] = [
        "is decided only (null where it is decided nowhere)."),
     _f("tf_s", "float", "Training the BF16 partner and comparing (infer: the served model's teacher-forced read), "
        "s (after the cell's own timing and memory)."),
+    _f("tf_partner_reused", "bool", "train, those fp8 cells: the BF16 partner was not trained again: an earlier FP8 "
+       "cell in the same trial process trained the same partner (same model, seed and schedule; delayed and current "
+       "scaling share one) and its read was taken (trials/teacher_forced.Partners)."),
     # -- fingerprint
     _f("gpu_name", "str", "torch's device name."),
     _f("compute_capability", "str", "e.g. 9.0."),

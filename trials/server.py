@@ -20,7 +20,9 @@ connection on the Unix socket PATH, and requests and replies both travel on that
 also exits when the process that connected is gone (its pid from the socket's peer credentials).
 
 Every trial frees what it used before it returns (device memory, cuBLAS workspaces, TE's FP8
-global state: :func:`trials.trial.run_trial`) and the next starts every memory counter afresh. It retires - exits after answering -
+global state: :func:`trials.trial.run_trial`) and the next starts every memory counter afresh. What
+one trial leaves for the next is said: the BF16 partner's teacher-forced read, on the host, which the
+next FP8 cell of the same model takes instead of training that partner again (``tf_partner_reused``). It retires - exits after answering -
 when a trial ends in oom, error or diverged (the process may be in a bad state), when TorchDynamo hit
 its recompile limit (later cells would run TE's fusers uncompiled), after ``--max-trials`` trials,
 at EOF on stdin (or the connection), and when its parent dies.
@@ -103,13 +105,15 @@ def _send(reply, message: dict[str, Any]) -> None:
     reply.flush()
 
 
-def _run_one(request: dict[str, Any], index: int, watch) -> dict[str, Any]:
-    """Run one trial here and write its record; returns the record."""
+def _run_one(request: dict[str, Any], index: int, watch, partners: Any = None) -> dict[str, Any]:
+    """Run one trial here and write its record; returns the record. ``partners``: the BF16 partner read this
+    process keeps for the next FP8 cell that shares it (trials/teacher_forced.Partners), None in a forked child."""
     from .cli import write_json_atomic
     from .spec import TrialSpec
     from .trial import run_trial
 
-    record = run_trial(TrialSpec.from_dict(request["spec"]), process_trial_index=index)  # leaves nothing behind
+    # leaves nothing behind on the device; ``partners`` keeps one read on the host
+    record = run_trial(TrialSpec.from_dict(request["spec"]), process_trial_index=index, partners=partners)
     record["dynamo_recompile_limit_hit"] = bool(watch.take())
     write_json_atomic(Path(request["out"]), record)
     return record
@@ -160,9 +164,12 @@ def serve(requests, reply, max_trials: int, watch: Any, fork: bool = False) -> i
     """
     import torch
 
+    from .teacher_forced import Partners
+
     if fork and torch.cuda.is_initialized():
         logging.getLogger(__name__).warning("CUDA was initialised while importing: trials run in this process")
         fork = False
+    partners = Partners()  # trials run here share it; forked children each start from this empty one
     index = 0
     for line in iter(requests.readline, ""):
         if not line.strip():
@@ -173,7 +180,7 @@ def serve(requests, reply, max_trials: int, watch: Any, fork: bool = False) -> i
             answer = _run_forked(request, reply, watch)
         else:
             _send(reply, {"started": os.getpid()})
-            record = _run_one(request, index - 1, watch)
+            record = _run_one(request, index - 1, watch, partners)
             why = None
             if record["status"] in RETIRE_STATUSES:
                 why = f"trial ended in {record['status']}"

@@ -18,7 +18,9 @@ always does. The report says which case a cell is in (orchestrator/report/analys
 
 The held sequence is one row of HELD_LEN positions. The BF16 partner is the cell's ``bf16_partner`` stack
 (torchao: torch; te: te, the same te_layer), built from the same seeded init and trained on the same batches
-for the same steps, eager. The FP8 side is read right after its training, before the benchmark trains it
+for the same steps, eager: a cell of its own, :func:`partner_spec`. The FP8 cells of one model (delayed and
+current scaling, tensorwise and rowwise) share that partner, so a process that runs trials one after another
+trains it once and keeps its read (:class:`Partners`, held by trials/server.py). The FP8 side is read right after its training, before the benchmark trains it
 further, and the read must leave the model as it was, so later timing and losses are those of a trial without
 it: torchao's tensorwise and rowwise recipes keep no state a forward pass changes; TE's delayed scaling does
 (``Stack.fp8_state``), and the read runs inside ``te_compat.fp8_meta_kept``, which restores it exactly.
@@ -34,11 +36,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import Any, Callable, ContextManager
 
 import torch
 
 from .data import ArithmeticSequences
+from .spec import TrialSpec, defaults_for, only_fields
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +57,36 @@ DECIDED_MARGIN = 1.0
 def held_batch(vocab: int, seq_len: int, device: str, seed: int) -> torch.Tensor:
     """(HELD_ROWS, min(seq_len, HELD_LEN)) token ids no training step has seen."""
     return ArithmeticSequences(vocab, min(seq_len, HELD_LEN), device, seed + HELD_SEED_OFFSET).batch(HELD_ROWS)[0]
+
+
+def partner_spec(spec: TrialSpec, stack: str) -> TrialSpec:
+    """The BF16 partner of the FP8 cell ``spec`` as a cell of its own: ``stack`` (the cell's ``bf16_partner``),
+    bf16, eager, and every field that means something only for FP8 at its default. Two FP8 cells with one
+    partner spec compare against the same model, trained the same way."""
+    fp8_only = only_fields("fp8", "te-fp8", "fp8-filter")
+    values = {**spec.to_dict(), "backend": stack, "precision": "bf16", "compile": False}
+    defaults = defaults_for(values)
+    return TrialSpec.from_dict({**values, **{name: defaults[name] for name in fp8_only}})
+
+
+@dataclass
+class Partners:
+    """The last BF16 partner read in this process: its spec, device and held-sequence log-probabilities.
+
+    A process that runs trials one after another (a warm trial server) keeps one, so the next FP8 cell with the
+    same partner takes the read instead of training the partner again (on the H200's seed sweep, ~1 s a cell;
+    seconds more for a large model). One entry, on the host: HELD_ROWS x HELD_LEN x vocab fp32 (98 KB for
+    MiniGPT, 131 MB at a 128k vocabulary), which later trials' ``peak_rss_bytes`` include."""
+
+    spec: TrialSpec | None = None
+    device: str | None = None
+    log_probs: torch.Tensor | None = None
+
+    def get(self, spec: TrialSpec, device: str) -> torch.Tensor | None:
+        return self.log_probs if (spec, device) == (self.spec, self.device) else None
+
+    def keep(self, spec: TrialSpec, device: str, log_probs: torch.Tensor) -> None:
+        self.spec, self.device, self.log_probs = spec, device, log_probs
 
 
 def served_rows(batch_size: int, positions: int) -> int:

@@ -20,6 +20,7 @@ from .metrics import flops_per_step
 from .model import matmul_param_count
 from .record import empty_record
 from .spec import TrialSpec
+from .teacher_forced import Partners
 from .workloads import WORKLOADS
 
 log = logging.getLogger(__name__)
@@ -37,10 +38,13 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in _OOM_MARKERS)
 
 
-def run_trial(spec: TrialSpec, capability: Capability | None = None, process_trial_index: int = 0) -> dict[str, Any]:
+def run_trial(spec: TrialSpec, capability: Capability | None = None, process_trial_index: int = 0,
+              partners: Partners | None = None) -> dict[str, Any]:
     """Run ``spec`` and return its record; never raises for a failing trial (see ``status``).
 
-    ``process_trial_index`` says how many trials this process ran before (0: a fresh process).
+    ``process_trial_index`` says how many trials this process ran before (0: a fresh process). ``partners``:
+    what a process running trials one after another keeps of the BF16 partners its FP8 cells trained
+    (trials/teacher_forced.py), so that cells sharing one train it once; None: each trains its own.
     """
     t0 = time.perf_counter()
     record = empty_record()
@@ -81,7 +85,7 @@ def run_trial(spec: TrialSpec, capability: Capability | None = None, process_tri
                 record.update(memory.snapshot(baseline))
                 baseline = None
                 memory.release(device)
-                record.update(numerics())
+                record.update(numerics(partners))
     except Exception as exc:  # noqa: BLE001 - every failure becomes a record
         status = ("oom" if is_oom(exc) else
                   "timeout" if spec.world_size > 1 and distributed.timed_out(exc) else "error")

@@ -30,12 +30,14 @@ BENCH_BATCHES = 4  # distinct pre-made batches cycled through the timed steps
 
 
 def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[str, Any], t0: float,
-        ranks: distributed.Ranks = distributed.SINGLE) -> Callable[[], dict[str, Any]] | None:
+        ranks: distributed.Ranks = distributed.SINGLE
+        ) -> Callable[[teacher_forced.Partners | None], dict[str, Any]] | None:
     """Build, train, benchmark and check one model; fills ``record`` in place (on every rank of a
     multi-rank trial: each holds the same slowest-rank timing; rank 0's record is the one kept).
     ``cfg``: MiniGPT's config where its closed forms apply, else None (FLOPs are counted here).
     Returns, for FP8 cells it applies to, the teacher-forced comparison with the BF16 partner, for
-    ``run_trial`` to call once the cell's own memory peaks are recorded (the partner trains a second model)."""
+    ``run_trial`` to call once the cell's own memory peaks are recorded (the partner trains a second model),
+    given the process's :class:`~trials.teacher_forced.Partners` where it keeps one."""
     t_setup = time.perf_counter()
     step = build_train_step(spec, res.backend, res.precision, res.device, ranks)
     model, te, recipe = step.model, step.te, step.recipe
@@ -96,7 +98,7 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
                   status="ok", error=None)
     if fp8_log_probs is None:
         return None
-    return lambda: teacher_forced_fields(spec, res, vocab, held, fp8_log_probs)
+    return lambda partners: teacher_forced_fields(spec, res, vocab, held, fp8_log_probs, partners)
 
 
 def fp8_read(spec: TrialSpec, res: Resolution, step: Any, vocab: int) -> tuple[Any, Any]:
@@ -121,24 +123,34 @@ def fp8_read(spec: TrialSpec, res: Resolution, step: Any, vocab: int) -> tuple[A
         return None, None
 
 
-def teacher_forced_fields(spec: TrialSpec, res: Resolution, vocab: int, held: Any, fp8_log_probs: Any) -> dict:
+def teacher_forced_fields(spec: TrialSpec, res: Resolution, vocab: int, held: Any, fp8_log_probs: Any,
+                          partners: teacher_forced.Partners | None = None) -> dict:
     """The FP8 cell against its BF16 partner (``trials.teacher_forced``): the partner stack's BF16 model from the
     same seeded init, trained eager on the same batches for the same steps, read on the same held sequence.
     The partner is ``Stack.bf16_partner``, the stack the report pairs the cell with: for TE, TE's BF16 model of the
     same ``te_layer`` (same modules and kernels but for FP8), so the difference measured is FP8's alone.
+    ``partners``: the read of the partner an earlier FP8 cell in this process trained, taken where it is this
+    cell's partner too (``tf_partner_reused``), and this cell's read kept for the next.
     A failure here (an OOM of the second model) leaves the fields empty and the timed cell as it was."""
     t = time.perf_counter()
-    partner_stack = STACKS[res.backend].bf16_partner
+    pspec = teacher_forced.partner_spec(spec, STACKS[res.backend].bf16_partner)
+    bf16 = partners.get(pspec, res.device) if partners is not None else None
+    reused = bf16 is not None
     try:
-        partner = build_train_step(spec.replace(compile=False), partner_stack, "bf16", res.device)
-        data = ArithmeticSequences(vocab, spec.seq_len, res.device, spec.seed)  # the FP8 run's batches, in turn
-        train(partner, data, spec.train_steps, spec.batch_size)
-        fields = teacher_forced.compare(fp8_log_probs, teacher_forced.log_probs(partner.model, held))
+        if bf16 is None:
+            partner = build_train_step(pspec, pspec.backend, "bf16", res.device)
+            data = ArithmeticSequences(vocab, spec.seq_len, res.device, spec.seed)  # the FP8 run's batches, in turn
+            train(partner, data, spec.train_steps, spec.batch_size)
+            bf16 = teacher_forced.log_probs(partner.model, held)
+        fields = teacher_forced.compare(fp8_log_probs, bf16)
     except Exception as exc:  # noqa: BLE001 - the cell's own numbers stand without it
-        log.warning("teacher-forced comparison with %s-bf16 failed: %s: %s", partner_stack, type(exc).__name__, exc)
+        log.warning("teacher-forced comparison with %s-bf16 failed: %s: %s", pspec.backend, type(exc).__name__, exc)
         return {}
-    log.info("teacher-forced vs %s-bf16: %s (%.1f s)", partner_stack, fields, time.perf_counter() - t)
-    return {**fields, "tf_s": time.perf_counter() - t}
+    if partners is not None and not reused:
+        partners.keep(pspec, res.device, bf16)
+    log.info("teacher-forced vs %s-bf16%s: %s (%.1f s)", pspec.backend, " (kept read)" if reused else "", fields,
+             time.perf_counter() - t)
+    return {**fields, "tf_s": time.perf_counter() - t, "tf_partner_reused": reused}
 
 
 def why_this_number(spec: TrialSpec, device: str, step: Any, batches: list, record: dict[str, Any]) -> None:
