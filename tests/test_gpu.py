@@ -178,6 +178,31 @@ def test_a_te_fp8_delayed_cell_times_and_trains_the_same_with_and_without_the_te
           f"KL {read['tf_kl_mean']:.4f}")
 
 
+def test_a_trial_server_trains_the_te_bf16_partner_of_delayed_and_current_scaling_once(te, monkeypatch, tmp_path):
+    """TE delayed then current scaling of one model through one trial server: current takes delayed's BF16 partner
+    read, and its teacher-forced fields are those of the same cell trained alone with its own partner, bit for bit
+    (TE's attention held to its deterministic kernels, as in the test above)."""
+    import io
+
+    from trials import server
+    from trials.compile_guard import RecompileWatch
+
+    monkeypatch.setenv("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "0")
+    specs = [_small(backend="te", precision="fp8", recipe=r, train_steps=20, n_heads=4) for r in ("delayed", "current")]
+    requests = io.StringIO("".join(json.dumps({"spec": spec.to_dict(), "out": str(tmp_path / f"{i}.json")}) + "\n"
+                                   for i, spec in enumerate(specs)))
+    assert server.serve(requests, io.StringIO(), max_trials=2, watch=RecompileWatch()) == 2
+    delayed, current = (json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2))
+    assert delayed["status"] == current["status"] == "ok", (delayed["error"], current["error"])
+    assert (delayed["tf_partner_reused"], current["tf_partner_reused"]) == (False, True)
+    alone = run_trial(specs[1])
+    assert alone["tf_partner_reused"] is False
+    tf = ("tf_top1_agreement", "tf_kl_mean", "tf_bf16_top1_prob", "tf_decided_share", "tf_top1_agreement_decided")
+    assert {n: current[n] for n in tf} == {n: alone[n] for n in tf}
+    print(f"\ncurrent: tf_s {current['tf_s']:.3f} s (partner kept) vs {alone['tf_s']:.3f} s (trained); "
+          f"KL {current['tf_kl_mean']:.6f}")
+
+
 @pytest.mark.parametrize("backend", ["te", "torch"])
 def test_cuda_graph_trial(te, backend):
     rec = run_trial(_small(backend=backend, precision="bf16", cuda_graphs=True))
