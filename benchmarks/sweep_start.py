@@ -27,11 +27,11 @@ also times, in this process, what the middle phase is made of: ``import ray``, a
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
 import tempfile
-import math
 import time
 from datetime import datetime
 from pathlib import Path

@@ -1,10 +1,10 @@
 """Where a warm trial process's seconds go: cells run one after another in this process under cProfile.
 
 A sweep's trial server runs its cells in turn in one process; this runs the same cells the same way
-(``trials.run_trial``, ``process_trial_index`` counting up, one ``teacher_forced.Partners`` for all) and prints, per cell, the record's phase fields
-(``startup_s``, ``first_step_s``, ``train_s``, ``bench_s``, ``energy_window_s``, ``profile_s``, ``gen_s``,
-``tf_s``, ``duration_s``), then the functions with the most cumulative time over all cells and
-torch.compile's own account (TE compiles its fusers with ``torch.compile``).
+(``trials.run_trial``, ``process_trial_index`` counting up, one ``teacher_forced.Partners`` for all) and
+prints, per cell, the record's phase fields (``startup_s``, ``first_step_s``, ``train_s``, ``bench_s``,
+``energy_window_s``, ``profile_s``, ``gen_s``, ``tf_s``, ``duration_s``), then the functions with the most
+cumulative time over all cells and torch.compile's own account (TE compiles its fusers with ``torch.compile``).
 Inductor and Triton caches go where ``--cache`` says (a fresh directory: a cold first sweep; reuse one for a
 warm one). cProfile slows Python-bound steps: read the phases against each other, not as the trial's timings.
 

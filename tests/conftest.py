@@ -250,3 +250,10 @@ def running_trial(running: Path, min_age_s: float = 0.0):
         if info.get("child_pid") and time.time() - info["started_at"] >= min_age_s:
             return marker.stem, info
     return None
+
+
+def tf_compared() -> list[str]:
+    """The teacher-forced fields a BF16 partner's read decides (not its timing, nor whether it was kept)."""
+    from trials.record import FIELD_NAMES
+
+    return [name for name in FIELD_NAMES if name.startswith("tf_") and name not in ("tf_s", "tf_partner_reused")]

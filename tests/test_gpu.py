@@ -11,6 +11,8 @@ import torch
 from trials import TrialSpec, run_trial
 from trials.model import MiniGPT, ModelConfig, param_count, twin_state_from_te
 
+from .conftest import tf_compared
+
 pytestmark = pytest.mark.gpu
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -179,26 +181,17 @@ def test_a_te_fp8_delayed_cell_times_and_trains_the_same_with_and_without_the_te
 
 
 def test_a_trial_server_trains_the_te_bf16_partner_of_delayed_and_current_scaling_once(te, monkeypatch, tmp_path):
-    """TE delayed then current scaling of one model through one trial server: current takes delayed's BF16 partner
-    read, and its teacher-forced fields are those of the same cell trained alone with its own partner, bit for bit
-    (TE's attention held to its deterministic kernels, as in the test above)."""
-    import io
-
-    from trials import server
-    from trials.compile_guard import RecompileWatch
-
+    """TE delayed then current scaling of one model through one trial server process (``_serve``): current takes
+    delayed's BF16 partner read, and its teacher-forced fields are those of the same cell trained alone with its
+    own partner, bit for bit (TE's attention held to its deterministic kernels, as in the test above)."""
     monkeypatch.setenv("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "0")
     specs = [_small(backend="te", precision="fp8", recipe=r, train_steps=20, n_heads=4) for r in ("delayed", "current")]
-    requests = io.StringIO("".join(json.dumps({"spec": spec.to_dict(), "out": str(tmp_path / f"{i}.json")}) + "\n"
-                                   for i, spec in enumerate(specs)))
-    assert server.serve(requests, io.StringIO(), max_trials=2, watch=RecompileWatch()) == 2
-    delayed, current = (json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2))
+    _, (delayed, current) = _serve(specs, tmp_path)
     assert delayed["status"] == current["status"] == "ok", (delayed["error"], current["error"])
     assert (delayed["tf_partner_reused"], current["tf_partner_reused"]) == (False, True)
     alone = run_trial(specs[1])
     assert alone["tf_partner_reused"] is False
-    tf = ("tf_top1_agreement", "tf_kl_mean", "tf_bf16_top1_prob", "tf_decided_share", "tf_top1_agreement_decided")
-    assert {n: current[n] for n in tf} == {n: alone[n] for n in tf}
+    assert {n: current[n] for n in tf_compared()} == {n: alone[n] for n in tf_compared()}
     print(f"\ncurrent: tf_s {current['tf_s']:.3f} s (partner kept) vs {alone['tf_s']:.3f} s (trained); "
           f"KL {current['tf_kl_mean']:.6f}")
 

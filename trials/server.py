@@ -22,10 +22,10 @@ also exits when the process that connected is gone (its pid from the socket's pe
 Every trial frees what it used before it returns (device memory, cuBLAS workspaces, TE's FP8
 global state: :func:`trials.trial.run_trial`) and the next starts every memory counter afresh. What
 one trial leaves for the next is said: the BF16 partner's teacher-forced read, on the host, which the
-next FP8 cell of the same model takes instead of training that partner again (``tf_partner_reused``). It retires - exits after answering -
-when a trial ends in oom, error or diverged (the process may be in a bad state), when TorchDynamo hit
-its recompile limit (later cells would run TE's fusers uncompiled), after ``--max-trials`` trials,
-at EOF on stdin (or the connection), and when its parent dies.
+next FP8 cell of the same model takes instead of training that partner again (``tf_partner_reused``).
+It retires - exits after answering - when a trial ends in oom, error or diverged (the process may be
+in a bad state), when TorchDynamo hit its recompile limit (later cells would run TE's fusers
+uncompiled), after ``--max-trials`` trials, at EOF on stdin (or the connection), and when its parent dies.
 """
 
 from __future__ import annotations

@@ -20,10 +20,11 @@ The held sequence is one row of HELD_LEN positions. The BF16 partner is the cell
 (torchao: torch; te: te, the same te_layer), built from the same seeded init and trained on the same batches
 for the same steps, eager: a cell of its own, :func:`partner_spec`. The FP8 cells of one model (delayed and
 current scaling, tensorwise and rowwise) share that partner, so a process that runs trials one after another
-trains it once and keeps its read (:class:`Partners`, held by trials/server.py). The FP8 side is read right after its training, before the benchmark trains it
-further, and the read must leave the model as it was, so later timing and losses are those of a trial without
-it: torchao's tensorwise and rowwise recipes keep no state a forward pass changes; TE's delayed scaling does
-(``Stack.fp8_state``), and the read runs inside ``te_compat.fp8_meta_kept``, which restores it exactly.
+trains it once and keeps its read (:class:`Partners`, held by trials/server.py). The FP8 side is read right
+after its training, before the benchmark trains it further, and the read must leave the model as it was, so
+later timing and losses are those of a trial without it: torchao's tensorwise and rowwise recipes keep no
+state a forward pass changes; TE's delayed scaling does (``Stack.fp8_state``), and the read runs inside
+``te_compat.fp8_meta_kept``, which restores it exactly.
 
 Inference cells (trials/workloads/inference.py) compare the measured model with the BF16 reference it was
 loaded from (the same trained weights), through the KV cache as they serve: every prefill position of the
@@ -74,8 +75,8 @@ class Partners:
     """The last BF16 partner read in this process: its spec, device and held-sequence log-probabilities.
 
     A process that runs trials one after another (a warm trial server) keeps one, so the next FP8 cell with the
-    same partner takes the read instead of training the partner again (on the H200's seed sweep, ~1 s a cell;
-    seconds more for a large model). One entry, on the host: HELD_ROWS x HELD_LEN x vocab fp32 (98 KB for
+    same partner takes the read instead of training the partner again (on the H200's seed sweep, 1.2-1.4 s a
+    cell; seconds more for a large model). One entry, on the host: HELD_ROWS x HELD_LEN x vocab fp32 (98 KB for
     MiniGPT, 131 MB at a 128k vocabulary), which later trials' ``peak_rss_bytes`` include."""
 
     spec: TrialSpec | None = None
