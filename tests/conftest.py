@@ -43,6 +43,8 @@ OOM_VOCAB = 400_000_000  # a 100 GB embedding: the allocator refuses it at once 
 # A tiny model whose forward passes wait (tests/fixtures/factories.py): for the fault tests that must catch a
 # trial mid-run, a trial that lasts in wall time (~22 ms a train step) without taking a core from the suite
 SLOW_MODEL = "py:tests.fixtures.factories:slow"
+# A tiny model whose build waits for a second trial's, in another process: two trials at once, so on two nodes
+PAIRED_MODEL = "py:tests.fixtures.factories:paired"
 
 
 WORKERS = 3  # the CI machine's 2 cores and the suite's waits (above); each worker starts a cluster of its own
@@ -153,8 +155,9 @@ def ray_cluster():
     # start bound): on a 2-core CI host under the whole suite, two two-rank cells of tests/test_distributed.py
     # (each starts six new Ray processes) did not have both ranks running within 60 + 12 s and were recorded as
     # start timeouts; the bound is for a hung start, which no test here makes.
+    # The rendezvous of tests/fixtures/factories.py:paired, whose trials run in this cluster's workers.
     env = cli_env(RAY_TRAIN_HEALTH_CHECK_INTERVAL_S="0.5", RAY_TRAIN_ENABLE_PREEMPTION_WATCHER="0",
-                  RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="180")
+                  RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S="180", JUICYTALK_TEST_PAIR_DIR=os.path.join(temp, "pair"))
     try:
         head = subprocess.run([_ray_bin(), "start", "--head", f"--port={port}", "--include-dashboard=false",
                                f"--temp-dir={temp}", *common], capture_output=True, text=True, env=env, timeout=120)
@@ -172,12 +175,12 @@ def ray_cluster():
 @pytest.fixture(scope="session")
 def tracked_sweep(ray_cluster, tmp_path_factory):
     """One ordinary sweep on the test cluster that several tests read (a sweep costs ~15 s of start-up):
-    two CPU cells and two FP8 cells (unsupported on CPU: records too), to MLflow, W&B (offline) and
-    TensorBoard. Returns (out, run, mlflow_uri); the sweep's directory is ``out / "trk"``. Tests that change
-    it work on a copy."""
+    two CPU cells of :data:`PAIRED_MODEL` (so they ran at once, one on each node) and two FP8 cells
+    (unsupported on CPU: records too), to MLflow, W&B (offline) and TensorBoard. Returns (out, run,
+    mlflow_uri); the sweep's directory is ``out / "trk"``. Tests that change it work on a copy."""
     out = tmp_path_factory.mktemp("tracked")
     uri = f"sqlite:///{out / 'db' / 'mlflow.db'}"  # MLflow 3's recommended store; its folder is made
-    (out / "trk.yaml").write_text(TRACKED_SWEEP.format(uri=uri, wandb=out / "wb"))
+    (out / "trk.yaml").write_text(TRACKED_SWEEP.format(uri=uri, wandb=out / "wb", model=PAIRED_MODEL))
     run = juicytalk("sweep", str(out / "trk.yaml"), "--out", str(out), "--address", ray_cluster, "--no-progress",
                     "--no-report", env=cli_env(WANDB_SILENT="true"))
     return out, run, uri
@@ -185,7 +188,7 @@ def tracked_sweep(ray_cluster, tmp_path_factory):
 
 TRACKED_SWEEP = """name: trk
 grid: {{d_model: [32, 48], precision: [fp32, fp8]}}
-fixed: {{n_layers: 1, seq_len: 32, batch_size: 8, train_steps: 3, bench_steps: 2, warmup_steps: 1, gen_len: 2}}
+fixed: {{model: "{model}", seq_len: 32, batch_size: 8, train_steps: 3, bench_steps: 2, warmup_steps: 1, gen_len: 2}}
 resources: {{cpu: 1, gpu: 0}}
 trackers:
   - mlflow: {{tracking_uri: "{uri}", experiment: trk-exp}}

@@ -512,6 +512,30 @@ def test_per_layer_cost_with_unset_shape_fields(tmp_path):
     assert "## Per-layer cost" in md and "per-layer FP8 speedup 1.33x" in md
 
 
+def test_cells_of_a_factory_that_sets_no_shape_fields_are_charted_paired_and_reported(tmp_path):
+    """A py: factory that takes no d_model or n_layers (its records hold null there): the report crashed on the
+    loss chart's size labels ('nan'), and the line charts' groupby dropped the unset depth, so no line."""
+    from orchestrator.report import charts
+    from orchestrator.report.analysis import pair_cells
+
+    store = Store(str(tmp_path), "own")
+    store.ensure()
+    for backend, precision, ms in (("torch", "bf16", 10.0), ("torchao", "fp8", 8.0)):
+        for s in range(2):
+            rec = _rec(256, backend, precision, "tensorwise" if precision == "fp8" else None, ms, sample=s)
+            rec.update(model="py:my_models:build", d_model=None, n_layers=None, n_heads=None, ffn=None,
+                       n_params=123_456, cell_id=f"own-{precision}", cell_label=f"own-{backend}-{precision}")
+            store.write_record(rec)
+    report = build_report(store.root)
+    df = prepare(store.read_records().to_pandas())
+    [row] = pair_cells(df).rows.to_dict("records")
+    assert row["candidate"] == "torchao-fp8-tensorwise" and row["ratio"] == pytest.approx(1.25)
+    assert "torchao-fp8-tensorwise vs torch-bf16: best 1.25x [1.25, 1.25] at 0.123M parameters" in report.headline[0]
+    assert {t.name for t in charts.step_time_chart(df).data} == {"torch-bf16", "torchao-fp8-tensorwise"}
+    assert [t.name for t in charts.speedup_chart(pair_cells(df)).data if t.y is not None][:1] == ["torchao-fp8-tensorwise"]
+    assert "d_model x layers = ?x?" in open(report.html_path).read()
+
+
 def test_an_auto_fp8_cell_that_could_not_run_names_no_phantom_partner(tmp_path):
     """On a CPU machine the auto fp8 cell is unsupported and the auto bf16 cell ran as torch: 'Unpaired
     cells' says why the fp8 cell did not run, and names no te-bf16 'not in this run'."""

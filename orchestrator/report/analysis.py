@@ -91,8 +91,21 @@ def prepare(records: pd.DataFrame) -> pd.DataFrame:
     df["model"] = df["model"].fillna(model) if "model" in df else model
     keys = varying_keys(df)
     df["series"] = [series_label(r, keys) for r in df[keys].to_dict("records")] if keys else ""
-    df["size_label"] = [f"{d}x{l}" for d, l in zip(df["d_model"], df["n_layers"])]
+    df["size_label"] = [size_label(d, l) for d, l in zip(df["d_model"], df["n_layers"])]
     return df
+
+
+UNSET = "?"  # a shape field the cell left to its model (a py: factory that takes no d_model, say)
+
+
+def size_label(d_model: Any, n_layers: Any) -> str:
+    """``d_model x n_layers`` of a cell, each part :data:`UNSET` where the record has none (None or NaN)."""
+    return "x".join(UNSET if v is None or v != v else str(int(v)) for v in (d_model, n_layers))
+
+
+def size_order(label: str) -> tuple[int, ...]:
+    """Sort key of a :func:`size_label`: by d_model, then depth; an unset part first."""
+    return tuple(-1 if v == UNSET else int(v) for v in label.split("x"))
 
 
 @dataclass
@@ -564,7 +577,8 @@ def per_layer_costs(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     depth = SHAPE_KEYS.index("n_layers")
     by_shape: dict[tuple, dict[int, dict[str, CellStats]]] = {}
     for shape, variants in cell_table(df).items():
-        by_shape.setdefault(shape[:depth] + shape[depth + 1:], {})[int(shape[depth])] = variants
+        if shape[depth] is not None:  # a depth the model chose itself cannot be set to a second one
+            by_shape.setdefault(shape[:depth] + shape[depth + 1:], {})[int(shape[depth])] = variants
     rows: list[dict[str, Any]] = []
     sentences: list[str] = []
     for rest_of_shape, depths in by_shape.items():
@@ -573,7 +587,7 @@ def per_layer_costs(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         l1, l2 = min(depths), max(depths)
         where = dict(zip(SHAPE_KEYS[:depth] + SHAPE_KEYS[depth + 1:], rest_of_shape))
         kv = where.get("n_kv_heads")
-        heads = f"{int(where['n_heads'])}/{int(kv if kv == kv and kv is not None else where['n_heads'])}"
+        heads = "/".join(UNSET if v is None else str(int(v)) for v in (where["n_heads"], where["n_heads"] if kv is None else kv))
         split: dict[str, dict[str, Any]] = {}  # variant -> its row
         for name, shallow in depths[l1].items():
             deep = depths[l2].get(name)

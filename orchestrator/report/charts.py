@@ -11,7 +11,7 @@ from plotly.subplots import make_subplots
 
 from trials.spec import PRECISIONS
 
-from .analysis import Pairs, crossover
+from .analysis import Pairs, crossover, size_order
 
 COLORS = {
     "torch-fp32": "#7f7f7f",
@@ -69,17 +69,17 @@ def _x_axis(fig: go.Figure, **kw) -> None:
 
 def series_name(variant: str, layers: int | None, graphs: bool, series: str) -> str:
     """One line per variant, depth, execution mode and every other field that varies in the results."""
-    name = variant + (f" L{layers}" if layers is not None else "") + (" graphs" if graphs else "")
+    name = variant + (f" L{int(layers)}" if layers is not None and layers == layers else "")  # NaN: unset + (" graphs" if graphs else "")
     return f"{name} {series}" if series else name
 
 
-SERIES = ["variant", "series", "cuda_graphs", "n_layers"]
+SERIES = ["variant", "series", "cuda_graphs", "n_layers"]  # grouped with dropna=False: n_layers may be unset
 
 
 def _lines(df: pd.DataFrame, y: str, y_title: str, title: str, y_log: bool = False) -> go.Figure:
     fig = go.Figure()
     ok = df.loc[df["status"] == "ok", list(dict.fromkeys([*SERIES, *HOVER_COLUMNS, y]))]  # slicing ~100 columns per series is slow
-    for (variant, series, graphs, layers), g in ok.groupby(SERIES, sort=True):
+    for (variant, series, graphs, layers), g in ok.groupby(SERIES, dropna=False, sort=True):
         med = g.groupby("n_params")[y].median()
         g = g.sort_values("n_params").drop_duplicates("n_params").assign(**{y: lambda d: d["n_params"].map(med)})
         fig.add_trace(go.Scatter(
@@ -102,7 +102,7 @@ def speedup_chart(pairs: Pairs, title: str = "FP8 speedup over BF16 of the same 
     xs_all, n_cross = [], 0
     if not rows.empty:
         for (cand, series, graphs, layers), g in rows.groupby(["candidate", "series", "cuda_graphs", "n_layers"],
-                                                              sort=True):
+                                                              dropna=False, sort=True):
             g = g.sort_values("n_params")
             xs_all += list(g["n_params"])
             err_hi = (g["ci_high"] - g["ratio"]).clip(lower=0).fillna(0)
@@ -139,7 +139,7 @@ def speedup_chart(pairs: Pairs, title: str = "FP8 speedup over BF16 of the same 
 def fastest_chart(rows: pd.DataFrame) -> go.Figure:
     """Every cell against the fastest BF16 cell of its shape (any stack): one line per cell kind."""
     fig = go.Figure()
-    for (name, series, layers), g in rows.groupby(["cell", "series", "n_layers"], sort=True):
+    for (name, series, layers), g in rows.groupby(["cell", "series", "n_layers"], dropna=False, sort=True):
         g = g.sort_values("n_params")
         variant = name.split(" ", 1)[0]
         fig.add_trace(go.Scatter(
@@ -176,7 +176,7 @@ def mfu_chart(df: pd.DataFrame) -> go.Figure:
     fig = _lines(df, "mfu_bf16_peak", "MFU (model FLOP/s / dense peak)", "MFU vs scale: solid/dashed vs BF16 peak, dotted vs FP8 peak")
     fp8 = df.loc[(df["status"] == "ok") & (df["effective_precision"] == "fp8"),
                  list(dict.fromkeys([*SERIES, *HOVER_COLUMNS, "mfu_precision_peak"]))]
-    for (variant, series, graphs, layers), g in fp8.groupby(SERIES, sort=True):
+    for (variant, series, graphs, layers), g in fp8.groupby(SERIES, dropna=False, sort=True):
         g = g.sort_values("n_params")
         fig.add_trace(go.Scatter(x=g["n_params"], y=g["mfu_precision_peak"], mode="lines+markers",
                                  name=series_name(variant, layers, graphs, series) + " vs FP8 peak",
@@ -194,7 +194,7 @@ def memory_chart(df: pd.DataFrame) -> go.Figure:
 
 def loss_chart(df: pd.DataFrame, max_sizes: int = 6) -> go.Figure:
     ok = df[(df["status"] == "ok") & df["loss_curve"].notna()]
-    sizes = sorted(ok["size_label"].unique(), key=lambda s: tuple(int(v) for v in s.split("x")))[:max_sizes]
+    sizes = sorted(ok["size_label"].unique(), key=size_order)[:max_sizes]
     cols = min(3, max(1, len(sizes)))
     rows = max(1, math.ceil(len(sizes) / cols))
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"d_model x layers = {s}" for s in sizes] or [""],
@@ -222,7 +222,7 @@ def status_chart(df: pd.DataFrame) -> go.Figure:
     if df.empty:
         return go.Figure().update_layout(title="Status of every cell (no records)", **LAYOUT)
     keyed = df.assign(row=[series_name(v, None, g, s) for v, g, s in zip(df["variant"], df["cuda_graphs"], df["series"])])
-    sizes = sorted(keyed["size_label"].unique(), key=lambda s: tuple(int(v) for v in s.split("x")))
+    sizes = sorted(keyed["size_label"].unique(), key=size_order)
     rows = sorted(keyed["row"].unique())
     order = list(STATUS_COLORS)
     cells = {key: (g.value_counts().idxmax(), len(g)) for key, g in keyed.groupby(["row", "size_label"])["status"]}

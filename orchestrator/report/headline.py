@@ -11,7 +11,7 @@ import pandas as pd
 
 from trials.numbers import fmt_sig
 
-from .analysis import Pairs, launch_bound_note
+from .analysis import UNSET, Pairs, launch_bound_note, size_label
 
 
 def _reasons(frame: pd.DataFrame) -> list[str]:
@@ -19,7 +19,11 @@ def _reasons(frame: pd.DataFrame) -> list[str]:
 
 
 def _where(row: pd.Series) -> str:
-    return f"d_model {row['d_model']} x {row['n_layers']} layers" + (" (CUDA graphs)" if row["cuda_graphs"] else "")
+    """A size in words: its d_model and depth, or its parameter count where the model chose those itself."""
+    d_model, layers = size_label(row["d_model"], row["n_layers"]).split("x")
+    size = (f"{fmt_sig(row['n_params'] / 1e6)}M parameters" if UNSET in (d_model, layers)
+            else f"d_model {d_model} x {layers} layers")
+    return size + (" (CUDA graphs)" if row["cuda_graphs"] else "")
 
 
 def best_of_each(rows: pd.DataFrame, reference: str) -> list[str]:

@@ -75,7 +75,7 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
                          "faster); te FP8 against te BF16, torchao FP8 against the twin's BF16, in the same execution "
                          "mode", t))
         cross = []
-        for (cand, series, layers, graphs), g in sp.groupby(["candidate", "series", "n_layers", "cuda_graphs"]):
+        for (cand, series, layers, graphs), g in sp.groupby(["candidate", "series", "n_layers", "cuda_graphs"], dropna=False):
             x = crossover(list(g["n_params"]), list(g["ratio"]))
             cross.append({"FP8 variant": cand, **({"series": series} if series else {}),
                           "n_layers": layers, "graphs": graphs,
