@@ -534,6 +534,8 @@ def test_cells_of_a_factory_that_sets_no_shape_fields_are_charted_paired_and_rep
     assert {t.name for t in charts.step_time_chart(df).data} == {"torch-bf16", "torchao-fp8-tensorwise"}
     assert [t.name for t in charts.speedup_chart(pair_cells(df)).data if t.y is not None][:1] == ["torchao-fp8-tensorwise"]
     assert "d_model x layers = ?x?" in open(report.html_path).read()
+    assert charts.series_name("torch-bf16", float("nan"), True, "") == "torch-bf16 graphs"  # depth unset, graphed
+    assert charts.series_name("te-fp8", 2, True, "d_model=64") == "te-fp8 L2 graphs d_model=64"
 
 
 def test_an_auto_fp8_cell_that_could_not_run_names_no_phantom_partner(tmp_path):

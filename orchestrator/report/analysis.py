@@ -32,9 +32,13 @@ _SPEC_DEFAULTS = TrialSpec().to_dict()
 BOOTSTRAP_SEED = 0
 
 
+def known(value: Any) -> Any:
+    """``value``, or None where a record has none (null, which pandas reads as None or NaN)."""
+    return None if value is None or (isinstance(value, (float, np.floating)) and value != value) else value
+
+
 def _get(row: Any, key: str) -> Any:
-    value = row.get(key)
-    return None if value is None or (isinstance(value, float) and value != value) else value
+    return known(row.get(key))
 
 
 def backend_of(row: Any) -> str | None:
@@ -100,7 +104,7 @@ UNSET = "?"  # a shape field the cell left to its model (a py: factory that take
 
 def size_label(d_model: Any, n_layers: Any) -> str:
     """``d_model x n_layers`` of a cell, each part :data:`UNSET` where the record has none (None or NaN)."""
-    return "x".join(UNSET if v is None or v != v else str(int(v)) for v in (d_model, n_layers))
+    return "x".join(UNSET if known(v) is None else str(int(v)) for v in (d_model, n_layers))
 
 
 def size_order(label: str) -> tuple[int, ...]:
@@ -130,7 +134,7 @@ def launch_bound_note(where: str) -> str:
 
 def shape_key(values: Any, keys: list[str] = SHAPE_KEYS) -> tuple:
     """A cell's identity across tables: its ``keys`` fields, missing values (None or NaN) as None."""
-    return tuple(None if v is None or v != v else v for v in (values[k] for k in keys))
+    return tuple(known(values[k]) for k in keys)
 
 
 def _tuples(df: pd.DataFrame, keys: list[str]) -> list[tuple]:
@@ -587,7 +591,8 @@ def per_layer_costs(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         l1, l2 = min(depths), max(depths)
         where = dict(zip(SHAPE_KEYS[:depth] + SHAPE_KEYS[depth + 1:], rest_of_shape))
         kv = where.get("n_kv_heads")
-        heads = "/".join(UNSET if v is None else str(int(v)) for v in (where["n_heads"], where["n_heads"] if kv is None else kv))
+        heads = "/".join(UNSET if v is None else str(int(v))
+                         for v in (where["n_heads"], where["n_heads"] if kv is None else kv))
         split: dict[str, dict[str, Any]] = {}  # variant -> its row
         for name, shallow in depths[l1].items():
             deep = depths[l2].get(name)

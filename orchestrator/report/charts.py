@@ -11,7 +11,7 @@ from plotly.subplots import make_subplots
 
 from trials.spec import PRECISIONS
 
-from .analysis import Pairs, crossover, size_order
+from .analysis import Pairs, crossover, known, size_order
 
 COLORS = {
     "torch-fp32": "#7f7f7f",
@@ -69,7 +69,7 @@ def _x_axis(fig: go.Figure, **kw) -> None:
 
 def series_name(variant: str, layers: int | None, graphs: bool, series: str) -> str:
     """One line per variant, depth, execution mode and every other field that varies in the results."""
-    name = variant + (f" L{int(layers)}" if layers is not None and layers == layers else "")  # NaN: unset + (" graphs" if graphs else "")
+    name = variant + (f" L{int(layers)}" if known(layers) is not None else "") + (" graphs" if graphs else "")
     return f"{name} {series}" if series else name
 
 

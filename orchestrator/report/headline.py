@@ -11,7 +11,7 @@ import pandas as pd
 
 from trials.numbers import fmt_sig
 
-from .analysis import UNSET, Pairs, launch_bound_note, size_label
+from .analysis import Pairs, known, launch_bound_note
 
 
 def _reasons(frame: pd.DataFrame) -> list[str]:
@@ -20,9 +20,9 @@ def _reasons(frame: pd.DataFrame) -> list[str]:
 
 def _where(row: pd.Series) -> str:
     """A size in words: its d_model and depth, or its parameter count where the model chose those itself."""
-    d_model, layers = size_label(row["d_model"], row["n_layers"]).split("x")
-    size = (f"{fmt_sig(row['n_params'] / 1e6)}M parameters" if UNSET in (d_model, layers)
-            else f"d_model {d_model} x {layers} layers")
+    d_model, layers = known(row["d_model"]), known(row["n_layers"])
+    size = (f"{fmt_sig(row['n_params'] / 1e6)}M parameters" if d_model is None or layers is None
+            else f"d_model {int(d_model)} x {int(layers)} layers")
     return size + (" (CUDA graphs)" if row["cuda_graphs"] else "")
 
 
