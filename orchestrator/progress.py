@@ -87,15 +87,17 @@ class SweepProgress:
 def summary_table(items: list[WorkItem], statuses: dict[str, str], records: Any = None) -> Table:
     """One row per trial: label, sample, status, p50 step time (an inference trial's: its decode step, per
     token, marked /tok) and, for a trial that is not ok, why (from the records: an unsupported cell's reason,
-    an OOM, an exception)."""
-    p50, why = {}, {}
+    an OOM, an exception); for an ok trial whose timing something else disturbed, what did."""
+    p50, why, disturbed_at = {}, {}, {}
     if records is not None and records.num_rows:
-        names = ("cell_id", "sample", "step_ms_p50", "decode_ms_per_token_p50", "error")
+        names = ("cell_id", "sample", "step_ms_p50", "decode_ms_per_token_p50", "error", "timing_disturbed_why")
         columns = (records.column(n).to_pylist() if n in records.column_names else [None] * records.num_rows
                    for n in names)
-        for cid, s, step, decode, error in zip(*columns):
+        for cid, s, step, decode, error, disturbed in zip(*columns):
             p50[f"{cid}-s{s}"] = f"{step:.2f}" if step is not None else f"{decode:.2f}/tok" if decode is not None else None
             why[f"{cid}-s{s}"] = str(error).splitlines()[0][:WHY_CHARS] if error else ""
+            if disturbed:  # an ok trial whose timed steps something else slowed (trials/disturbance.py)
+                disturbed_at[f"{cid}-s{s}"] = f"timing disturbed: {disturbed}"
     table = Table(title="sweep summary")
     table.add_column("cell", no_wrap=True)  # labels stay whole in 80 columns; "why" folds instead
     for col in ("sample", "status", "p50 ms", "key"):
@@ -106,5 +108,5 @@ def summary_table(items: list[WorkItem], statuses: dict[str, str], records: Any 
         value = p50.get(it.key)
         table.add_row(it.label, str(it.sample), Text(status, style=_STYLE.get(status, "")),
                       value or "-", it.key,
-                      Text("" if status == "ok" else why.get(it.key, "")))  # an error's text, never markup
+                      Text(disturbed_at.get(it.key, "") if status == "ok" else why.get(it.key, "")))  # never markup
     return table

@@ -6,6 +6,7 @@ import html
 import logging
 import math
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -249,16 +250,27 @@ def sanity_flags(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
                            "cuda_graphs" + ("" if not getattr(r, "compile", False) else
                                             " (compiled cells: torch.compile mode reduce-overhead)")})
     neighbours = concurrent_trials(df)[ok.index]  # failed trials shared the host too
+    shared: dict[Any, dict] = {}  # record index -> its "shared host" row: one per record, every reason in it
     for r, n in zip(ok[["cell_label", "timer", "launch_bound", "cuda_graphs"]].itertuples(), neighbours):
         if n and r.timer == "perf_counter":  # timed on the host's cores, which the other trials used too
-            out.append({"cell": r.cell_label, "check": "shared host", "value": int(n),
-                        "why": f"timed on CPU while {n} other trial(s) ran on the same host: they shared its "
-                               "cores; rerun with max_concurrent: 1"})
+            shared[r.Index] = {"cell": r.cell_label, "check": "shared host", "value": int(n),
+                               "why": f"timed on CPU while {n} other trial(s) ran on the same host: they shared its "
+                                      "cores; rerun with max_concurrent: 1"}
         elif n and r.launch_bound == True and not r.cuda_graphs:  # noqa: E712 - nullable column
-            out.append({"cell": r.cell_label, "check": "shared host", "value": int(n),
-                        "why": f"launch-bound and timed while {n} other trial(s) ran on the same host: host "
-                               "contention slows such steps (1.2-1.36x on a two-H200 host); rerun with "
-                               "max_concurrent: 1 or cuda_graphs"})
+            shared[r.Index] = {"cell": r.cell_label, "check": "shared host", "value": int(n),
+                               "why": f"launch-bound and timed while {n} other trial(s) ran on the same host: host "
+                                      "contention slows such steps (1.2-1.36x on a two-H200 host); rerun with "
+                                      "max_concurrent: 1 or cuda_graphs"}
+    # what the trial itself saw while its steps were timed (trials/disturbance.py): any process, ours or not
+    for r in ok[ok["timing_disturbed"] == True].itertuples():  # noqa: E712 - nullable column
+        seen = f"timing disturbed: {r.timing_disturbed_why}"
+        if r.Index in shared:
+            shared[r.Index]["why"] += f"; {seen}"
+        else:
+            shared[r.Index] = {"cell": r.cell_label, "check": "shared host", "value": (
+                round(r.timing_wait_share, 2) if pd.notna(r.timing_wait_share) else None),
+                "why": f"{seen}; rerun when the host and GPU are free"}
+    out += [shared[i] for i in sorted(shared)]
     # a multi-rank CPU cell's ranks on one host (gloo on a laptop): each has the CPUs the file gives it
     # (runner.check_resources), and they share the host's cores, memory bandwidth and caches
     ranks = ok[(ok["world_size"].fillna(1) > 1) & (ok["interconnect"] == "same host") & (ok["timer"] == "perf_counter")]
