@@ -102,6 +102,8 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
         ("mfu", charts.mfu_chart(train)),
         ("memory", charts.memory_chart(train)),
         ("loss_curves", charts.loss_chart(train)),
+        *([("loss_gap", charts.loss_gap_chart(pairs))]
+          if not pairs.rows.empty and "loss_gap" in pairs.rows and pairs.rows["loss_gap"].notna().any() else []),
     ]
     inference = inference_pairs(infer)
     if inference is not None:

@@ -15,8 +15,8 @@ from trials.atomic import write_text_atomic
 from trials.numbers import round_sig
 
 from ..efficiency import concurrent_trials, run_efficiency
-from .analysis import (DECODE_STEP, TEACHER_FORCED, TEACHER_FORCED_NOTE, TRAIN_STEP, Pairs, Timing, crossover,
-                       knob_effects, per_layer_costs, teacher_forced_columns, varying_keys)
+from .analysis import (DECODE_STEP, LOSS_GAP_KINDS, SEED_NOISE_SDS, TEACHER_FORCED, TEACHER_FORCED_NOTE, TRAIN_STEP,
+                       Pairs, Timing, crossover, knob_effects, per_layer_costs, teacher_forced_columns, varying_keys)
 from .inference import InferencePairs, inference_sections, split
 from .scaling import scaling_table
 from .why import ENERGY_FIELDS, bounds, breakdown, conditions, energy_table
@@ -185,6 +185,14 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
                          "medians over "
                          "samples, 95% interval of the ratio when both have samples >= 2 (run long enough for the "
                          "loss to flatten, e.g. train_steps 300, samples 3); " + TEACHER_FORCED_NOTE, numerics))
+    gaps = loss_gap_table(df, pairs)
+    if not gaps.empty:
+        sections.append(("Loss gap against seed noise", "gap = FP8 - BF16 (a run without FP8: BF16 - FP32) final "
+                         "training loss at the same seed (init and batches), median over the seeds both ran [95% "
+                         "bootstrap interval over seeds, seeds >= 2]; seed sd = the spread of the reference's final "
+                         f"loss across its seeds; within its seed noise when |gap| <= {SEED_NOISE_SDS:g} sd (where a "
+                         "reference run at a new seed lands about 95% of the time), else outside by the excess; per "
+                         "learning rate where lr is an axis", gaps))
     if not pairs.unpaired.empty:
         u = pairs.unpaired
         sections.append(("Unpaired cells", "cells left out of the ratios above, and why",
@@ -302,6 +310,25 @@ def _loss_deltas(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
         "fp8 loss": sp["candidate_loss"].round(4), "delta %": (100 * (sp["loss_ratio"] - 1)).round(2),
         "CI low %": (100 * (sp["loss_ci_low"] - 1)).round(2), "CI high %": (100 * (sp["loss_ci_high"] - 1)).round(2),
         "n": sp["n_candidate"], **{c: tf[c] for c in tf}})
+
+
+def loss_gap_table(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
+    """One row per FP8 cell with a BF16 partner (and BF16 cell with an FP32 one): its final-loss gap over that
+    partner, beside the partner's seed spread (``analysis.loss_gap_stats``); the grid's varying axes (lr among
+    them) name the row."""
+    rows = pairs.rows
+    if rows.empty or "loss_gap" not in rows:
+        return pd.DataFrame()
+    g = rows[rows["kind"].isin(LOSS_GAP_KINDS) & rows["loss_gap"].notna()]
+    if g.empty:
+        return pd.DataFrame()
+    return pd.DataFrame({
+        "variant": g["candidate"], "vs": g["reference"], "d_model": g["d_model"], "n_layers": g["n_layers"],
+        **{k: g[k] for k in varying_keys(df) if k not in ("d_model", "n_layers")},
+        "loss": g["candidate_loss"].round(4), "vs loss": g["reference_loss"].round(4),
+        "gap": g["loss_gap"].round(4), "gap CI low": g["loss_gap_ci_low"].round(4),
+        "gap CI high": g["loss_gap_ci_high"].round(4), "seeds": g["loss_gap_seeds"],
+        "seed sd": g["loss_seed_sd"].round(4), "verdict": g["loss_gap_verdict"]})
 
 
 def _md_cell(v) -> str:
