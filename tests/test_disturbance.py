@@ -147,3 +147,29 @@ def _rows(table) -> list[str]:
     console = Console(width=400, record=True)
     console.print(table)
     return [line for line in console.export_text().splitlines() if line.lstrip("│ ").startswith("tiny")]
+
+
+@pytest.mark.gpu
+def test_a_gpu_cell_timed_beside_another_cuda_process_lists_it_and_is_flagged(tmp_path):
+    """NVML's other compute processes on the trial's GPU (as optimum-benchmark checks): a process holding 256 MiB
+    there while the steps are timed is listed with its memory and flags the cell."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    ready = tmp_path / "ready"
+    code = ("import sys, time, torch; x = torch.empty(2**26, device='cuda'); torch.cuda.synchronize(); "
+            "open(sys.argv[1], 'w').close(); time.sleep(600)")
+    other = subprocess.Popen([sys.executable, "-c", code, str(ready)])
+    try:
+        wait_for(ready.exists, timeout=120)
+        rec = run_trial(TrialSpec(**{**CELL, "device": "cuda", "precision": "bf16"}))
+    finally:
+        other.kill()
+        other.wait()
+    assert rec["status"] == "ok", rec["error"]
+    import json
+
+    seen = json.loads(rec["timing_foreign_gpu_processes"])
+    assert seen and all(p["pid"] != os.getpid() for p in seen)
+    assert rec["timing_disturbed"] is True and "other compute process(es) on the GPU" in rec["timing_disturbed_why"]
