@@ -51,11 +51,10 @@ def _can_raise_priority() -> bool:
     return True
 
 
-pytestmark = [
-    pytest.mark.skipif(not Path("/proc/self/schedstat").exists(), reason="needs Linux schedstats"),
-    pytest.mark.skipif(sys.platform != "linux" or not _can_raise_priority(),
-                       reason="needs CAP_SYS_NICE to make a cell alone on a shared host (see the module doc)"),
-]
+# the CPU test makes its cell alone: Linux schedstats, and CAP_SYS_NICE to raise its thread (module doc)
+on_its_own_core = pytest.mark.skipif(
+    sys.platform != "linux" or not Path("/proc/self/schedstat").exists() or not _can_raise_priority(),
+    reason="needs Linux schedstats and CAP_SYS_NICE to make a cell alone on a shared host (see the module doc)")
 
 
 @contextlib.contextmanager
@@ -115,6 +114,7 @@ def _timed(core: int) -> dict:
     return rec
 
 
+@on_its_own_core
 def test_a_cell_timed_beside_busy_processes_on_its_core_is_flagged_and_one_alone_is_not(tmp_path):
     core = max(os.sched_getaffinity(0))
     alone = _timed(core)
