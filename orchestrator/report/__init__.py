@@ -114,8 +114,9 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
         ("mfu", charts.mfu_chart(train)),
         ("memory", charts.memory_chart(train)),
         ("loss_curves", charts.loss_chart(train)),
-        *([("loss_gap", charts.loss_gap_chart(pairs))]
-          if not pairs.rows.empty and "loss_gap" in pairs.rows and pairs.rows["loss_gap"].notna().any() else []),
+        *([("loss_gap", charts.loss_gap_chart(pairs))]  # where some partner's seed noise is known (samples >= 2)
+          if not pairs.rows.empty and "loss_seed_sd" in pairs.rows and pairs.rows["loss_seed_sd"].notna().any()
+          else []),
     ]
     inference = inference_pairs(infer)
     if inference is not None:

@@ -315,12 +315,12 @@ def _loss_deltas(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
 def loss_gap_table(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
     """One row per FP8 cell with a BF16 partner (and BF16 cell with an FP32 one): its final-loss gap over that
     partner, beside the partner's seed spread (``analysis.loss_gap_stats``); the grid's varying axes (lr among
-    them) name the row."""
+    them) name the row. Empty where no partner has two seeds."""
     rows = pairs.rows
     if rows.empty or "loss_gap" not in rows:
         return pd.DataFrame()
     g = rows[rows["kind"].isin(LOSS_GAP_KINDS) & rows["loss_gap"].notna()]
-    if g.empty:
+    if g.empty or g["loss_seed_sd"].isna().all():  # one sample each: no noise to judge by ("FP8 numerics" has it)
         return pd.DataFrame()
     return pd.DataFrame({
         "variant": g["candidate"], "vs": g["reference"], "d_model": g["d_model"], "n_layers": g["n_layers"],
