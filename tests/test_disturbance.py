@@ -33,7 +33,7 @@ from trials.disturbance import WAIT_SHARE_LIMIT
 
 from .conftest import wait_for
 
-CELL = dict(d_model=32, n_layers=2, seq_len=32, batch_size=4, train_steps=2, warmup_steps=1, bench_steps=30,
+CELL = dict(d_model=32, n_layers=2, seq_len=32, batch_size=4, train_steps=2, warmup_steps=1, bench_steps=50,
             repeats=2, gen_len=4, device="cpu", precision="fp32", profile=False)
 TOP = -20  # the highest priority: the suite's own processes cannot take the pinned core from the timed thread
 BUSY = 2

@@ -35,6 +35,9 @@ from . import nvml
 log = logging.getLogger(__name__)
 
 WAIT_SHARE_LIMIT = 0.2  # run-queue wait / (run + wait) of the trial's threads: a 1.25x stretch of host time
+# /proc/stat counts in jiffies (10 ms), each counter +-1: under this many core-jiffies (0.2 s of a core, 0.1 s on
+# two) the other processes' share is too coarse to say (null); the wait share, in ns, stands
+MIN_WINDOW_JIFFIES = 20
 PROC = Path("/proc")
 
 
@@ -133,7 +136,7 @@ def compare(start: HostSample, end: HostSample) -> tuple[float | None, float | N
     wait_share = wait / (run + wait) if run + wait > 0 else None
     span = end.total_jiffies - start.total_jiffies
     own = end.tree_jiffies - start.tree_jiffies
-    foreign = max(0.0, (end.busy_jiffies - start.busy_jiffies - own) / span) if span > 0 else None
+    foreign = max(0.0, (end.busy_jiffies - start.busy_jiffies - own) / span) if span >= MIN_WINDOW_JIFFIES else None
     return wait_share, foreign
 
 

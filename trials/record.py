@@ -151,7 +151,8 @@ FIELDS: list[Field] = [
     _f("timing_wait_share", "float", "Over the timed steps: the share of the time the trial process's threads "
        "wanted a CPU that they waited for one on a run queue (Linux schedstat; 0: never waited)."),
     _f("timing_foreign_cpu_share", "float", "Over the timed steps: other processes' CPU time as a share of the "
-       "host's core-seconds (/proc/stat's busy time less the trial process tree's)."),
+       "host's core-seconds (/proc/stat's busy time less the trial process tree's; null under 0.2 core-seconds, where "
+       "10 ms jiffies are too coarse)."),
     _f("timing_load_1m", "float", "The host's 1-minute load average at the end of the timed steps."),
     _f("timing_foreign_gpu_processes", "str", "GPU trials: JSON list of the other compute processes (pid, "
        "used_bytes) NVML saw on the trial's GPU at the start or end of the timed steps ([]: none)."),
