@@ -145,3 +145,14 @@ def test_collect_on_s3(s3_sweep):
     store.fs.delete_file(store.path("results.parquet"))
     assert main(["collect", f"{storage}/objs"]) == 0
     assert store.exists("results.parquet")
+
+
+def test_restart_of_an_s3_sweep_is_refused_in_one_line(s3_sweep):
+    from orchestrator.runner import SweepInputError, run_sweep
+    from orchestrator.sweep import load_sweep
+
+    path, storage, store, *_ = s3_sweep
+    with pytest.raises(SweepInputError, match=r"^--restart: s3://\S+/objs is on object storage, where results are "
+                                              "not moved aside; give the sweep a new --out prefix instead$"):
+        run_sweep(load_sweep(path), storage, restart=True)
+    assert store.statuses()  # nothing moved or deleted
