@@ -178,12 +178,11 @@ def watch(device: str) -> Iterator[Disturbance]:
             seen = {p["pid"]: p for p in (gpu_start or []) + (gpu_end or [])}  # the end's reading wins
             out.foreign_gpu = sorted(seen.values(), key=lambda p: p["pid"])
     if out.wait_share is not None and out.wait_share >= WAIT_SHARE_LIMIT:
-        other = (f", other processes used {out.foreign_cpu_share:.0%} of the host's CPU time"
-                 if out.foreign_cpu_share is not None else "")
+        # short: it is the sweep summary's "why" of an ok trial (the fields hold the numbers)
+        other = f", others' CPU {out.foreign_cpu_share:.0%}" if out.foreign_cpu_share is not None else ""
         load = f", load {out.load_1m:.1f}" if out.load_1m is not None else ""
-        out.why.append(f"the trial's threads waited for a CPU {out.wait_share:.0%} of the time they wanted one "
-                       f"(limit {WAIT_SHARE_LIMIT:.0%}){other}{load}")
+        out.why.append(f"threads waited for a CPU {out.wait_share:.0%} of the time (limit {WAIT_SHARE_LIMIT:.0%})"
+                       f"{other}{load}")
     if out.foreign_gpu:
         used = sum(p["used_bytes"] or 0 for p in out.foreign_gpu)
-        out.why.append(f"{len(out.foreign_gpu)} other compute process(es) on the GPU "
-                       f"(pids {', '.join(str(p['pid']) for p in out.foreign_gpu)}; {used / 2**20:.0f} MiB)")
+        out.why.append(f"{len(out.foreign_gpu)} other process(es) on the GPU ({used / 2**20:.0f} MiB)")
