@@ -66,3 +66,12 @@ def test_the_dry_run_shows_the_factorys_print_once(fresh_process, capsys, tmp_pa
     out = capsys.readouterr().out
     assert "FullGPT" in out or "build_full" in out
     assert out.count(PRINTED) == 1
+
+
+def test_a_relative_path_not_found_says_where_it_was_looked_for(tmp_path, monkeypatch):
+    """A sweep's trials run in a folder of their own, where a relative factory path does not lead: the one line
+    says which folder it was read from and to give the absolute path."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SpecError, match=rf"no file {tmp_path}/nanogpt/model.py \(a relative path is read from the "
+                                        rf"working directory, {tmp_path}: give the absolute path\)"):
+        check_model(TrialSpec(model="py:nanogpt/model.py:build", backend="torch", **SHAPE))

@@ -44,7 +44,11 @@ def factory(target: str) -> Callable[[Any], Any]:
     module_name, _, attr = target.rpartition(":")
     try:
         if module_name.endswith(".py") or "/" in module_name:
-            module = _load_file(Path(module_name).expanduser().resolve())
+            path = Path(module_name).expanduser()
+            if not path.is_absolute() and not path.resolve().is_file():  # a sweep's trials run in a folder of their own
+                raise FileNotFoundError(f"no file {path.resolve()} (a relative path is read from the working "
+                                        f"directory, {Path.cwd()}: give the absolute path)")
+            module = _load_file(path.resolve())
         else:
             module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - whatever the user's module raises on import
