@@ -52,7 +52,7 @@ def test_a_tiny_torchao_tensorwise_model_reads_every_fp8_layer_finite_and_the_sa
     above torchao's own floors at this size, cast shares in [0, 1], each direction; built twice from one seed, the
     same values bit for bit, and the model's gradients left empty."""
     pytest.importorskip("torchao")
-    from trials import fp8_layers
+    from trials import fp8_floors, fp8_layers
     from trials.backends import numerics
     from trials.train import build_train_step
 
@@ -70,8 +70,8 @@ def test_a_tiny_torchao_tensorwise_model_reads_every_fp8_layer_finite_and_the_sa
     assert first == second
     layers = __import__("json").loads(first["fp8_layers"])
     assert layers["modules"] == [f"blocks.{i}.{m}" for i in range(2) for m in ("qkv", "proj", "fc1", "fc2")]
-    for d, floor in fp8_layers.SQNR_FLOOR_DB.items():
+    for d, floor in fp8_floors.SQNR_FLOOR_DB.items():
         assert all(math.isfinite(v) and v > floor for v in layers["sqnr"][d]), (d, layers["sqnr"][d])
         assert first[f"sqnr_{d}_min_db"] == min(layers["sqnr"][d]) and first[f"sqnr_{d}_worst"] in layers["modules"]
-    for cls in fp8_layers.OPERANDS:
+    for cls in fp8_floors.OPERANDS:
         assert all(0 <= v <= 1 for kind in ("underflow", "saturation") for v in layers["cast"][cls][kind])

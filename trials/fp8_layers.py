@@ -43,17 +43,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .data import ArithmeticSequences
+from .fp8_floors import DIRECTIONS, OPERANDS, SQNR_FLOOR_DB
 from .teacher_forced import HELD_LEN, HELD_ROWS, HELD_SEED_OFFSET
 
 log = logging.getLogger(__name__)
 
-OPERANDS = ("act", "weight", "grad")  # the GEMM's input, its weight, the gradient of its output
-DIRECTIONS = ("fwd", "dgrad", "wgrad")  # the output, the input gradient, the weight gradient
 OUTLIER_SAMPLES = 8  # outlier samples over a training run (the last step always among them)
-# the floors the report flags a layer under: torchao's own Float8Linear test (pytorch/ao
-# test/float8/test_base.py, TestFloat8Linear._test_linear_impl) holds the output to sqnr >= 18 dB and the
-# weight gradient to >= 17 dB against the high-precision Linear; the input gradient takes the gradient's floor
-SQNR_FLOOR_DB = {"fwd": 18.0, "dgrad": 17.0, "wgrad": 17.0}
 
 
 def sqnr_db(ref: torch.Tensor, x: torch.Tensor) -> float:
