@@ -157,6 +157,9 @@ def read_layers(step: Any, seam: ModuleType, held: tuple[torch.Tensor, torch.Ten
 
     def keep(name: str):
         def hook(_module: nn.Module, args: tuple, output: Any) -> None:
+            if "x" in seen[name]:  # called twice in one forward (a shared module): no one input to read it on
+                seen[name]["reused"] = args[0]
+                return
             seen[name]["x"] = args[0].detach()
             out = output[0] if isinstance(output, (tuple, list)) else output
             out.register_hook(lambda g: seen[name].__setitem__("dy", g.detach()))
@@ -178,8 +181,8 @@ def read_layers(step: Any, seam: ModuleType, held: tuple[torch.Tensor, torch.Ten
             handles = []
             for name, module in modules:
                 got = seen[name]
-                if "x" not in got or "dy" not in got:
-                    log.info("fp8 layer read: %s saw no forward or no gradient, left out", name)
+                if "x" not in got or "dy" not in got or "reused" in got:
+                    log.info("fp8 layer read: %s saw no forward, no gradient or two forwards, left out", name)
                     continue
                 with seam.fp8_context(step):
                     out8, dx8, dw8 = _module_pass(seam, module, got["x"], got["dy"], fp8=True)
