@@ -24,6 +24,7 @@ from ..store import Store, is_uri, read_results
 from .analysis import (DECODE_STEP, ONE_SAMPLE, TRAIN_STEP, Pairs, against_fastest_bf16, compare_runs, crossover, pair_cells,
                        prepare, ways_that_ran)
 from .headline import headline
+from . import numerics
 from .inference import inference_pairs, split
 from .why import breakdown, gap_name
 
@@ -117,6 +118,7 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
         *([("loss_gap", charts.loss_gap_chart(pairs))]  # where some partner's seed noise is known (samples >= 2)
           if not pairs.rows.empty and "loss_seed_sd" in pairs.rows and pairs.rows["loss_seed_sd"].notna().any()
           else []),
+        *numerics.figures(train),  # per-layer FP8 SQNR and outliers, where cells read them
     ]
     inference = inference_pairs(infer)
     if inference is not None:
@@ -147,7 +149,7 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
         figures.append(("compare", charts.compare_chart(comparison, *side_names(where, compare_dir))))
 
     lines = headline(train, pairs) if not train.empty or infer.empty else []
-    sections = summary_sections(df, pairs, comparison, inference, fastest)
+    sections = summary_sections(df, pairs, comparison, inference, fastest) + numerics.sections(train)
     search = beside("search.json")
     if search is not None:  # a sweep with a search block: its answer first, its probes as a chart
         from ..crossover import Answer  # here: the search module reads the report's intervals
