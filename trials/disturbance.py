@@ -148,16 +148,27 @@ def _load_1m() -> float | None:
 
 
 def gpu_processes(own: frozenset[int]) -> list[dict[str, Any]] | None:
-    """Other compute processes on torch's current GPU (pid, bytes used), or None where NVML cannot tell."""
+    """Other compute processes on torch's current GPU (pid, bytes used), or None where NVML cannot tell.
+
+    In a container NVML names processes by the host's pids, so none of them is this process's: then the one
+    whose memory is nearest what this process's allocator holds is taken for this process and left out (it
+    holds a CUDA context: it is listed)."""
+    import torch
+
     with nvml.session() as nv:
         if nv is None:
             return None
         try:
-            return [{"pid": pid, "used_bytes": used}
-                    for pid, used in nvml.compute_processes(nv, nvml.torch_device_handle(nv)) if pid not in own]
+            procs = [{"pid": pid, "used_bytes": used}
+                     for pid, used in nvml.compute_processes(nv, nvml.torch_device_handle(nv))]
         except Exception as exc:  # noqa: BLE001 - NVML errors vary by driver, container and MIG mode
             log.debug("NVML processes: %s", exc)
             return None
+    others = [p for p in procs if p["pid"] not in own]
+    if others and len(others) == len(procs):  # another pid namespace: which one is us is not known by pid
+        mine = torch.cuda.memory_reserved()
+        others.remove(min(others, key=lambda p: abs((p["used_bytes"] or 0) - mine)))
+    return others
 
 
 @contextlib.contextmanager
