@@ -342,9 +342,9 @@ def loss_gap_table(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
         "variant": g["candidate"], "vs": g["reference"], "d_model": g["d_model"], "n_layers": g["n_layers"],
         **{k: g[k] for k in varying_keys(df) if k not in ("d_model", "n_layers")},
         "loss": g["candidate_loss"].round(4), "vs loss": g["reference_loss"].round(4),
-        "gap": g["loss_gap"].round(4), "gap CI low": g["loss_gap_ci_low"].round(4),
-        "gap CI high": g["loss_gap_ci_high"].round(4), "seeds": g["loss_gap_seeds"],
-        "seed sd": g["loss_seed_sd"].round(4), "verdict": g["loss_gap_verdict"]})
+        **{name: g[col].map(round_sig) for name, col in (("gap", "loss_gap"), ("gap CI low", "loss_gap_ci_low"),
+                                                          ("gap CI high", "loss_gap_ci_high"))},
+        "seeds": g["loss_gap_seeds"], "seed sd": g["loss_seed_sd"].map(round_sig), "verdict": g["loss_gap_verdict"]})
 
 
 def _md_cell(v) -> str:
