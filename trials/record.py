@@ -149,6 +149,18 @@ FIELDS: list[Field] = [
     _f("mfu_precision_peak", "float", "model_tflops / (peak_tflops_precision * world_size)."),
     _f("host_ms_per_step", "float", "Host time to issue one step from an idle GPU, ms (null on CPU)."),
     _f("launch_bound", "bool", "GPU waits on the host: host_ms_per_step >= 0.8 * step_ms_p50 (null on CPU)."),
+    # -- what else ran while the steps were timed (trials/disturbance.py): null where /proc or NVML cannot tell
+    _f("timing_wait_share", "float", "Over the timed steps: the share of the time the trial process's threads "
+       "wanted a CPU that they waited for one on a run queue (Linux schedstat; 0: never waited)."),
+    _f("timing_foreign_cpu_share", "float", "Over the timed steps: other processes' CPU time as a share of the "
+       "host's core-seconds (/proc/stat's busy time less the trial process tree's; null under 0.2 core-seconds, where "
+       "10 ms jiffies are too coarse)."),
+    _f("timing_load_1m", "float", "The host's 1-minute load average at the end of the timed steps."),
+    _f("timing_foreign_gpu_processes", "str", "GPU trials: JSON list of the other compute processes (pid, "
+       "used_bytes) NVML saw on the trial's GPU at the start or end of the timed steps ([]: none)."),
+    _f("timing_disturbed", "bool", "Something else took the trial's CPU or GPU while its steps were timed: its "
+       "threads waited for a CPU >= 20% of the time (timing_wait_share), or another compute process shared its GPU."),
+    _f("timing_disturbed_why", "str", "What disturbed the timed steps, in words (null: nothing seen)."),
     # -- energy, power and clocks (trials/energy.py): a window of its own right after timing
     _f("energy_window_s", "float", "Length of the energy window: the timed step (infer: a whole generation) repeated "
        "for at least 1 s, edges on ticks of NVML's energy counter, s."),

@@ -12,7 +12,7 @@ from plotly.subplots import make_subplots
 
 from trials.spec import PRECISIONS
 
-from .analysis import Pairs, crossover, known, size_order
+from .analysis import LOSS_GAP_KINDS, SEED_NOISE_SDS, Pairs, crossover, known, size_order
 
 COLORS = {
     "torch-fp32": "#7f7f7f",
@@ -135,6 +135,35 @@ def speedup_chart(pairs: Pairs, title: str = "FP8 speedup over BF16 of the same 
     top = max([1.6] + ([float(rows["ci_high"].max()) * 1.1] if not rows.empty and rows["ci_high"].notna().any() else []))
     fig.update_yaxes(title_text=y_title, range=[0, top])
     return note_if_empty(fig, empty)
+
+
+def loss_gap_chart(pairs: Pairs) -> go.Figure:
+    """Per FP8 cell (a run without FP8: BF16 cell; and learning rate, where it is an axis: in the series), its
+    final-loss gap over its reference with its interval over seeds, over a grey band of the reference's own seed
+    noise (+-SEED_NOISE_SDS sd)."""
+    fig = go.Figure()
+    rows = pairs.rows
+    if not rows.empty and "loss_gap" in rows:
+        rows = rows[rows["kind"].isin(LOSS_GAP_KINDS) & rows["loss_gap"].notna()]
+        labels = [" ".join(str(v) for v in (r.candidate, f"d{r.d_model}-L{r.n_layers}", r.series) if v)
+                  for r in rows.itertuples()]
+        band = rows["loss_seed_band"]
+        fig.add_trace(go.Bar(x=labels, y=2 * band, base=-band, name=f"the reference's seed noise (+-{SEED_NOISE_SDS:g} sd)",
+                             marker=dict(color="rgba(127,127,127,0.3)"), hoverinfo="skip"))
+        fig.add_trace(go.Scatter(
+            x=labels, y=rows["loss_gap"], mode="markers", name="gap: final loss - the reference's (95% interval over seeds)",
+            marker=dict(color=[color(c) for c in rows["candidate"]], size=9),
+            error_y=dict(type="data", symmetric=False, visible=True,
+                         array=(rows["loss_gap_ci_high"] - rows["loss_gap"]).clip(lower=0).fillna(0),
+                         arrayminus=(rows["loss_gap"] - rows["loss_gap_ci_low"]).clip(lower=0).fillna(0)),
+            hovertext=[f"{label}<br>gap {r.loss_gap:.4g} over {r.loss_gap_seeds} seeds<br>{r.loss_gap_verdict}"
+                       for label, r in zip(labels, rows.itertuples())], hoverinfo="text"))
+    fig.add_hline(y=0.0, line=dict(color="black", width=1, dash="dot"))
+    fig.update_layout(title="Final-loss gap over the higher-precision partner (FP8 over BF16; without FP8, BF16 over "
+                            "FP32), against the partner's seed-to-seed noise",
+                      **LAYOUT)
+    fig.update_yaxes(title_text="final-loss gap (nats)")
+    return note_if_empty(fig, "no cell with a higher-precision partner and final losses")
 
 
 def fastest_chart(rows: pd.DataFrame) -> go.Figure:

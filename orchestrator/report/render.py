@@ -6,6 +6,7 @@ import html
 import logging
 import math
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -14,8 +15,8 @@ from trials.atomic import write_text_atomic
 from trials.numbers import fmt_sig, round_sig
 
 from ..efficiency import concurrent_trials, run_efficiency
-from .analysis import (DECODE_STEP, TEACHER_FORCED, TEACHER_FORCED_NOTE, TRAIN_STEP, Pairs, Timing, crossover,
-                       knob_effects, per_layer_costs, teacher_forced_columns, varying_keys)
+from .analysis import (DECODE_STEP, LOSS_GAP_KINDS, SEED_NOISE_SDS, TEACHER_FORCED, TEACHER_FORCED_NOTE, TRAIN_STEP,
+                       Pairs, Timing, crossover, knob_effects, per_layer_costs, teacher_forced_columns, varying_keys)
 from .inference import InferencePairs, inference_sections, split
 from .scaling import scaling_table
 from .why import ENERGY_FIELDS, bounds, breakdown, conditions, energy_table
@@ -184,6 +185,14 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
                          "medians over "
                          "samples, 95% interval of the ratio when both have samples >= 2 (run long enough for the "
                          "loss to flatten, e.g. train_steps 300, samples 3); " + TEACHER_FORCED_NOTE, numerics))
+    gaps = loss_gap_table(df, pairs)
+    if not gaps.empty:
+        sections.append(("Loss gap against seed noise", "gap = FP8 - BF16 (a run without FP8: BF16 - FP32) final "
+                         "training loss at the same seed (init and batches), median over the seeds both ran [95% "
+                         "bootstrap interval over seeds, seeds >= 2]; seed sd = the spread of the reference's final "
+                         f"loss across its seeds; within its seed noise when |gap| <= {SEED_NOISE_SDS:g} sd (where a "
+                         "reference run at a new seed lands about 95% of the time), else outside by the excess; per "
+                         "learning rate where lr is an axis", gaps))
     if not pairs.unpaired.empty:
         u = pairs.unpaired
         sections.append(("Unpaired cells", "cells left out of the ratios above, and why",
@@ -265,16 +274,27 @@ def sanity_flags(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
                            "cuda_graphs" + ("" if not getattr(r, "compile", False) else
                                             " (compiled cells: torch.compile mode reduce-overhead)")})
     neighbours = concurrent_trials(df)[ok.index]  # failed trials shared the host too
+    shared: dict[Any, dict] = {}  # record index -> its "shared host" row: one per record, every reason in it
     for r, n in zip(ok[["cell_label", "timer", "launch_bound", "cuda_graphs"]].itertuples(), neighbours):
         if n and r.timer == "perf_counter":  # timed on the host's cores, which the other trials used too
-            out.append({"cell": r.cell_label, "check": "shared host", "value": int(n),
-                        "why": f"timed on CPU while {n} other trial(s) ran on the same host: they shared its "
-                               "cores; rerun with max_concurrent: 1"})
+            shared[r.Index] = {"cell": r.cell_label, "check": "shared host", "value": int(n),
+                               "why": f"timed on CPU while {n} other trial(s) ran on the same host: they shared its "
+                                      "cores; rerun with max_concurrent: 1"}
         elif n and r.launch_bound == True and not r.cuda_graphs:  # noqa: E712 - nullable column
-            out.append({"cell": r.cell_label, "check": "shared host", "value": int(n),
-                        "why": f"launch-bound and timed while {n} other trial(s) ran on the same host: host "
-                               "contention slows such steps (1.2-1.36x on a two-H200 host); rerun with "
-                               "max_concurrent: 1 or cuda_graphs"})
+            shared[r.Index] = {"cell": r.cell_label, "check": "shared host", "value": int(n),
+                               "why": f"launch-bound and timed while {n} other trial(s) ran on the same host: host "
+                                      "contention slows such steps (1.2-1.36x on a two-H200 host); rerun with "
+                                      "max_concurrent: 1 or cuda_graphs"}
+    # what the trial itself saw while its steps were timed (trials/disturbance.py): any process, ours or not
+    for r in ok[ok["timing_disturbed"] == True].itertuples():  # noqa: E712 - nullable column
+        seen = f"timing disturbed: {r.timing_disturbed_why}"
+        if r.Index in shared:
+            shared[r.Index]["why"] += f"; {seen}"
+        else:
+            shared[r.Index] = {"cell": r.cell_label, "check": "shared host", "value": (
+                round(r.timing_wait_share, 2) if pd.notna(r.timing_wait_share) else None),
+                "why": f"{seen}; rerun when the host and GPU are free"}
+    out += [shared[i] for i in sorted(shared)]
     # a multi-rank CPU cell's ranks on one host (gloo on a laptop): each has the CPUs the file gives it
     # (runner.check_resources), and they share the host's cores, memory bandwidth and caches
     ranks = ok[(ok["world_size"].fillna(1) > 1) & (ok["interconnect"] == "same host") & (ok["timer"] == "perf_counter")]
@@ -306,6 +326,25 @@ def _loss_deltas(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
         "fp8 loss": sp["candidate_loss"].round(4), "delta %": (100 * (sp["loss_ratio"] - 1)).round(2),
         "CI low %": (100 * (sp["loss_ci_low"] - 1)).round(2), "CI high %": (100 * (sp["loss_ci_high"] - 1)).round(2),
         "n": sp["n_candidate"], **{c: tf[c] for c in tf}})
+
+
+def loss_gap_table(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
+    """One row per FP8 cell with a BF16 partner (and BF16 cell with an FP32 one): its final-loss gap over that
+    partner, beside the partner's seed spread (``analysis.loss_gap_stats``); the grid's varying axes (lr among
+    them) name the row. Empty where no partner has two seeds."""
+    rows = pairs.rows
+    if rows.empty or "loss_gap" not in rows:
+        return pd.DataFrame()
+    g = rows[rows["kind"].isin(LOSS_GAP_KINDS) & rows["loss_gap"].notna()]
+    if g.empty or g["loss_seed_sd"].isna().all():  # one sample each: no noise to judge by ("FP8 numerics" has it)
+        return pd.DataFrame()
+    return pd.DataFrame({
+        "variant": g["candidate"], "vs": g["reference"], "d_model": g["d_model"], "n_layers": g["n_layers"],
+        **{k: g[k] for k in varying_keys(df) if k not in ("d_model", "n_layers")},
+        "loss": g["candidate_loss"].round(4), "vs loss": g["reference_loss"].round(4),
+        **{name: g[col].map(round_sig) for name, col in (("gap", "loss_gap"), ("gap CI low", "loss_gap_ci_low"),
+                                                          ("gap CI high", "loss_gap_ci_high"))},
+        "seeds": g["loss_gap_seeds"], "seed sd": g["loss_seed_sd"].map(round_sig), "verdict": g["loss_gap_verdict"]})
 
 
 def _md_cell(v) -> str:

@@ -90,6 +90,7 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
     record.update(timer=result.timer, step_times_ms=step_ms, repeat_medians_ms=medians,
                   host_ms_per_step=result.host_ms_per_step, launch_bound=result.launch_bound,
                   bench_loss_final=result.last_loss)
+    record.update(result.disturbance.fields())
     if not math.isfinite(result.last_loss):
         record.update(status="diverged", error="non-finite loss during the benchmark")
         return
