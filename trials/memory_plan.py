@@ -222,7 +222,8 @@ def _probe(key: _Key) -> Probe | None:
     spec = key.spec
     precision = "fp32" if spec.precision == "fp32" else "bf16"
     try:
-        model = models.build(spec, precision, "meta").model  # no memory, no init
+        with torch.random.fork_rng(devices=[]):  # the build seeds torch's RNG: leave the trial's as it was
+            model = models.build(spec, precision, "meta").model  # no memory, no init
         with FakeTensorMode(allow_non_fake_inputs=True) as mode, _unpacked_positions():
             _to_fake(model, mode)
             units = units_of(model)
@@ -316,6 +317,17 @@ def plan(spec: Any, checkpointing: str | None = None, parallel: str | None = Non
     vocab = models.describe(spec).shape.get("vocab") or spec.vocab or 0
     logits = spec.batch_size * spec.seq_len * vocab * (width + LOGITS_BYTES)
     return MemoryPlan(weights, grads, optimizer, acts, logits, setting, parallel, world, guess)
+
+
+def record_fields(spec: Any) -> dict[str, int | None]:
+    """The record's estimate (beside the measured peak); nothing where planning itself fails: an estimate
+    never fails a trial."""
+    try:
+        got = plan(spec)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("memory plan failed: %s: %s", type(exc).__name__, exc)
+        return {}
+    return {"est_peak_mem_bytes": got.total, "est_activation_bytes": None if got.guess else got.activations}
 
 
 # Settings tried, cheapest first, for a cell that does not fit: recompute before more GPUs
