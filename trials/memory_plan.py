@@ -14,7 +14,9 @@ which unit saved what, so each activation-checkpointing setting follows from the
 The parts of one rank, in the cell's weight dtype (fp32 for fp32 cells, bf16 otherwise, trials/models):
 
     weights      parameters; FSDP2 keeps 1/world_size of them, plus two units gathered whole (the one
-                 running and the one prefetched)
+                 running and the one prefetched); FP8 cells of a stack that keeps FP8 copies of its GEMM
+                 weights between steps add them (``fp8_weight_cache_bytes`` in the stack table: TE's weight
+                 and its transpose)
     grads        one per parameter, the parameter's dtype (FSDP2: sharded; DDP adds its buckets' copy)
     optimizer    AdamW's two moments, in the parameter's dtype (torch's AdamW keeps its state like the
                  parameter); where a stack keeps FP8 weights only (``fp8_all_gather_masters``: TE), an
@@ -159,6 +161,7 @@ class Probe:
     largest_unit_params: int
     activations: Activations
     forward_flops: float  # counted by FlopCounterMode (attention kernels not counted: trials/metrics.py)
+    gemm_params: int = 0  # weights of the Linears a stack may run in FP8 (the logits layer stays high precision)
 
 
 @dataclass(frozen=True)
@@ -223,7 +226,8 @@ def _probe(key: _Key) -> Probe | None:
     precision = "fp32" if spec.precision == "fp32" else "bf16"
     try:
         with torch.random.fork_rng(devices=[]):  # the build seeds torch's RNG: leave the trial's as it was
-            model = models.build(spec, precision, "meta").model  # no memory, no init
+            built = models.build(spec, precision, "meta")  # no memory, no init
+        model = built.model
         with FakeTensorMode(allow_non_fake_inputs=True) as mode, _unpacked_positions():
             _to_fake(model, mode)
             units = units_of(model)
@@ -234,12 +238,14 @@ def _probe(key: _Key) -> Probe | None:
         n_params = sum(p.numel() for p in params)
         weight_bytes = sum(p.numel() * p.element_size() for p in params)
         largest = max((sum(p.numel() for p in u.parameters()) for u in units), default=n_params)
+        head = model.get_submodule(built.logits_layer) if built.logits_layer else None
+        gemm = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head)
     except Exception as exc:  # noqa: BLE001 - a module fake tensors cannot run (data-dependent code, ...)
         log.info("%s: not planned from the module (%s: %s); the memory plan is a guess", spec.model,
                  type(exc).__name__, exc)
         return None
     acts = Activations(saved.outside, tuple(saved.per_unit), tuple(saved.unit_inputs))
-    return Probe(n_params, weight_bytes, largest, acts, float(counter.get_total_flops()))
+    return Probe(n_params, weight_bytes, largest, acts, float(counter.get_total_flops()), gemm)
 
 
 @contextlib.contextmanager
@@ -309,6 +315,8 @@ def plan(spec: Any, checkpointing: str | None = None, parallel: str | None = Non
     masters = spec.precision == "fp8" and spec.fp8_all_gather and stack is not None and stack.fp8_all_gather_masters
     grads = weights
     optimizer = n * FP8_MASTER_STATE_BYTES if masters else 2 * weights
+    if spec.precision == "fp8" and stack is not None and not masters and got is not None:
+        weights += got.gemm_params * stack.fp8_weight_cache_bytes  # TE's FP8 weight copies, kept between steps
     if parallel == "fsdp":
         weights = weights // world + GATHERED_UNITS * largest * width
         grads, optimizer = grads // world, optimizer // world
