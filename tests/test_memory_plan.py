@@ -100,3 +100,21 @@ def test_fsdp_shards_weights_grads_and_optimizer_per_rank():
     assert four.optimizer == one.optimizer // 4 and four.grads == one.grads // 4
     gathered = 2 * memory_plan.probe(spec).largest_unit_params * 2  # two bf16 units whole: running and prefetched
     assert four.weights == one.weights // 4 + gathered and four.activations == one.activations  # batch is per rank
+
+
+def test_a_module_fake_tensors_cannot_run_is_called_a_guess(tmp_path):
+    """A forward that reads its ids' values cannot run under fake tensors: the dry run says its numbers are a guess
+    (6 x parameters per token; weights and optimizer state only) instead of passing them off as the module's."""
+    from orchestrator.plan import plan_rows, plan_table, slow_on_cpu
+    from orchestrator.store import Store
+    from orchestrator.sweep import load_sweep
+
+    path = tmp_path / "s.yaml"
+    path.write_text("name: guess\ngrid: {model: ['py:tests/fixtures/gptlike.py:reads_ids']}\n"
+                    "fixed: {d_model: 64, n_layers: 2, vocab: 96, seq_len: 32, batch_size: 8, backend: torch}\n")
+    s = load_sweep(path)
+    [row] = plan_rows(s, Store(str(tmp_path), s.name), cpu_here=True)
+    assert row["mem_guess"] and row["flops_guess"]
+    assert "(guess)" in "".join(str(c) for col in plan_table(s, [row]).columns for c in col._cells)
+    [line] = slow_on_cpu([row], flops_per_s=1.0)
+    assert "a guess" in line
