@@ -172,8 +172,8 @@ def expected_ooms(rows: list[dict[str, Any]], gpu_memory_bytes: int | None,
             if spec is not None and not row.get("on_cpu") and spec.workload == "train" and not row.get("mem_guess"):
                 fit = memory_plan.cheapest_fit(spec, limit)
                 line += (f"; fits with {fit.setting()} ({fit.total / 2**30:.1f} GiB per GPU)" if fit else
-                         f"; does not fit even with activation_checkpointing full on {memory_plan.FIT_RANKS[-1]} "
-                         "FSDP2 ranks")
+                         f"; does not fit even with activation_checkpointing full on up to {memory_plan.FIT_RANKS[-1]} "
+                         "FSDP2 ranks sharing its global batch")
             out.append(line)
     return out
 

@@ -90,8 +90,9 @@ def test_a_cell_that_does_not_fit_names_the_cheapest_setting_that_does(tmp_path)
     rows = plan_rows(s, Store(str(tmp_path), s.name))
     [line] = expected_ooms(rows, limit)
     assert "fits with activation_checkpointing full, 1 GPU" in line, line
-    [line] = expected_ooms(rows, memory_plan.plan(spec, "full", "fsdp", 4).total)
-    assert "fits with activation_checkpointing" in line and "parallel fsdp, world_size 4" in line, line
+    [line] = expected_ooms(rows, memory_plan.plan(spec, "full", "fsdp", 4, 4).total)  # the global batch, 4 ranks
+    assert "fits with activation_checkpointing" in line and "parallel fsdp, world_size 4, batch_size 4 per rank" \
+        in line, line
 
 
 def test_fsdp_shards_weights_grads_and_optimizer_per_rank():

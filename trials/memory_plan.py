@@ -177,6 +177,7 @@ class MemoryPlan:
     checkpointing: str
     parallel: str
     world_size: int
+    batch_size: int  # rows per rank
     guess: bool = False
 
     @property
@@ -185,11 +186,12 @@ class MemoryPlan:
 
     def breakdown(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), int)
-                and not isinstance(getattr(self, f.name), bool) and f.name != "world_size"}
+                and not isinstance(getattr(self, f.name), bool) and f.name not in ("world_size", "batch_size")}
 
     def setting(self) -> str:
         """The knobs this plan is for, as sweep fields."""
-        where = f"parallel {self.parallel}, world_size {self.world_size}" if self.parallel != "none" else "1 GPU"
+        where = (f"parallel {self.parallel}, world_size {self.world_size}, batch_size {self.batch_size} per rank"
+                 if self.parallel != "none" else "1 GPU")
         return f"activation_checkpointing {self.checkpointing}, {where}"
 
 
@@ -199,19 +201,22 @@ class _Key:
     only in stack, recipe or schedule share one probe."""
 
     key: tuple[Any, ...]
+    batch: int
     spec: Any = field(compare=False, hash=False)
 
 
-def _key(spec: Any) -> _Key:
+def _key(spec: Any, batch: int) -> _Key:
     import dataclasses
 
-    shape = tuple((f.name, getattr(spec, f.name)) for f in dataclasses.fields(spec) if f.metadata.get("axis") == "shape")
-    return _Key((*shape, spec.precision == "fp32"), spec)
+    shape = tuple((f.name, getattr(spec, f.name)) for f in dataclasses.fields(spec)
+                  if f.metadata.get("axis") == "shape" and f.name not in ("batch_size", "tokens_per_step"))
+    return _Key((*shape, spec.precision == "fp32"), batch, spec)
 
 
-def probe(spec: Any) -> Probe | None:
-    """The cell's module run once under fake tensors; None where it cannot be (then the plan is a guess)."""
-    return _probe(_key(spec))
+def probe(spec: Any, batch_size: int | None = None) -> Probe | None:
+    """The cell's module run once under fake tensors at ``batch_size`` rows (default the spec's); None where it
+    cannot be run so (then the plan is a guess)."""
+    return _probe(_key(spec, batch_size or spec.batch_size))
 
 
 @functools.lru_cache(maxsize=64)
@@ -231,7 +236,7 @@ def _probe(key: _Key) -> Probe | None:
         with FakeTensorMode(allow_non_fake_inputs=True) as mode, _unpacked_positions():
             _to_fake(model, mode)
             units = units_of(model)
-            ids = torch.zeros(spec.batch_size, spec.seq_len, dtype=torch.long)
+            ids = torch.zeros(key.batch, spec.seq_len, dtype=torch.long)
             with gemm_flop_counter() as counter, SavedBytes(model.parameters(), units) as saved:
                 model(ids)
         params = list(model.parameters())
@@ -295,8 +300,9 @@ def checkpointing_of(spec: Any) -> str:
 
 
 def plan(spec: Any, checkpointing: str | None = None, parallel: str | None = None,
-         world_size: int | None = None) -> MemoryPlan:
-    """One rank's memory for a training step of ``spec`` (or of it with the given settings changed)."""
+         world_size: int | None = None, batch_size: int | None = None) -> MemoryPlan:
+    """One rank's memory for a training step of ``spec`` (or of it with the given settings changed;
+    ``batch_size``: rows per rank)."""
     from . import models
     from .backends import STACKS, recipe_owner
 
@@ -304,7 +310,8 @@ def plan(spec: Any, checkpointing: str | None = None, parallel: str | None = Non
     parallel = parallel or spec.parallel
     world = world_size or spec.world_size
     width = 4 if spec.precision == "fp32" else 2
-    got = probe(spec)
+    batch = batch_size or spec.batch_size
+    got = probe(spec, batch)
     if got is None:
         n = models.describe(spec).n_params or 0
         weights, largest, acts, guess = n * width, n, 0, True
@@ -323,8 +330,8 @@ def plan(spec: Any, checkpointing: str | None = None, parallel: str | None = Non
     elif parallel == "ddp":
         grads = 2 * grads  # DDP's buckets hold a copy of the gradients (gradient_as_bucket_view is off)
     vocab = models.describe(spec).shape.get("vocab") or spec.vocab or 0
-    logits = spec.batch_size * spec.seq_len * vocab * (width + LOGITS_BYTES)
-    return MemoryPlan(weights, grads, optimizer, acts, logits, setting, parallel, world, guess)
+    logits = batch * spec.seq_len * vocab * (width + LOGITS_BYTES)
+    return MemoryPlan(weights, grads, optimizer, acts, logits, setting, parallel, world, batch, guess)
 
 
 def record_fields(spec: Any) -> dict[str, int | None]:
@@ -344,14 +351,13 @@ FIT_RANKS = (1, 2, 4, 8)
 
 
 def cheapest_fit(spec: Any, limit_bytes: int) -> MemoryPlan | None:
-    """The first plan, in the order above (checkpointing on one GPU, then FSDP2 over more), under
-    ``limit_bytes``; None where even 8 ranks with full checkpointing do not fit."""
-    for world in FIT_RANKS:
+    """The first plan, in the order above (checkpointing on the cell's ranks, then FSDP2 over more, the global
+    batch kept: fewer rows per rank), under ``limit_bytes``; None where nothing up to 8 ranks fits."""
+    rows = spec.batch_size * spec.world_size  # the global batch
+    for world in (w for w in FIT_RANKS if w >= spec.world_size and rows % w == 0):
+        parallel = spec.parallel if world == spec.world_size else "fsdp"
         for setting in FIT_CHECKPOINTING:
-            parallel = spec.parallel if world == spec.world_size else "fsdp"
-            if world < spec.world_size:
-                continue
-            got = plan(spec, setting, parallel, world)
+            got = plan(spec, setting, parallel, world, rows // world)
             if got.total <= limit_bytes:
                 return got
     return None
