@@ -37,7 +37,7 @@ import contextlib
 import functools
 import logging
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 log = logging.getLogger(__name__)
@@ -183,10 +183,6 @@ class MemoryPlan:
     @property
     def total(self) -> int:
         return self.weights + self.optimizer + max(self.activations + self.logits, self.grads)
-
-    def breakdown(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), int)
-                and not isinstance(getattr(self, f.name), bool) and f.name not in ("world_size", "batch_size")}
 
     def setting(self) -> str:
         """The knobs this plan is for, as sweep fields."""
