@@ -36,7 +36,7 @@ def _rec(d_model, backend, precision, recipe, base_ms, status="ok", sample=0):
         rec.update(step_times_ms=steps, step_ms_p50=float(pd.Series(steps).median()), loss_curve=[4.0, 2.0, 1.0],
                    loss_first=4.0, loss_final=1.0, tokens_per_s=1e6 / base_ms, model_tflops=100.0 / base_ms,
                    mfu_bf16_peak=0.1 / base_ms, mfu_precision_peak=0.05 / base_ms,
-                   peak_mem_allocated_bytes=int(d_model * 1e6))
+                   peak_mem_allocated_bytes=int(d_model * 1e6), est_peak_mem_bytes=int(d_model * 1.1e6))
     else:
         rec["error"] = "CUDA out of memory" if status == "oom" else "x"
     return rec
@@ -81,6 +81,11 @@ def test_report_numbers_equal_the_known_ones(tmp_path):
     crossing = float(line.split("|")[4]) * 1e6
     assert n256 < crossing < n512
     assert "Sanity checks" not in md  # all synthetic speedups are plausible
+    cells = md[md.index("## All cells"):].split("\n## ")[0]
+    header = [c.strip() for c in next(l for l in cells.splitlines() if l.startswith("| cell_label")).split("|")]
+    row = dict(zip(header, (c.strip() for c in next(l for l in cells.splitlines() if l.startswith("| d512-te-bf16"))
+                            .split("|"))))
+    assert float(row["est_over_peak"]) == pytest.approx(1.1)  # the memory plan's estimate over the measured peak
     html = open(report.html_path).read()
     assert html.count('class="plotly-graph-div"') == 8 and html.count("plotly.js v") <= 2
 

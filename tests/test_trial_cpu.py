@@ -50,6 +50,7 @@ def test_tiny_trial_record(precision):
     assert len(rec["loss_curve"]) == 6 and len(rec["step_times_ms"]) == 8 and len(rec["repeat_medians_ms"]) == 2
     assert 0 < rec["step_ms_min"] <= rec["step_ms_p50"] <= rec["step_ms_p90"] <= rec["step_ms_p99"]
     assert rec["tokens_per_step"] == 128 and rec["tokens_per_s"] > 0
+    assert rec["est_peak_mem_bytes"] > rec["est_activation_bytes"] > 0  # the memory plan, beside the measured peak
     assert rec["mfu_bf16_peak"] is None and rec["launch_bound"] is None  # no peak, no launch queue on CPU
     assert rec["gen_tokens"] and len(rec["gen_tokens"]) == 8 + 4
     assert rec["torch_version"] and rec["started_at"] < rec["finished_at"]

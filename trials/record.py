@@ -219,6 +219,11 @@ FIELDS: list[Field] = [
        "what an earlier trial in the same process left)."),
     _f("peak_rss_bytes", "int", "Peak resident host memory of the trial process during the trial (Linux VmHWM, "
        "reset at trial start; null where it cannot be reset)."),
+    _f("est_peak_mem_bytes", "int", "train: the memory plan's peak for one rank (trials/memory_plan.py: weights, grads, "
+       "optimizer state, activations under the cell's checkpointing, logits and loss, FSDP2 sharding), from the module "
+       "run once under fake tensors; beside peak_mem_allocated_bytes (the report shows their ratio)."),
+    _f("est_activation_bytes", "int", "train: the memory plan's activations: bytes saved for backward at the cell's "
+       "batch and seq (null where the module cannot run under fake tensors and the plan is a guess)."),
     # -- numerics
     _f("fp8_state", "str", "JSON: scale, newest and max amax of block 0's FP8 tensors (delayed scaling; a model TE "
        "converted: of its first four modules TE scales)."),

@@ -152,22 +152,27 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
         sections.append(("Energy", "NVML's board energy over a window of >= 1 s of the timed step repeated (infer: whole "
                          "generations), medians over samples; " + conditions(everything),
                          energy.round({f: 2 for f in ENERGY_FIELDS})))
-    cells = df.assign(peak_gib=df["peak_mem_allocated_bytes"] / 2**30).groupby(
+    estimated = df["est_peak_mem_bytes"] if "est_peak_mem_bytes" in df else pd.Series(float("nan"), index=df.index)
+    cells = df.assign(peak_gib=df["peak_mem_allocated_bytes"] / 2**30, est_gib=estimated.astype(float) / 2**30,
+                      est_over_peak=estimated.astype(float) / df["peak_mem_allocated_bytes"].astype(float)).groupby(
         ["cell_label", "cell_id", "variant", "cuda_graphs", "d_model", "n_layers", *varying], dropna=False,
         sort=True).agg(
         samples=("status", "size"), status=("status", lambda s: ",".join(sorted(set(s)))),
         p50_ms=("step_ms_p50", "median"), tokens_per_s=("tokens_per_s", "median"),
         tflops=("model_tflops", "median"), mfu_bf16=("mfu_bf16_peak", "median"),
-        mfu_own=("mfu_precision_peak", "median"), peak_gib=("peak_gib", "max"),
+        mfu_own=("mfu_precision_peak", "median"), peak_gib=("peak_gib", "max"), est_gib=("est_gib", "max"),
+        est_over_peak=("est_over_peak", "median"),
         loss_final=("loss_final", "median"), stride_acc=("gen_stride_accuracy", "median"),
         launch_bound=("launch_bound", lambda s: ",".join(sorted({str(v) for v in s if v is not None})) or "-"),
         launcher=("launcher", lambda s: ",".join(sorted({str(v) for v in s if isinstance(v, str)})) or "-"),
     ).reset_index().sort_values(["d_model", "n_layers", *varying, "variant", "cuda_graphs"])
     for col, digits in (("p50_ms", 4), ("tokens_per_s", 4), ("tflops", 3), ("mfu_bf16", 3), ("mfu_own", 3),
-                        ("peak_gib", 3), ("loss_final", 4), ("stride_acc", 3)):  # significant figures
+                        ("peak_gib", 3), ("est_gib", 3), ("est_over_peak", 3), ("loss_final", 4),
+                        ("stride_acc", 3)):  # significant figures
         cells[col] = [round_sig(v, digits) for v in cells[col].astype(float)]
     if not df.empty:
-        sections.append(("All cells", "medians over samples; status lists every sample's status", cells))
+        sections.append(("All cells", "medians over samples; status lists every sample's status; est_gib: the memory "
+                         "plan's peak (docs/guide/memory.md), est_over_peak: it over the measured peak_gib", cells))
     eff = run_efficiency(everything).round({"wall_s": 1, "busy_s": 1, "busy_fraction": 3, "busy_per_gpu": 3,
                                      "overhead_s_median": 2, "first_step_s_median": 2, "startup_s_median": 2,
                                      "trials_per_process": 1})
