@@ -199,14 +199,14 @@ def test_cli_writes_record_and_exit_0_for_unsupported(tmp_path):
     assert not list(tmp_path.glob(".*"))  # no temporary left behind
 
 
-def test_readme_field_table_is_the_generated_one():
+def test_the_guides_field_table_is_the_generated_one():
     from pathlib import Path
 
     from trials.record import ALL_FIELDS, LAYERS, field_table
 
     assert len({f.name for f in ALL_FIELDS}) == len(ALL_FIELDS) and all(f.layer in LAYERS for f in ALL_FIELDS)
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert field_table() in readme, "README's field table is stale: paste `juicytalk fields` over it"
+    page = (Path(__file__).resolve().parent.parent / "docs" / "guide" / "record-fields.md").read_text()
+    assert field_table() in page, "docs/guide/record-fields.md's field table is stale: paste `juicytalk fields` over it"
     assert {f.name for f in FIELDS} <= {f.name for f in ALL_FIELDS if f.layer == "trial"}
 
 
