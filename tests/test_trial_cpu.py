@@ -285,7 +285,10 @@ def test_a_trial_server_trains_the_bf16_partner_its_fp8_cells_share_once(tmp_pat
     from trials import server
     from trials.compile_guard import RecompileWatch
 
-    base = dict(TINY, backend="torchao", precision="fp8", profile=False)
+    # the smallest cell torchao converts (dims and rows in 16s), few steps: emulated FP8 on CPU is ~1 s a step here,
+    # and what is under test (which cell trains its partner, the same fields either way) does not depend on size
+    base = dict(TINY, n_layers=1, seq_len=16, batch_size=2, train_steps=3, bench_steps=2, repeats=1, gen_len=2,
+                backend="torchao", precision="fp8", profile=False)
     specs = [TrialSpec(recipe="tensorwise", **base), TrialSpec(recipe="rowwise", **base),
              TrialSpec(recipe="rowwise", **{**base, "seed": 7})]
     # the server's loop in this process (a server process would import torch again: seconds of CI)
