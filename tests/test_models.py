@@ -155,7 +155,9 @@ def test_a_trained_bf16_partner_is_decided_and_agreement_there_is_fp8s_own():
     from trials.data import ArithmeticSequences
     from trials.train import build_train_step, train
 
-    spec = TrialSpec(d_model=64, n_layers=2, n_heads=2, vocab=96, seq_len=32, batch_size=8, lr=1e-2, train_steps=60,
+    # one layer of 32 (emulated FP8 on CPU costs per GEMM): after 60 steps BF16 is decided at half the positions,
+    # agreement 1.0 there and 0.875 over all (2 layers of 64: 0.375 decided, 1.0 and 0.812, at ~6x the CPU)
+    spec = TrialSpec(d_model=32, n_layers=1, n_heads=2, vocab=96, seq_len=32, batch_size=8, lr=1e-2, train_steps=60,
                      backend="torchao", precision="fp8", recipe="tensorwise", device="cpu")
     held = teacher_forced.held_batch(96, 32, "cpu", spec.seed)
     read = {}

@@ -1,8 +1,8 @@
 """The record: one flat dict per trial, every field declared here once, with its type, its meaning
 and the layer that sets it (the trial itself, the Ray worker that ran it, or the sweep's driver).
 
-The store's Parquet schema and :func:`validate` are derived from :data:`ALL_FIELDS`, and the README's
-field table is generated from it (``juicytalk fields``; a test checks the README matches), so
+The store's Parquet schema and :func:`validate` are derived from :data:`ALL_FIELDS`, and the guide's
+field table (docs/guide/record-fields.md) is generated from it (``juicytalk fields``; a test checks it matches), so
 a field cannot be added without a type and a description, nor written without being declared.
 """
 
@@ -359,7 +359,7 @@ def validate(record: Mapping[str, Any]) -> None:
 
 
 def field_table() -> str:
-    """The README's field table, generated from the declaration."""
+    """The field table of docs/guide/record-fields.md, generated from the declaration."""
     rows = ["| field | type | set by | meaning |", "|---|---|---|---|"]
     rows += [f"| `{f.name}` | {f.type} | {f.layer} | {f.doc} |" for f in ALL_FIELDS]
     return "\n".join(rows) + "\n"

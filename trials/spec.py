@@ -12,7 +12,7 @@ import functools
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping
 
-from .backends import BACKENDS, RECIPES, STACKS, fp8_stacks, recipe_owner
+from .backends import BACKENDS, RECIPES, STACKS, fp8_stacks, layer_refusal, recipe_owner
 from .models import DEFAULT_MODEL, SOURCES, ModelError, Source
 from .models import parse as parse_model
 from .typecheck import WANTED, matches
@@ -355,11 +355,11 @@ def check_model(spec: TrialSpec) -> None:
 
 def te_layer_refusal(spec: TrialSpec) -> str:
     """Why the spec's ``te_layer`` cannot convert its model, in one line ('' when it can, or TE does not take
-    this cell): transformer_layer takes transformers' Llama-family models only (te_convert.layer_refusal, asked
-    with the config's model_type; a py: factory's module is not a config's). Reads the model's config (hf)."""
+    this cell): transformer_layer takes transformers' Llama-family models only (backends.layer_refusal, asked
+    with the config's model_type; a py: factory's module is not a config's). Reads the model's config (hf).
+    Asks the stack table (trials/backends), not the converter: the spec imports no stack's module."""
     if spec.source.te_own or not applies("te_layer", spec.to_dict()):
         return ""
-    from .backends.te_convert import layer_refusal
     from .models import describe
 
     try:

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from ..models import CONVERTED_TE_LAYERS  # the ways te converts a model it did not build (te_convert.py)
+
 
 @dataclass(frozen=True)
 class Stack:
@@ -86,6 +88,26 @@ def recipe_owner(recipe: str) -> str | None:
 
 def fp8_stacks() -> list[str]:
     return [s.name for s in STACKS.values() if s.recipes]
+
+
+# config.model_type values whose decoder layers te_layer transformer_layer takes (te_convert.py converts them)
+LLAMA_FAMILY = ("llama", "mistral", "qwen2")
+
+
+def layer_refusal(te_layer: str, model_type: str | None) -> str:
+    """Why ``te_layer`` cannot convert a model of this transformers ``model_type`` (None: not a transformers
+    model), in one line; '' when it can. Here, beside the stack table, so that the spec asks it before any trial
+    starts without importing the converter (te_convert.py, which imports torch; its ``plan`` raises it too).
+    The line starts with the value, not the field: whoever shows it names the field once (a SpecError reads
+    ``te_layer: transformer_layer applies to ...``, a ConvertError and a skipped grid cell ``te_layer ...``)."""
+    if te_layer not in CONVERTED_TE_LAYERS:
+        return (f"{te_layer!r} is not one of {', '.join(CONVERTED_TE_LAYERS)} "
+                "(the ways to convert a model that is not TE's own)")
+    if te_layer == "transformer_layer" and model_type not in LLAMA_FAMILY:
+        what = f"a transformers {model_type!r} model" if model_type else "not a transformers model"
+        return (f"transformer_layer applies to transformers' {', '.join(LLAMA_FAMILY)} models; "
+                f"this one is {what}: use te_layer swap")
+    return ""
 
 
 def implementation(name: str) -> ModuleType:

@@ -22,7 +22,6 @@ import torch
 import torch.nn as nn
 
 from .. import models
-from ..models.minigpt import LOGITS_LAYER
 from . import Built
 from .torch import compiled
 
@@ -72,7 +71,7 @@ class _Filter:
     or those torchao's own filter for the recipe takes (``auto``: ``_auto_filter_for_recipe``, the logits
     layer kept too). Remembers which it took and which it kept, for the record."""
 
-    def __init__(self, keep: str | None = LOGITS_LAYER, auto_recipe: str | None = None) -> None:
+    def __init__(self, keep: str | None, auto_recipe: str | None = None) -> None:
         self.keep = keep
         self.auto = None
         if auto_recipe is not None:
@@ -120,7 +119,7 @@ def build(spec: Any, precision: str, device: str) -> Built:
     return Built(model, forward=compiled(model, spec), info=keep.info(), after_step=after_step)
 
 
-def quantize_for_serving(model: nn.Module, recipe: str, logits_layer: str | None = LOGITS_LAYER) -> dict[str, Any]:
+def quantize_for_serving(model: nn.Module, recipe: str, logits_layer: str | None) -> dict[str, Any]:
     """Quantize ``model``'s Linears in place for inference: FP8 (e4m3) weights, each activation cast to
     FP8 as it arrives, scales per tensor (``tensorwise``) or per row (``rowwise``), torchao's
     ``Float8DynamicActivationFloat8WeightConfig``; ``logits_layer`` (the qualified name of the layer that
