@@ -47,6 +47,11 @@ def timed_out(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in TIMEOUT_MARKERS)
 
 
+class Unsupported(RuntimeError):
+    """What a stack's own library refuses to shard, in its words: the trial's status is ``unsupported``, not
+    ``error`` (TE modules FSDP2 cannot take in the installed TE)."""
+
+
 @dataclass(frozen=True)
 class Ranks:
     rank: int = 0

@@ -104,7 +104,12 @@ def build_train_step(spec: TrialSpec, backend: str, precision: str, device: str,
     if spec.parallel != "none":
         if spec.compile and built.units:
             distributed.compile_units(built.model, built.units)
-        target = distributed.wrap(built.model, spec.parallel, device, ranks, built.units)
+        try:
+            target = distributed.wrap(built.model, spec.parallel, device, ranks, built.units)
+        except Exception as exc:  # TE's modules under FSDP2: where this TE cannot, the record says TE's reason
+            if built.te is None:
+                raise
+            raise distributed.Unsupported(f"TE under {spec.parallel}: {type(exc).__name__}: {exc}") from exc
         built.forward = torch.compile(target) if spec.compile and not built.units else target
     return TrainStep(built, spec.lr, device, distributed.amax_group(ranks), checkpointed)
 
