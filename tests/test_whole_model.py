@@ -102,8 +102,7 @@ def test_a_model_without_units_is_refused_before_any_trial(values, field, says):
     with pytest.raises(SpecError) as exc:
         check_model(spec)
     assert exc.value.field == field and says in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
-    if field != "model":
-        check_model(TrialSpec(vocab=96, d_model=32, model=values["model"], parallel="ddp"))  # DDP needs no units
+    check_model(TrialSpec(vocab=96, d_model=32, model=values["model"], parallel="ddp"))  # DDP needs no units
 
 
 @pytest.mark.parametrize("values, field", [

@@ -71,7 +71,7 @@ FIELDS: list[Field] = [
     _f("compile", "bool", "The model ran torch.compile'd (torch and torchao backends); compiling is in first_step_s."),
     _f("world_size", "int", "Ranks (GPUs; CPU: processes) the trial spans; batch_size is per rank."),
     _f("parallel", "str", "How the ranks split the model: none, ddp (DistributedDataParallel) or fsdp (FSDP2, one "
-       "unit per block and the root)."),
+       "unit per decoder layer, as the model source names them, and the root)."),
     _f("fp8_all_gather", "bool", "FSDP2 all-gathers the FP8 weights (torchao tensorwise: "
        "enable_fsdp_float8_all_gather; te: FP8 primary weights from quantized_model_init, trained by FusedAdam's "
        "fp32 masters)."),

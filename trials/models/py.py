@@ -29,7 +29,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
-from . import Facts, ModelError, parse
+from . import Facts, ModelError, needs_units, parse
 from .common import Built, Logits, dtype_of, inner, largest_module_list, logits_of, param_count, to_json
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,13 @@ def build(spec: Any, precision: str, device: str) -> Built:
     if vocab is None:
         raise ModelError(f"{spec.model}: cannot tell the vocabulary; give vocab", "vocab")
     wrapped = Logits(module)
-    return Built(wrapped, vocab, _logits_layer(module, vocab), units=units(wrapped))
+    try:
+        found = units(wrapped)
+    except ModelError:
+        if needs_units(spec):
+            raise
+        found = ()  # a mistaken fsdp_units stops only the trials that need the units
+    return Built(wrapped, vocab, _logits_layer(module, vocab), units=found)
 
 
 def units(model: Any) -> tuple[str, ...]:
@@ -164,6 +170,8 @@ def check(spec: Any) -> None:
             raise
         except Exception as exc:  # noqa: BLE001
             raise ModelError(f"py:{target}: its forward pass raised {type(exc).__name__}: {exc}") from None
+    if not needs_units(spec):
+        return
     try:
         check_units(spec, module)
     except ModelError as exc:
