@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 from rich.console import Console
+from rich.text import Text
 
 DEFAULT_OUT = "./juicytalk-results"
 PROG = "juicytalk"
@@ -101,7 +102,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         console.print(f"{total} trials{' in the grid' if sweep.search else ''}: {done} have a final record, "
                       f"{total - done} would run now; results go to {Store(storage, sweep.name).root}", soft_wrap=True)
         return 0
-    from .progress import SweepProgress, summary_table
+    from .progress import SweepProgress, reasons_below, summary_table
     from .tables import print_table
 
     for asked, why in sweep.skipped:
@@ -126,6 +127,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     store = Store(storage, sweep.name)
     records = store.read_records(["cell_id", "sample", "step_ms_p50", "error", *INPUT_COLUMNS])
     print_table(console, summary_table(outcome.items, outcome.statuses, records))
+    for line in reasons_below(outcome.items, outcome.statuses, records):
+        console.print(Text(line), soft_wrap=True)  # an error's text, never markup
     console.print(f"{outcome.total} trials: {outcome.already_done} already done, {outcome.ran} run now, "
                   f"{len(outcome.failed)} failed, {len(outcome.missing)} missing"
                   + (" (interrupted)" if outcome.interrupted else "")

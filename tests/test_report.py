@@ -616,3 +616,41 @@ def test_png_export_draws_again_in_a_fresh_browser_after_kaleidos_page_race_and_
         export_pngs([("raced", raced), ("broken", _Broken())], str(tmp_path))
     assert (tmp_path / "raced.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # drawn by kaleido the second time
     assert "raced.png before its page had loaded" in caplog.text and "broken" not in caplog.text
+
+
+def test_per_layer_fp8_reads_are_stored_charted_and_a_layer_under_its_floor_is_flagged(tmp_path):
+    """Two FP8 cells' per-layer reads (trials/fp8_layers.record_fields, as a trial writes them) through the store:
+    the report draws SQNR per layer forward and backward and the outlier trend, tabulates each cell's worst, and
+    lists exactly the layer read under its floor (delayed's blocks.1.fc2 input gradient, 12 dB < 17 dB), with a
+    layer FP8 left exact (inf dB) stored and read back as such."""
+    from trials.fp8_layers import CastHealth, LayerRead, OutlierTrend, record_fields
+
+    store = Store(str(tmp_path), "numerics")
+    store.ensure()
+    modules = ["blocks.0.fc1", "blocks.0.fc2", "blocks.1.fc1", "blocks.1.fc2"]
+    health = {cls: CastHealth(0.0, 0.0) for cls in ("act", "weight", "grad")}
+    for recipe, dgrad in (("delayed", [25.0, 24.0, 23.0, 12.0]), ("current", [25.0, 24.0, 23.0, 22.0])):
+        reads = [LayerRead(m, {"fwd": 28.0 - i if i else float("inf"), "dgrad": dgrad[i], "wgrad": 24.0},
+                           {**health, "grad": CastHealth(0.001 * i, 0.0)}) for i, m in enumerate(modules)]
+        trend = OutlierTrend([0, 4, 9], {m: [3.0, 4.0 + i, 5.0 + i] for i, m in enumerate(modules)},
+                             {m: [3.0, 3.5, 4.0 + i] for i, m in enumerate(modules)})
+        rec = _rec(256, "te", "fp8", recipe, 8.0)
+        rec.update(record_fields(reads, trend), fp8_layers_s=0.5, outliers_s=0.25)
+        store.write_record(rec)
+    store.write_record(_rec(256, "te", "bf16", None, 10.0))
+    report = build_report(store.root)
+    html = open(report.html_path).read()
+    for chart in ("fp8_sqnr_forward", "fp8_sqnr_backward", "fp8_outliers"):
+        assert html.count(f'id="chart-{chart}"') == 1, chart
+    md = open(report.md_path).read()
+    table = md[md.index("## FP8 numerics per layer"):].split("\n## ")[0]
+    row = next(line for line in table.splitlines() if line.startswith("| d256-te-fp8-delayed"))
+    assert "| 12.0 | blocks.1.fc2 |" in row and "| 0.003 |" in row and "| 0.75 |" in row  # dgrad min, grad underflow, cost
+    low = md[md.index("## FP8 layers below the SQNR floor"):].split("\n## ")[0]
+    flagged = [line for line in low.splitlines() if line.startswith("| d256")]
+    assert flagged == ["| d256-te-fp8-delayed | blocks.1.fc2 | dgrad | 12.0 | 17.0 |"]
+    from orchestrator.report.numerics import layer_frame
+
+    layers = layer_frame(prepare(store.read_records().to_pandas()))
+    assert layers[(layers["module"] == "blocks.0.fc1") & (layers["direction"] == "fwd")]["sqnr_db"].tolist() == \
+        [float("inf")] * 2

@@ -95,6 +95,8 @@ FIELDS: list[Field] = [
     _f("prompt_len", "int", "Prompt tokens for the generation check (infer: the prefill length)."),
     _f("seed", "int", "Seed of weights and data."),
     _f("profile", "bool", "A few steps profiled after timing for the kernel breakdown (kernel_ms_* fields)."),
+    _f("fp8_reads", "bool", "fp8 training cells: the per-layer FP8 reads (sqnr_*, cast_*, outlier_* and fp8_layers "
+       "fields; trials/fp8_layers.py) run; false: none of them. The timed steps and losses are the same either way."),
     _f("device", "str", "Requested device: auto, cuda or cpu."),
     # -- what actually ran
     _f("effective_device", "str", "Device the trial ran on."),
@@ -238,6 +240,33 @@ FIELDS: list[Field] = [
     _f("tf_partner_reused", "bool", "train, those fp8 cells: the BF16 partner was not trained again: an earlier FP8 "
        "cell in the same trial process trained the same partner (same model, seed and schedule; delayed and current "
        "scaling share one) and its read was taken (trials/teacher_forced.Partners)."),
+    # -- per-layer FP8 numerics (trials/fp8_layers.py, docs/guide/numerics.md): fp8 training cells with fp8_reads
+    *[_f(f"sqnr_{d}_{stat}", typ, f"fp8 train: {what} of every FP8 module against the same module in BF16 on the same "
+         f"input and upstream gradient (one held batch, after the timed steps): {sdoc}.")
+      for d, what in (("fwd", "SQNR of the output"), ("dgrad", "SQNR of the input gradient"),
+                      ("wgrad", "SQNR of the weight gradient"))
+      for stat, typ, sdoc in (("min_db", "float", "the lowest over modules, dB"),
+                              ("median_db", "float", "the median over modules, dB"),
+                              ("worst", "str", "the module with the lowest"))],
+    *[_f(f"cast_{kind}_{cls}{tail}", typ, f"fp8 train: {cdoc}, cast to FP8 under the scale the recipe used: {kdoc}"
+         f"{tdoc}.")
+      for cls, cdoc in (("act", "GEMM inputs (activations)"), ("weight", "GEMM weights"),
+                        ("grad", "output gradients"))
+      for kind, kdoc in (("underflow", "the largest share, over FP8 modules, of elements flushed to zero "
+                                       "(nonzero, cast to 0)"),
+                         ("saturation", "the largest share, over FP8 modules, of elements saturated (|x * scale| "
+                                        "above the format's maximum)"))
+      for tail, typ, tdoc in (("", "float", ""), ("_worst", "str", "; the module with it"))],
+    _f("outlier_ratio_max", "float", "fp8 train: the largest max|x| / rms over the FP8 modules' inputs at the last "
+       "outlier sample (the held batch, after the last training step)."),
+    _f("outlier_ratio_worst", "str", "fp8 train: the module whose input has outlier_ratio_max."),
+    _f("outlier_kurtosis_max", "float", "fp8 train: the largest kurtosis (E[(x-mean)^4]/var^2, 3 for a Gaussian) over "
+       "the FP8 modules' inputs at the last outlier sample."),
+    _f("fp8_layers", "str", "fp8 train: JSON of every per-layer value: modules, sqnr per direction, cast shares per "
+       "operand class, outlier samples (steps, ratio and kurtosis per module), the SQNR floors; the report draws it."),
+    _f("fp8_layers_s", "float", "fp8 train: the per-layer SQNR and cast-health read, after the timed steps, s."),
+    _f("outliers_s", "float", "fp8 train: the outlier samples between training steps, s (inside train_s, never inside "
+       "the timed steps)."),
     # -- fingerprint
     _f("gpu_name", "str", "torch's device name."),
     _f("compute_capability", "str", "e.g. 9.0."),

@@ -104,6 +104,8 @@ class TrialSpec:
     activation_checkpointing: str = _on("execution", "none")  # none | full | selective (recompute units in backward)
     ac_every: int = _on("execution", 2, only="selective-ac")  # selective: every ac_every-th unit (torchtitan's 2)
     profile: bool = _on("run", True)  # a few steps under torch.profiler after timing: the kernel breakdown
+    # fp8 training cells: per-layer SQNR, cast health and outlier samples (trials/fp8_layers.py); false: none of them
+    fp8_reads: bool = _on("run", True, only="fp8")
     workload: str = _on("schedule", "train")
     train_steps: int = _on("schedule", 60)
     lr: float = _on("schedule", 3e-4)

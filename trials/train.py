@@ -121,12 +121,15 @@ class TrainResult:
     saved_bytes: int = 0  # held for backward by the first step's forward (checkpointing.SavedBytes)
 
 
-def train(step: TrainStep, data: ArithmeticSequences, steps: int, batch: int) -> TrainResult:
+def train(step: TrainStep, data: ArithmeticSequences, steps: int, batch: int,
+          after_step: Callable[[int], None] | None = None) -> TrainResult:
     """Run ``steps`` steps on fresh batches; the loss curve is read from the device once, at the end.
 
     The first step is timed apart (one sync after it): it holds the one-off compiles, and a process
     that runs many trials pays them once per shape instead of once per trial. It is also the step whose
-    saved tensors are counted (untimed by the benchmark, so the hooks disturb no step time).
+    saved tensors are counted (untimed by the benchmark, so the hooks disturb no step time). ``after_step(i)``:
+    called after step ``i`` (and after the first step's timing), for reads between steps (trials/fp8_layers.py's
+    outlier samples), which must leave training as it was.
     """
     device = data.device
     losses = torch.empty(steps, device=device, dtype=torch.float32)
@@ -143,6 +146,8 @@ def train(step: TrainStep, data: ArithmeticSequences, steps: int, batch: int) ->
             saved_bytes = saved.bytes
         else:
             losses[i] = step(x, y)
+        if after_step is not None:
+            after_step(i)
     return TrainResult(losses.tolist(), first_step_s, saved_bytes)
 
 

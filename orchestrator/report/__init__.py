@@ -22,6 +22,7 @@ from ..store import read_results
 from .analysis import (DECODE_STEP, ONE_SAMPLE, TRAIN_STEP, Pairs, against_fastest_bf16, compare_runs, crossover, pair_cells,
                        prepare, ways_that_ran)
 from .headline import headline
+from . import numerics
 from .inference import inference_pairs, split
 from .why import breakdown, gap_name
 
@@ -102,6 +103,7 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
         ("mfu", charts.mfu_chart(train)),
         ("memory", charts.memory_chart(train)),
         ("loss_curves", charts.loss_chart(train)),
+        *numerics.figures(train),  # per-layer FP8 SQNR and outliers, where cells read them
     ]
     inference = inference_pairs(infer)
     if inference is not None:
@@ -132,7 +134,7 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
         figures.append(("compare", charts.compare_chart(comparison, *side_names(str(src), compare_dir))))
 
     lines = headline(train, pairs) if not train.empty or infer.empty else []
-    sections = summary_sections(df, pairs, comparison, inference, fastest)
+    sections = summary_sections(df, pairs, comparison, inference, fastest) + numerics.sections(train)
     search = base_dir / "search.json"
     if search.is_file():  # a sweep with a search block: its answer first, its probes as a chart
         from ..crossover import Answer  # here: the search module reads the report's intervals

@@ -11,7 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from trials.atomic import write_text_atomic
-from trials.numbers import round_sig
+from trials.numbers import fmt_sig, round_sig
 
 from ..efficiency import concurrent_trials, run_efficiency
 from .analysis import (DECODE_STEP, TEACHER_FORCED, TEACHER_FORCED_NOTE, TRAIN_STEP, Pairs, Timing, crossover,
@@ -79,7 +79,7 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
             x = crossover(list(g["n_params"]), list(g["ratio"]))
             cross.append({"FP8 variant": cand, **({"series": series} if series else {}),
                           "n_layers": layers, "graphs": graphs,
-                          "crossover params (M)": round(x / 1e6, 1) if x else None,
+                          "crossover params (M)": crossover_cell(x, g),
                           "note": "FP8 faster from here on" if x else
                           ("FP8 faster at every size measured" if (g["ratio"] >= 1).all() else
                            "FP8 slower at every size measured" if (g["ratio"] < 1).all() else "no upward crossing")})
@@ -202,6 +202,22 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
                          "steps is not the spread between runs)",
                          c.drop(columns=["cell_id"])))
     return sections
+
+
+def crossover_cell(x: float | None, g: pd.DataFrame) -> float | str:
+    """The crossover size in M parameters, or where it lies when the sizes measured do not cross 1.0: at or below
+    the smallest (FP8 faster at every size), above the largest (slower at every size), or none (it crosses
+    downward only)."""
+    if x:
+        return round(x / 1e6, 1)
+    sizes = g["n_params"].dropna()
+    if sizes.empty:
+        return "none"
+    if (g["ratio"] >= 1).all():
+        return f"<= {fmt_sig(sizes.min() / 1e6)}"
+    if (g["ratio"] < 1).all():
+        return f"> {fmt_sig(sizes.max() / 1e6)}"
+    return "none"
 
 
 def why_sections(df: pd.DataFrame, pair_rows: pd.DataFrame, timing: Timing, what: str, title: str) -> list[Section]:

@@ -112,6 +112,12 @@ class Built:
     units: tuple[str, ...] = ()
 
 
+def numerics(name: str) -> ModuleType | None:
+    """Stack ``name``'s seam for the per-layer FP8 reads (trials/fp8_layers.py): ``<name>_numerics.py`` here says
+    how to find its FP8 modules, run one in BF16 and scale its operands. None for a stack without FP8."""
+    return importlib.import_module(f"{__name__}.{name}_numerics") if STACKS[name].recipes else None
+
+
 def build(spec: Any, backend: str, precision: str, device: str) -> Built:
     """Seeded model of ``spec`` on stack ``backend`` (resolved: never ``auto``)."""
     return implementation(backend).build(spec, precision, device)
