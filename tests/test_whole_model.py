@@ -90,6 +90,20 @@ def test_checkpointing_keeps_the_losses_and_holds_fewer_bytes_for_backward():
         assert 0 < saved["full"] < saved["selective"] < saved["none"], (name, saved)
 
 
+@pytest.mark.parametrize("model, names", [
+    ("hf:llama", ("model.model.layers.0", "model.model.layers.1")),  # LlamaDecoderLayer, from _no_split_modules
+    ("hf:gpt2", ("model.transformer.h.0", "model.transformer.h.1")),  # GPT2Block
+    ("py:tests.fixtures.factories:named_units", ("model.body.0", "model.body.1")),  # fsdp_units
+    ("py:examples.my_model:build", ("model.blocks.0", "model.blocks.1")),  # its largest nn.ModuleList
+    ("minigpt", ("blocks.0", "blocks.1")),
+])
+def test_each_model_source_names_one_unit_per_decoder_layer(model, names):
+    spec = TrialSpec(model=model, vocab=96, d_model=32, n_layers=2, n_heads=2, device="cpu", backend="torch",
+                     precision="fp32")
+    built = build_train_step(spec, "torch", "fp32", "cpu").built
+    assert built.units == names
+
+
 @pytest.mark.parametrize("values, field, says", [
     (dict(model="py:tests.fixtures.factories:no_units", parallel="fsdp"), "parallel",
      "parallel fsdp needs the model's units"),
