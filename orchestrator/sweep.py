@@ -386,7 +386,8 @@ def _expand(sweep: Sweep, prefixes: list[tuple], err) -> None:
             if values.get("backend") == "torchao" and values.get("precision", _DEFAULTS["precision"]) != "fp8":
                 values["backend"] = "torch"  # torchao converts Linears to FP8; without FP8 it is the twin
             cell = {**defaults_for(values), **values}
-            for name in only_fields("fp8", "te", "te-fp8", "compiles", "fp8-filter", "minigpt", "selective-ac"):  # meaningless here
+            for name in only_fields("fp8", "te", "te-fp8", "compiles", "fp8-filter", "minigpt",
+                                    "selective-ac"):  # meaningless here
                 if not applies(name, cell):
                     values.pop(name, None)
             try:
