@@ -133,6 +133,9 @@ class Built:
     # ``make_optimizer(model, lr)``, called once the model is wrapped or sharded, when the stack needs its own
     # optimizer (TE's FP8 primary weights: FusedAdam with fp32 master weights); None: AdamW
     make_optimizer: Any = None
+    # qualified names of the model's units (its decoder layers, as its source names them: trials/models), which
+    # the stack's in-place conversion keeps: FSDP2 shards each, activation checkpointing recomputes them
+    units: tuple[str, ...] = ()
 
 
 def numerics(name: str) -> ModuleType | None:

@@ -103,7 +103,7 @@ def build(spec: Any, precision: str, device: str) -> Built:
     made = models.build(spec, "bf16" if precision == "fp8" else precision, device)
     model = made.model
     if precision != "fp8":
-        return Built(model, forward=compiled(model, spec), info={"torchao_version": version()})
+        return Built(model, forward=compiled(model, spec), info={"torchao_version": version()}, units=made.units)
     keep = _Filter(made.logits_layer, spec.recipe if spec.fp8_filter == "auto" else None)
     config = Float8LinearConfig.from_recipe_name(spec.recipe)
     after_step = None
@@ -116,7 +116,7 @@ def build(spec: Any, precision: str, device: str) -> Built:
             precompute_float8_dynamic_scale_for_fsdp(model)
     convert_to_float8_training(model, config=config, module_filter_fn=keep)
     log.info("torchao %s: %d Linears in float8, kept %s", spec.recipe, len(keep.converted), keep.skipped)
-    return Built(model, forward=compiled(model, spec), info=keep.info(), after_step=after_step)
+    return Built(model, forward=compiled(model, spec), info=keep.info(), after_step=after_step, units=made.units)
 
 
 def quantize_for_serving(model: nn.Module, recipe: str, logits_layer: str | None) -> dict[str, Any]:
