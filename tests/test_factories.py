@@ -73,13 +73,13 @@ def test_a_relative_path_is_read_from_the_folder_juicytalk_ran_in(tmp_path, monk
     its launcher's folder), to the driver's, which the launcher hands it in CWD_ENV; not found, the one line says
     which folder it was read from and, in a trial, that every node of a cluster needs the file there."""
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(SpecError, match=rf"no file {tmp_path}/nanogpt/model.py \(a relative path is read from the "
+    with pytest.raises(SpecError, match=rf"no file at {tmp_path}/nanogpt/model.py \(a relative path is read from the "
                                         rf"folder juicytalk ran in, {tmp_path}\)$"):
         check_model(TrialSpec(model="py:nanogpt/model.py:build", backend="torch", **SHAPE))
     monkeypatch.setenv(CWD_ENV, str(NANOGPT.parent.parent))  # tests/fixtures, as a sweep's driver in it says
     check_model(TrialSpec(model="py:nanogpt/model.py:build_full", backend="torch", **SHAPE))
     monkeypatch.setenv(CWD_ENV, str(tmp_path))
-    with pytest.raises(SpecError, match=rf"no file {tmp_path}/nanogpt/model.py \(a relative path is read from the "
+    with pytest.raises(SpecError, match=rf"no file at {tmp_path}/nanogpt/model.py \(a relative path is read from the "
                                         rf"folder juicytalk ran in, {tmp_path}; this trial runs on .*: on a Ray "
                                         r"cluster every node that runs trials needs the file at this same absolute "
                                         r"path"):

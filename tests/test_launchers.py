@@ -109,7 +109,7 @@ def test_warm_oom_replaces_the_process_and_the_next_trial_is_clean(warm_sweep):
 
 def test_a_relative_factory_path_is_read_from_the_folder_the_sweep_ran_in(warm_sweep, monkeypatch):
     """The trial runs in its launcher's folder, not the driver's: the path is still read from the driver's (on
-    main before this, every such trial failed: "no file /tmp/juicytalk-.../nanogpt/model.py"). The record and
+    main before this, every such trial failed: "no file /tmp/juicytalk-.../nanogpt/model.py ..."). The record and
     the cell id keep the path as written."""
     run, recs = warm_sweep
     rec = recs[16]

@@ -120,7 +120,7 @@ def not_found(text: str, path: Path, what: str = "file") -> str:
     if os.environ.get(CWD_ENV):
         why.append(f"this trial runs on {socket.gethostname()}: on a Ray cluster every node that runs trials needs "
                    "the file at this same absolute path (a shared filesystem, or a copy on each node)")
-    return f"no {what} {path}" + (f" ({'; '.join(why)})" if why else "")
+    return f"no {what} at {path}" + (f" ({'; '.join(why)})" if why else "")
 
 
 class ModelError(ValueError):
