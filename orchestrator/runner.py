@@ -76,7 +76,7 @@ def work_items(sweep: Sweep) -> list[WorkItem]:
 
 def run_context(sweep: Sweep, storage: str, launcher: str | None = None) -> Context:
     launch = {"launcher": launcher or sweep.launcher, "warm_max_trials": sweep.warm_max_trials,
-              "compile_cache": sweep.compile_cache}
+              "compile_cache": sweep.compile_cache, "cwd": os.getcwd()}
     return Context(storage=storage, sweep_name=sweep.name, timeout_s=sweep.trial_timeout_s, launch=launch)
 
 

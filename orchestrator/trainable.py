@@ -19,6 +19,7 @@ import ray
 from ray import tune
 
 from trials import nvml
+from trials.models import CWD_ENV
 
 from .launchers import LaunchSettings, TrialDied, make_launcher
 from .launchers.base import trial_env
@@ -106,7 +107,7 @@ class TrialTrainable(tune.Trainable):
         store.mark_running(item.key, info)
         try:
             if int(item.spec.get("world_size", 1)) > 1:  # the ranks are Ray Train workers, not a trial process
-                env = {k: v for k, v in trial_env(self.settings).items() if k.endswith("CACHE_DIR")}
+                env = {k: v for k, v in trial_env(self.settings).items() if k.endswith("CACHE_DIR") or k == CWD_ENV}
                 train_dir = store.url("ray", "train")
                 use_gpu = bool(ctx.resources.get("gpu"))
                 # each rank the CPUs the file gives it (runner.check_resources), less the trial's sliver on CPU

@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.cli import main
 from trials import SpecError, TrialSpec, run_trial
-from trials.models import py
+from trials.models import CWD_ENV, py
 from trials.spec import check_model
 
 NANOGPT = Path(__file__).resolve().parent / "fixtures" / "nanogpt" / "model.py"
@@ -68,10 +68,19 @@ def test_the_dry_run_shows_the_factorys_print_once(fresh_process, capsys, tmp_pa
     assert out.count(PRINTED) == 1
 
 
-def test_a_relative_path_not_found_says_where_it_was_looked_for(tmp_path, monkeypatch):
-    """A sweep's trials run in a folder of their own, where a relative factory path does not lead: the one line
-    says which folder it was read from and to give the absolute path."""
+def test_a_relative_path_is_read_from_the_folder_juicytalk_ran_in(tmp_path, monkeypatch):
+    """Relative to the working directory (``juicytalk trial``, the driver's check), else, in a sweep's trial (run in
+    its launcher's folder), to the driver's, which the launcher hands it in CWD_ENV; not found, the one line says
+    which folder it was read from and, in a trial, that every node of a cluster needs the file there."""
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(SpecError, match=rf"no file {tmp_path}/nanogpt/model.py \(a relative path is read from the "
-                                        rf"working directory, {tmp_path}: give the absolute path\)"):
+    with pytest.raises(SpecError, match=rf"no file at {tmp_path}/nanogpt/model.py \(a relative path is read from the "
+                                        rf"folder juicytalk ran in, {tmp_path}\)$"):
+        check_model(TrialSpec(model="py:nanogpt/model.py:build", backend="torch", **SHAPE))
+    monkeypatch.setenv(CWD_ENV, str(NANOGPT.parent.parent))  # tests/fixtures, as a sweep's driver in it says
+    check_model(TrialSpec(model="py:nanogpt/model.py:build_full", backend="torch", **SHAPE))
+    monkeypatch.setenv(CWD_ENV, str(tmp_path))
+    with pytest.raises(SpecError, match=rf"no file at {tmp_path}/nanogpt/model.py \(a relative path is read from the "
+                                        rf"folder juicytalk ran in, {tmp_path}; this trial runs on .*: on a Ray "
+                                        r"cluster every node that runs trials needs the file at this same absolute "
+                                        r"path"):
         check_model(TrialSpec(model="py:nanogpt/model.py:build", backend="torch", **SHAPE))

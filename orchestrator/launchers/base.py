@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from trials.models import CWD_ENV
 from trials.server import alive
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,9 @@ class LaunchSettings:
     warm_max_trials: int
     compile_cache: str | None = None
     servers: str | None = None  # where the driver's prestarted trial servers wait to be adopted (.prestart)
+    # the driver's working directory: a relative file path in a trial's ``model`` is read from it, as the user
+    # wrote it, not from the launcher's folder the trial runs in (trials.models.CWD_ENV)
+    cwd: str | None = None
 
 
 def compile_cache_dir(configured: str | None) -> str:
@@ -70,6 +74,8 @@ def trial_env(settings: LaunchSettings) -> dict[str, str]:
     env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache, "inductor")
     env["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    if settings.cwd:
+        env[CWD_ENV] = settings.cwd
     return env
 
 

@@ -35,7 +35,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -100,6 +103,36 @@ SOURCES: dict[str, Source] = {s.name: s for s in (
                  "child of its largest nn.ModuleList"),
 )}
 DEFAULT_MODEL = "minigpt"
+# The folder a relative file path in ``model`` (``py:examples/my_model.py:build``, ``hf:configs/tiny.json``) is
+# read from: the user wrote it as for ``python file.py``, relative to where they ran juicytalk. A sweep's trials
+# run in a folder of their launcher's, so the driver hands them its working directory in this variable
+# (orchestrator/launchers/base.py: trial_env); unset (``juicytalk trial``, the driver's own checks and dry run),
+# the process's working directory is that folder. The ``model`` value, the cell id and the record keep the
+# path as written.
+CWD_ENV = "JUICYTALK_CWD"
+
+
+def run_folder() -> str:
+    """The folder juicytalk was run in: :data:`CWD_ENV` in a sweep's trial, else this process's working directory."""
+    return os.environ.get(CWD_ENV) or os.getcwd()
+
+
+def user_path(text: str) -> Path:
+    """A file or folder path from ``model`` as an absolute path: ``~`` expanded, a relative one joined to
+    :func:`run_folder`."""
+    path = Path(text).expanduser()
+    return path if path.is_absolute() else Path(run_folder(), path)
+
+
+def not_found(text: str, path: Path, what: str = "file") -> str:
+    """One line: no ``what`` at ``path`` (``text`` through :func:`user_path`), which folder a relative path was
+    read from, and, in a sweep's trial, that a trial on another node of a Ray cluster opens the same path there."""
+    why = [] if Path(text).expanduser().is_absolute() else [
+        f"a relative path is read from the folder juicytalk ran in, {run_folder()}"]
+    if os.environ.get(CWD_ENV):
+        why.append(f"this trial runs on {socket.gethostname()}: on a Ray cluster every node that runs trials needs "
+                   "the file at this same absolute path (a shared filesystem, or a copy on each node)")
+    return f"no {what} at {path}" + (f" ({'; '.join(why)})" if why else "")
 
 
 class ModelError(ValueError):

@@ -17,10 +17,9 @@ import difflib
 import functools
 import json
 import logging
-from pathlib import Path
 from typing import Any
 
-from . import Facts, ModelError, parse
+from . import Facts, ModelError, not_found, parse, user_path
 from .common import Built, Logits, dtype_of, inner, largest_module_list, param_count, to_json
 
 log = logging.getLogger(__name__)
@@ -54,7 +53,7 @@ def _causal_types() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def _is_path(target: str) -> bool:
-    return "/" in target or "\\" in target or target.endswith(".json") or Path(target).exists()
+    return "/" in target or "\\" in target or target.endswith(".json") or user_path(target).exists()
 
 
 @functools.lru_cache(maxsize=64)
@@ -62,10 +61,11 @@ def _base(target: str) -> tuple[str, tuple[tuple[str, Any], ...]]:
     """(model type, the config file's values) for ``hf:<target>``; ModelError for what cannot be built."""
     values: dict[str, Any] = {}
     if _is_path(target):
-        path = Path(target).expanduser()
+        path = user_path(target)  # relative: to the folder juicytalk ran in, the sweep's trials too
         file = path / "config.json" if path.is_dir() else path
         if not file.is_file():
-            raise ModelError(f"hf:{target}: no config file at {file} (give a config.json or a folder holding one)")
+            raise ModelError(f"hf:{target}: {not_found(target, file, 'config file')} (give a config.json or a "
+                             "folder holding one)")
         try:
             values = json.loads(file.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as exc:

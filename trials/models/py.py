@@ -1,7 +1,8 @@
 """Your own module: ``py:<module>:<callable>``, a factory called with the trial's spec.
 
 The module is a dotted name importable from where the trial runs (``py:examples.my_model:build``) or a
-``.py`` file path (``py:examples/my_model.py:build``), run with its folder first on ``sys.path`` as
+``.py`` file path (``py:examples/my_model.py:build``; a relative one from the folder juicytalk ran in, in a
+sweep's trials too: :func:`trials.models.user_path`), run with its folder first on ``sys.path`` as
 ``python file.py`` has it, so that its sibling imports work. The factory gets the :class:`TrialSpec` (its shape
 fields as given, None where not) and returns an ``nn.Module`` mapping token ids (batch, seq) to logits
 (batch, seq, vocab), to a tuple whose first item they are (nanoGPT's ``(logits, loss)``), or to an object with
@@ -36,7 +37,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from . import Facts, ModelError, needs_units, parse
+from . import Facts, ModelError, needs_units, not_found, parse, user_path
 from .common import Built, Logits, dtype_of, inner, largest_module_list, logits_of, param_count, to_json
 
 log = logging.getLogger(__name__)
@@ -50,10 +51,9 @@ def factory(target: str) -> Callable[[Any], Any]:
     module_name, _, attr = target.rpartition(":")
     try:
         if module_name.endswith(".py") or "/" in module_name:
-            path = Path(module_name).expanduser()
-            if not path.is_absolute() and not path.resolve().is_file():  # a sweep's trials run in a folder of their own
-                raise FileNotFoundError(f"no file {path.resolve()} (a relative path is read from the working "
-                                        f"directory, {Path.cwd()}: give the absolute path)")
+            path = user_path(module_name)  # relative: to the folder juicytalk ran in, the sweep's trials too
+            if not path.is_file():
+                raise FileNotFoundError(not_found(module_name, path))
             module = _load_file(path.resolve())
         else:
             module = importlib.import_module(module_name)
