@@ -115,11 +115,12 @@ def gemm_flop_counter(tally: Tally | None = None) -> Any:
         return 0
 
     mapping: dict[Any, Any] = {op: none for op in flop_registry if any(a in str(op) for a in ATTENTION_OPS)}
+    grouped = {getattr(torch.ops.aten, n): _grouped_mm_flops
+               for n in ("_grouped_mm", "_scaled_grouped_mm") if hasattr(torch.ops.aten, n)}
     formulas = {op: f for op, f in flop_registry.items() if op not in mapping}
-    formulas.update({getattr(torch.ops.aten, n): shape_wrapper(_grouped_mm_flops)
-                     for n in ("_grouped_mm", "_scaled_grouped_mm") if hasattr(torch.ops.aten, n)})
+    formulas.update({op: shape_wrapper(f) for op, f in grouped.items()})
     if tally is None:
-        mapping.update({op: formulas[op] for op in formulas if "grouped_mm" in str(op)})
+        mapping.update(grouped)  # FlopCounterMode hands them shapes
     else:
         for op, formula in formulas.items():
             def raw(*args: Any, _formula: Any = formula, **kwargs: Any) -> int:

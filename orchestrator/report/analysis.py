@@ -290,6 +290,7 @@ def _pair_row(kind: str, shape: tuple, base: CellStats, other: CellStats, resamp
     # the candidate's variant settings (what a knob comparison groups by) and its final loss against the
     # reference's: the ratio of medians over samples, with an interval where both have two or more
     row.update({k: _get(other.record, k) for k in KNOBS})
+    row["fp8_flop_share"] = _get(other.record, "fp8_flop_share")  # how much of the candidate ran in FP8 GEMMs
     if base.losses and other.losses:
         loss_lo, loss_hi = bootstrap_ratio(other.losses, base.losses, resamples, rng)
         row.update(reference_loss=_median(base.losses), candidate_loss=_median(other.losses),

@@ -72,7 +72,8 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
         return
     if recipe is not None and spec.recipe == "delayed":
         record["fp8_state"] = fp8_state(model)
-    held, fp8_log_probs = fp8_read(spec, res, step, vocab)  # as trained, before the benchmark trains it on
+    # as trained, before the benchmark trains it on; a cell that ran no FP8 has no FP8 numerics to compare
+    held, fp8_log_probs = fp8_read(spec, res, step, vocab) if record["effective_precision"] == "fp8" else (None, None)
 
     t_bench = time.perf_counter()
     batches = [data.batch(spec.batch_size) for _ in range(BENCH_BATCHES)]
