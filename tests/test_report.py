@@ -638,7 +638,10 @@ def test_an_fp8_cell_that_ran_no_fp8_is_never_paired_as_fp8():
         bf16 = _rec(d, "torch", "bf16", None, 10.0)
         bf16.update(kernels, fp8_flop_share=0.0)
         recs += [fp8, bf16]
+    recs.append(_rec(256, "torchao", "bf16", None, 20.0))  # a BF16 cell of that stack: a cell of its own
     df = prepare(pd.DataFrame(recs))
+    assert sorted(df.loc[df["d_model"] == 256, "variant"]) == ["torch-bf16", "torchao-bf16",
+                                                               "torchao-bf16-asked-fp8-tensorwise"]
     pairs = pair_cells(df)
     speedups = pairs.rows[pairs.rows["kind"] == "fp8_speedup"]
     assert list(speedups["d_model"]) == [512]  # the 256 cell is paired as nothing FP8

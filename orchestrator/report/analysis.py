@@ -55,7 +55,10 @@ def variant_of(row: Any) -> str:
     values = {name: _get(row, name) for name in axis_fields("variant")}
     values.update(backend=backend, precision=precision, recipe=_get(row, "effective_recipe") or _get(row, "recipe"),
                   model=_get(row, "model"))  # whose te_layer default applies
-    return variant_name(values)
+    name = variant_name(values)
+    if _get(row, "precision") == "fp8" and precision not in ("fp8", None):  # asked FP8, ran none (trials.metrics.fp8_ran)
+        name += f"-asked-fp8-{_get(row, 'recipe')}"  # its own cell: never merged with a BF16 cell nor another recipe
+    return name
 
 
 # What variant_of, backend_of and execution_label read: rows are turned into dicts of these columns only
