@@ -124,7 +124,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from .efficiency import INPUT_COLUMNS, describe, run_efficiency
 
     store = Store(storage, sweep.name)
-    records = store.read_records(["cell_id", "sample", "step_ms_p50", "error", *INPUT_COLUMNS])
+    records = store.read_records(["cell_id", "sample", "step_ms_p50", "error", "precision", "effective_precision",
+                                  "fp8_flop_share", *INPUT_COLUMNS])
     print_table(console, summary_table(outcome.items, outcome.statuses, records))
     console.print(f"{outcome.total} trials: {outcome.already_done} already done, {outcome.ran} run now, "
                   f"{len(outcome.failed)} failed, {len(outcome.missing)} missing"

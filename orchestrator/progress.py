@@ -88,14 +88,19 @@ def summary_table(items: list[WorkItem], statuses: dict[str, str], records: Any 
     """One row per trial: label, sample, status, p50 step time (an inference trial's: its decode step, per
     token, marked /tok) and, for a trial that is not ok, why (from the records: an unsupported cell's reason,
     an OOM, an exception)."""
-    p50, why = {}, {}
+    p50, why, note = {}, {}, {}
     if records is not None and records.num_rows:
-        names = ("cell_id", "sample", "step_ms_p50", "decode_ms_per_token_p50", "error")
+        names = ("cell_id", "sample", "step_ms_p50", "decode_ms_per_token_p50", "error", "precision",
+                 "effective_precision", "fp8_flop_share")
         columns = (records.column(n).to_pylist() if n in records.column_names else [None] * records.num_rows
                    for n in names)
-        for cid, s, step, decode, error in zip(*columns):
+        for cid, s, step, decode, error, asked, ran, share in zip(*columns):
             p50[f"{cid}-s{s}"] = f"{step:.2f}" if step is not None else f"{decode:.2f}/tok" if decode is not None else None
             why[f"{cid}-s{s}"] = str(error).splitlines()[0][:WHY_CHARS] if error else ""
+            if asked == "fp8" and ran not in ("fp8", None):  # ok, but no FP8 worth the name ran (trials.metrics.fp8_ran)
+                note[f"{cid}-s{s}"] = (f"ran {ran}, not an FP8 result: "
+                                       + (f"{share:.0%} of its FLOPs in FP8" if share is not None else "no FP8")
+                                       + " (fp8_skipped_why)")
     table = Table(title="sweep summary")
     table.add_column("cell", no_wrap=True)  # labels stay whole in 80 columns; "why" folds instead
     for col in ("sample", "status", "p50 ms", "key"):
@@ -106,5 +111,5 @@ def summary_table(items: list[WorkItem], statuses: dict[str, str], records: Any 
         value = p50.get(it.key)
         table.add_row(it.label, str(it.sample), Text(status, style=_STYLE.get(status, "")),
                       value or "-", it.key,
-                      Text("" if status == "ok" else why.get(it.key, "")))  # an error's text, never markup
+                      Text(note.get(it.key, "") if status == "ok" else why.get(it.key, "")))  # text, never markup
     return table
