@@ -84,7 +84,7 @@ def headline(df: pd.DataFrame, pairs: Pairs) -> list[str]:
     kinds = pairs.rows["kind"] if not pairs.rows.empty else pd.Series(dtype=str)
     rows = pairs.rows[kinds == "fp8_speedup"] if not pairs.rows.empty else pairs.rows
     if fp8.empty:
-        lines.append("This run has no FP8 cells.")
+        lines.append("No cell ran in FP8." if lines else "This run has no FP8 cells.")  # lines: not_fp8's
     elif rows.empty:
         unsupported = fp8[fp8["status"] == "unsupported"]
         if len(unsupported) == len(fp8):
