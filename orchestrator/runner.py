@@ -402,7 +402,7 @@ def fit(ray: Any, sweep: Sweep, store: Store, context: Context, resources: dict[
         ),
         run_config=tune.RunConfig(
             name=f"{sweep.name}-{time.strftime('%Y%m%dT%H%M%S')}",
-            storage_path=store.path("ray") if store.local else f"{store.storage.rstrip('/')}/{sweep.name}/ray",
+            storage_path=store.url("ray"),  # an object store's URI with its query (endpoint_override=...) kept
             failure_config=tune.FailureConfig(max_failures=MAX_FAILURES),
             stop=_stop_when_storage_is_full(),
             # the store holds every result; a one-step trial has nothing to resume from
@@ -423,6 +423,9 @@ def fit(ray: Any, sweep: Sweep, store: Store, context: Context, resources: dict[
 def prepare_store(sweep: Sweep, storage: str, restart: bool) -> Store:
     """Open the sweep's directory; ``restart`` moves an existing one aside (nothing is deleted)."""
     store = Store(storage, sweep.name)
+    if restart and not store.local and store.exists():  # a prefix cannot be renamed: it would be copied whole
+        raise SweepInputError(f"--restart: {store.url()} is on object storage, where results are not moved aside; "
+                              "give the sweep a new --out prefix instead")
     if restart and store.local and Path(store.root).exists():
         aside = f"{store.root}-{time.strftime('%Y%m%dT%H%M%S')}"
         os.replace(store.root, aside)

@@ -4,6 +4,7 @@ on CPU at one tiny shape; the override mapping, converted and skipped modules, c
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -57,6 +58,11 @@ def test_a_transformers_model_trains_on_each_stack_and_says_what_it_is(model, ba
         assert 0 < rec["tf_top1_agreement"] <= 1 and rec["tf_kl_mean"] > 0 and rec["tf_s"] > 0
         assert 1 / 96 < rec["tf_bf16_top1_prob"] < 1 and 0 <= rec["tf_decided_share"] <= 1
         assert (rec["tf_top1_agreement_decided"] is None) == (rec["tf_decided_share"] == 0)
+        # the per-layer FP8 reads (trials/fp8_layers.py) read every converted Linear, the down projections too
+        layers = json.loads(rec["fp8_layers"])
+        assert layers["modules"] == json.loads(rec["fp8_converted_names"])
+        assert all(math.isfinite(v) for d in ("fwd", "dgrad", "wgrad") for v in layers["sqnr"][d])
+        assert "model.model.layers.1.mlp.down_proj" in layers["outliers"]["ratio"]
     else:
         assert rec["tf_top1_agreement"] is None
 

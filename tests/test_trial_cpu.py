@@ -1,5 +1,6 @@
 """Real trials on CPU through the pure-PyTorch path: records, learning, failures as data, CLI."""
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -49,6 +50,7 @@ def test_tiny_trial_record(precision):
     assert len(rec["loss_curve"]) == 6 and len(rec["step_times_ms"]) == 8 and len(rec["repeat_medians_ms"]) == 2
     assert 0 < rec["step_ms_min"] <= rec["step_ms_p50"] <= rec["step_ms_p90"] <= rec["step_ms_p99"]
     assert rec["tokens_per_step"] == 128 and rec["tokens_per_s"] > 0
+    assert rec["est_peak_mem_bytes"] > rec["est_activation_bytes"] > 0  # the memory plan, beside the measured peak
     assert rec["mfu_bf16_peak"] is None and rec["launch_bound"] is None  # no peak, no launch queue on CPU
     assert rec["gen_tokens"] and len(rec["gen_tokens"]) == 8 + 4
     assert rec["torch_version"] and rec["started_at"] < rec["finished_at"]
@@ -273,6 +275,15 @@ def test_torchao_float8_trial_converts_the_block_linears_and_keeps_the_head():
                                                                                              "tensorwise")
     assert rec["fp8_converted_modules"] == 4 and json.loads(rec["fp8_skipped_modules"]) == ["head"]  # qkv proj fc1 fc2
     assert rec["torchao_version"] and all(math.isfinite(v) for v in rec["loss_curve"])
+    # the per-layer FP8 reads ran (trials/fp8_layers.py), after the timed steps and between training steps...
+    assert math.isfinite(rec["sqnr_fwd_min_db"]) and rec["fp8_layers_s"] > 0 and rec["outliers_s"] > 0
+    assert json.loads(rec["fp8_layers"])["outliers"]["steps"] == [0, 1, 2]  # every ceil(3 / 8) = 1 steps
+    # ...and a cell without them trained and timed the same steps to the same losses, bit for bit
+    unread = run_trial(dataclasses.replace(spec, fp8_reads=False))
+    assert unread["status"] == "ok" and unread["fp8_layers"] is None and unread["fp8_layers_s"] is None
+    assert unread["loss_curve"] == rec["loss_curve"] and unread["bench_loss_final"] == rec["bench_loss_final"]
+    assert len(unread["step_times_ms"]) == len(rec["step_times_ms"]) and unread["gen_tokens"] == rec["gen_tokens"]
+    assert {n: unread[n] for n in tf_compared()} == {n: rec[n] for n in tf_compared()}
 
 
 def test_a_trial_server_trains_the_bf16_partner_its_fp8_cells_share_once(tmp_path):
@@ -298,6 +309,7 @@ def test_a_trial_server_trains_the_bf16_partner_its_fp8_cells_share_once(tmp_pat
     alone = run_trial(specs[1])  # no process before it: trains its partner
     assert alone["tf_partner_reused"] is False and alone["tf_kl_mean"] is not None
     assert {n: recs[1][n] for n in tf_compared()} == {n: alone[n] for n in tf_compared()}
+    assert recs[1]["fp8_layers"] == alone["fp8_layers"] and recs[1]["sqnr_wgrad_min_db"] is not None  # rowwise reads
 
 
 def test_torchao_serving_is_refused_in_one_line_where_it_cannot_run_and_unsupported_on_cpu():

@@ -132,6 +132,12 @@ def summary(record: dict[str, Any]) -> str:
            f"weights {_bytes(r['weight_bytes'])}  kv {_bytes(r['kv_cache_bytes'])}  "
            f"FP8 vs BF16 teacher-forced top-1 {_fmt(r['tf_top1_agreement'])} KL {_fmt(r['tf_kl_mean'])}  "
            f"(greedy tokens {_fmt(r['gen_match_rate'])})"] if r.get("workload") == "infer" else []),
+        *([f"fp8 layers    SQNR min fwd {_fmt(r['sqnr_fwd_min_db'], ' dB')} ({r['sqnr_fwd_worst']})  "
+           f"dgrad {_fmt(r['sqnr_dgrad_min_db'], ' dB')} ({r['sqnr_dgrad_worst']})  "
+           f"wgrad {_fmt(r['sqnr_wgrad_min_db'], ' dB')} ({r['sqnr_wgrad_worst']})  "
+           f"max abs/rms {_fmt(r['outlier_ratio_max'])} ({r['outlier_ratio_worst']})  "
+           f"reads {_fmt(r['fp8_layers_s'], ' s')} + {_fmt(r['outliers_s'], ' s')}"]
+          if r.get("fp8_layers") is not None else []),
         f"device        {r['gpu_name'] or 'cpu'}" + (f" cc={r['compute_capability']}" if r["compute_capability"] else "")
         + f" torch={r['torch_version']}" + (f" te={r['te_version']}" if r["te_version"] else ""),
         f"time          {_fmt(r['duration_s'], ' s')} (setup {_fmt(r['setup_s'], ' s')}, train {_fmt(r['train_s'], ' s')}, "

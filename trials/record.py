@@ -86,6 +86,8 @@ FIELDS: list[Field] = [
     _f("prompt_len", "int", "Prompt tokens for the generation check (infer: the prefill length)."),
     _f("seed", "int", "Seed of weights and data."),
     _f("profile", "bool", "A few steps profiled after timing for the kernel breakdown (kernel_ms_* fields)."),
+    _f("fp8_reads", "bool", "fp8 training cells: the per-layer FP8 reads (sqnr_*, cast_*, outlier_* and fp8_layers "
+       "fields; trials/fp8_layers.py) run; false: none of them. The timed steps and losses are the same either way."),
     _f("device", "str", "Requested device: auto, cuda or cpu."),
     # -- what actually ran
     _f("effective_device", "str", "Device the trial ran on."),
@@ -156,6 +158,18 @@ FIELDS: list[Field] = [
     _f("mfu_precision_peak", "float", "model_tflops / (peak_tflops_precision * world_size)."),
     _f("host_ms_per_step", "float", "Host time to issue one step from an idle GPU, ms (null on CPU)."),
     _f("launch_bound", "bool", "GPU waits on the host: host_ms_per_step >= 0.8 * step_ms_p50 (null on CPU)."),
+    # -- what else ran while the steps were timed (trials/disturbance.py): null where /proc or NVML cannot tell
+    _f("timing_wait_share", "float", "Over the timed steps: the share of the time the trial process's threads "
+       "wanted a CPU that they waited for one on a run queue (Linux schedstat; 0: never waited)."),
+    _f("timing_foreign_cpu_share", "float", "Over the timed steps: other processes' CPU time as a share of the "
+       "host's core-seconds (/proc/stat's busy time less the trial process tree's; null under 0.2 core-seconds, where "
+       "10 ms jiffies are too coarse)."),
+    _f("timing_load_1m", "float", "The host's 1-minute load average at the end of the timed steps."),
+    _f("timing_foreign_gpu_processes", "str", "GPU trials: JSON list of the other compute processes (pid, "
+       "used_bytes) NVML saw on the trial's GPU at the start or end of the timed steps ([]: none)."),
+    _f("timing_disturbed", "bool", "Something else took the trial's CPU or GPU while its steps were timed: its "
+       "threads waited for a CPU >= 20% of the time (timing_wait_share), or another compute process shared its GPU."),
+    _f("timing_disturbed_why", "str", "What disturbed the timed steps, in words (null: nothing seen)."),
     # -- energy, power and clocks (trials/energy.py): a window of its own right after timing
     _f("energy_window_s", "float", "Length of the energy window: the timed step (infer: a whole generation) repeated "
        "for at least 1 s, edges on ticks of NVML's energy counter, s."),
@@ -214,6 +228,11 @@ FIELDS: list[Field] = [
        "what an earlier trial in the same process left)."),
     _f("peak_rss_bytes", "int", "Peak resident host memory of the trial process during the trial (Linux VmHWM, "
        "reset at trial start; null where it cannot be reset)."),
+    _f("est_peak_mem_bytes", "int", "train: the memory plan's peak for one rank (trials/memory_plan.py: weights, grads, "
+       "optimizer state, activations under the cell's checkpointing, logits and loss, FSDP2 sharding), from the module "
+       "run once under fake tensors; beside peak_mem_allocated_bytes (the report shows their ratio)."),
+    _f("est_activation_bytes", "int", "train: the memory plan's activations: bytes saved for backward at the cell's "
+       "batch and seq (null where the module cannot run under fake tensors and the plan is a guess)."),
     # -- numerics
     _f("fp8_state", "str", "JSON: scale, newest and max amax of block 0's FP8 tensors (delayed scaling; a model TE "
        "converted: of its first four modules TE scales)."),
@@ -238,6 +257,33 @@ FIELDS: list[Field] = [
     _f("tf_partner_reused", "bool", "train, those fp8 cells: the BF16 partner was not trained again: an earlier FP8 "
        "cell in the same trial process trained the same partner (same model, seed and schedule; delayed and current "
        "scaling share one) and its read was taken (trials/teacher_forced.Partners)."),
+    # -- per-layer FP8 numerics (trials/fp8_layers.py, docs/guide/numerics.md): fp8 training cells with fp8_reads
+    *[_f(f"sqnr_{d}_{stat}", typ, f"fp8 train: {what} of every FP8 module against the same module in BF16 on the same "
+         f"input and upstream gradient (one held batch, after the timed steps): {sdoc}.")
+      for d, what in (("fwd", "SQNR of the output"), ("dgrad", "SQNR of the input gradient"),
+                      ("wgrad", "SQNR of the weight gradient"))
+      for stat, typ, sdoc in (("min_db", "float", "the lowest over modules, dB"),
+                              ("median_db", "float", "the median over modules, dB"),
+                              ("worst", "str", "the module with the lowest"))],
+    *[_f(f"cast_{kind}_{cls}{tail}", typ, f"fp8 train: {cdoc}, cast to FP8 under the scale the recipe used: {kdoc}"
+         f"{tdoc}.")
+      for cls, cdoc in (("act", "GEMM inputs (activations)"), ("weight", "GEMM weights"),
+                        ("grad", "output gradients"))
+      for kind, kdoc in (("underflow", "the largest share, over FP8 modules, of elements flushed to zero "
+                                       "(nonzero, cast to 0)"),
+                         ("saturation", "the largest share, over FP8 modules, of elements saturated (|x * scale| "
+                                        "above the format's maximum)"))
+      for tail, typ, tdoc in (("", "float", ""), ("_worst", "str", "; the module with it"))],
+    _f("outlier_ratio_max", "float", "fp8 train: the largest max|x| / rms over the FP8 modules' inputs at the last "
+       "outlier sample (the held batch, after the last training step)."),
+    _f("outlier_ratio_worst", "str", "fp8 train: the module whose input has outlier_ratio_max."),
+    _f("outlier_kurtosis_max", "float", "fp8 train: the largest kurtosis (E[(x-mean)^4]/var^2, 3 for a Gaussian) over "
+       "the FP8 modules' inputs at the last outlier sample."),
+    _f("fp8_layers", "str", "fp8 train: JSON of every per-layer value: modules, sqnr per direction, cast shares per "
+       "operand class, outlier samples (steps, ratio and kurtosis per module), the SQNR floors; the report draws it."),
+    _f("fp8_layers_s", "float", "fp8 train: the per-layer SQNR and cast-health read, after the timed steps, s."),
+    _f("outliers_s", "float", "fp8 train: the outlier samples between training steps, s (inside train_s, never inside "
+       "the timed steps)."),
     # -- fingerprint
     _f("gpu_name", "str", "torch's device name."),
     _f("compute_capability", "str", "e.g. 9.0."),

@@ -98,6 +98,8 @@ class TrialSpec:
     parallel: str = _on("execution", "none")  # none | ddp | fsdp (FSDP2: one unit per block, then the root)
     fp8_all_gather: bool = _on("variant", False, "fp8-all-gather", only="fp8")  # FSDP2 all-gathers FP8 weights
     profile: bool = _on("run", True)  # a few steps under torch.profiler after timing: the kernel breakdown
+    # fp8 training cells: per-layer SQNR, cast health and outlier samples (trials/fp8_layers.py); false: none of them
+    fp8_reads: bool = _on("run", True, only="fp8")
     workload: str = _on("schedule", "train")
     train_steps: int = _on("schedule", 60)
     lr: float = _on("schedule", 3e-4)

@@ -107,11 +107,14 @@ class TrainResult:
     first_step_s: float  # the first step alone, synced: where TE's fusers and cuDNN plans compile
 
 
-def train(step: TrainStep, data: ArithmeticSequences, steps: int, batch: int) -> TrainResult:
+def train(step: TrainStep, data: ArithmeticSequences, steps: int, batch: int,
+          after_step: Callable[[int], None] | None = None) -> TrainResult:
     """Run ``steps`` steps on fresh batches; the loss curve is read from the device once, at the end.
 
     The first step is timed apart (one sync after it): it holds the one-off compiles, and a process
-    that runs many trials pays them once per shape instead of once per trial.
+    that runs many trials pays them once per shape instead of once per trial. ``after_step(i)``: called
+    after step ``i`` (and after the first step's timing), for reads between steps (trials/fp8_layers.py's
+    outlier samples), which must leave training as it was.
     """
     device = data.device
     losses = torch.empty(steps, device=device, dtype=torch.float32)
@@ -125,6 +128,8 @@ def train(step: TrainStep, data: ArithmeticSequences, steps: int, batch: int) ->
             first_step_s = time.perf_counter() - t0
         else:
             losses[i] = step(x, y)
+        if after_step is not None:
+            after_step(i)
     return TrainResult(losses.tolist(), first_step_s)
 
 

@@ -7,11 +7,13 @@ what the cells that did run compare instead. The sweep prints the same lines aft
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from trials.numbers import fmt_sig
 
-from .analysis import Pairs, known, launch_bound_note
+from .analysis import (BOOTSTRAP_SEED, EXECUTION_KEYS, SHAPE_KEYS, CellStats, Pairs, bootstrap_ratio, cell_table,
+                       execution_label, known, launch_bound_note)
 
 
 def _reasons(frame: pd.DataFrame) -> list[str]:
@@ -72,6 +74,44 @@ def not_fp8(df: pd.DataFrame) -> list[str]:
     return lines
 
 
+def fastest_per_model(df: pd.DataFrame) -> list[str]:
+    """With several models in the run: one sentence per model, which of its cells (variant and execution mode)
+    ran the step fastest at each of its sizes, and by how much it beat the next one (ratio of medians, 95%
+    interval over samples, else over steps). Only cells of one model and one size (every shape field) are ranked."""
+    ok = df[df["status"] == "ok"]
+    if "model" not in ok or ok["model"].nunique() < 2:
+        return []
+    size_at = [i for i, k in enumerate(SHAPE_KEYS) if k not in EXECUTION_KEYS]
+    sizes: dict[str, dict[tuple, list[tuple[tuple, CellStats]]]] = {}
+    for shape, variants in cell_table(ok).items():
+        where = dict(zip(SHAPE_KEYS, shape))
+        size = tuple(None if shape[i] != shape[i] else shape[i] for i in size_at)  # NaN never equals NaN
+        for cell in variants.values():
+            if cell.median_ms:
+                sizes.setdefault(where["model"], {}).setdefault(size, []).append((shape, cell))
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    lines = []
+    for model, by_size in sorted(sizes.items()):
+        parts = []
+        for cells in by_size.values():
+            ranked = sorted(cells, key=lambda sc: sc[1].median_ms)
+            best, where = ranked[0][1], dict(zip(SHAPE_KEYS, ranked[0][0]))
+            part = (f"{best.variant} {execution_label(where)} at "
+                    f"{_where(pd.Series({**where, 'n_params': best.n_params}))}, {fmt_sig(best.median_ms)} ms per step")
+            if len(ranked) > 1:
+                next_shape, runner = ranked[1]
+                both = len(best.samples) >= 2 and len(runner.samples) >= 2
+                lo, hi = bootstrap_ratio(*((runner.samples, best.samples) if both else (runner.steps, best.steps)),
+                                         1000, rng)
+                verdict = "beyond noise" if lo > 1 else "within noise"
+                part += (f", {fmt_sig(runner.median_ms / best.median_ms)}x [{fmt_sig(lo)}, {fmt_sig(hi)}] faster than "
+                         f"the next of its {len(ranked)} cells, {runner.variant} "
+                         f"{execution_label(dict(zip(SHAPE_KEYS, next_shape)))} ({verdict})")
+            parts.append(part)
+        lines.append(f"Fastest cell of {model}: " + "; ".join(parts) + ".")
+    return lines
+
+
 def headline(df: pd.DataFrame, pairs: Pairs) -> list[str]:
     """Sentences for the top of the report (training records; inference has its own section)."""
     if df.empty:
@@ -101,4 +141,4 @@ def headline(df: pd.DataFrame, pairs: Pairs) -> list[str]:
         lines += best_of_each(pairs.rows[kinds == "bf16_speedup"] if not pairs.rows.empty else pairs.rows, "FP32")
     if not ran:
         lines.append("No cell finished ok.")
-    return lines
+    return lines + fastest_per_model(df)

@@ -45,6 +45,10 @@ class Stack:
     # its FP8 modules keep scaling state a forward pass updates (TE's amax histories): the teacher-forced read of
     # such a model restores it (trials/workloads/training.fp8_read)
     fp8_state: bool = False
+    # bytes per GEMM weight its FP8 cells keep in FP8 beside the high-precision weight, from one step to the next
+    # (the memory plan, trials/memory_plan.py): TE caches each weight's FP8 cast and its transpose; torchao casts
+    # its weights afresh in every step
+    fp8_weight_cache_bytes: int = 0
 
     def graphs_apply(self, workload: str) -> bool:
         """``cuda_graphs: true`` is a way to run this stack's ``workload`` (every stack graphs its decode)."""
@@ -60,7 +64,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           compiles=False, needs_cuda=True, infer=True, graphs=True, fp8_state=True,
           # FP8 primary weights (quantized_model_init): TE's Float8Tensor and Float8BlockwiseTensor implement
           # FSDP2's fsdp_pre/post_all_gather, so the all-gather moves their FP8 data and scales.
-          fp8_all_gather=("delayed", "current", "block"), fp8_all_gather_masters=True),
+          fp8_all_gather=("delayed", "current", "block"), fp8_all_gather_masters=True, fp8_weight_cache_bytes=2),
     Stack("torch", {}, "torch", compiles=True, needs_cuda=False, infer=True, graphs=True),
     # torchao's recipe names (Float8LinearConfig.from_recipe_name); float8 matmuls need sm_89+ on GPUs.
     # Serving: quantize_ with Float8DynamicActivationFloat8WeightConfig, per tensor or per row
@@ -107,6 +111,12 @@ class Built:
     # ``make_optimizer(model, lr)``, called once the model is wrapped or sharded, when the stack needs its own
     # optimizer (TE's FP8 primary weights: FusedAdam with fp32 master weights); None: AdamW
     make_optimizer: Any = None
+
+
+def numerics(name: str) -> ModuleType | None:
+    """Stack ``name``'s seam for the per-layer FP8 reads (trials/fp8_layers.py): ``<name>_numerics.py`` here says
+    how to find its FP8 modules, run one in BF16 and scale its operands. None for a stack without FP8."""
+    return importlib.import_module(f"{__name__}.{name}_numerics") if STACKS[name].recipes else None
 
 
 def build(spec: Any, backend: str, precision: str, device: str) -> Built:

@@ -28,13 +28,18 @@ def dtype_of(precision: str) -> torch.dtype:
 
 
 def logits_of(out: Any) -> torch.Tensor:
-    """A model's output -> its logits tensor (transformers return an object with ``.logits``)."""
-    return out if isinstance(out, torch.Tensor) else out.logits
+    """A model's output -> its logits tensor: the tensor itself, the first item of a tuple (nanoGPT's
+    ``(logits, loss)``), or ``.logits`` (transformers' output objects)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)):
+        return out[0]
+    return out.logits
 
 
 class Logits(nn.Module):
-    """ids (b, t) -> logits (b, t, vocab) tensor, for a model that returns an object with ``.logits``
-    (or takes keyword arguments the harness gives: ``use_cache=False`` for transformers)."""
+    """ids (b, t) -> logits (b, t, vocab) tensor, for a model that returns ``(logits, ...)`` or an object with
+    ``.logits`` (or takes keyword arguments the harness gives: ``use_cache=False`` for transformers)."""
 
     backend = "torch"
 

@@ -12,8 +12,8 @@ from typing import Any, Callable
 
 import torch
 
-from .. import distributed, energy, kernels, te_compat, teacher_forced
-from ..backends import STACKS
+from .. import distributed, energy, fp8_layers, kernels, te_compat, teacher_forced
+from ..backends import STACKS, numerics
 from ..bench import benchmark
 from ..capability import Resolution
 from ..data import ArithmeticSequences
@@ -62,7 +62,11 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
 
     t_train = time.perf_counter()
     record["startup_s"] = t_train - t0
-    trained = train(step, data, spec.train_steps, spec.batch_size)
+    seam = numerics(res.backend) if reads_apply(spec, res) else None
+    layer_held = fp8_layers.held_pair(vocab, spec.seq_len, res.device, spec.seed) if seam is not None else None
+    sampler = (fp8_layers.OutlierSampler(step, seam, layer_held[0], res.device, fp8_layers.outlier_every(spec.train_steps),
+                                         spec.train_steps) if seam is not None else None)
+    trained = train(step, data, spec.train_steps, spec.batch_size, after_step=sampler)
     losses = distributed.mean(trained.losses, ranks)  # the global batch's loss
     record.update(train_s=time.perf_counter() - t_train, first_step_s=trained.first_step_s, loss_first=losses[0],
                   loss_final=losses[-1], loss_curve=losses)
@@ -93,6 +97,7 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
     record.update(timer=result.timer, step_times_ms=step_ms, repeat_medians_ms=medians,
                   host_ms_per_step=result.host_ms_per_step, launch_bound=result.launch_bound,
                   bench_loss_final=result.last_loss)
+    record.update(result.disturbance.fields())
     if not math.isfinite(result.last_loss):
         record.update(status="diverged", error="non-finite loss during the benchmark")
         return
@@ -103,9 +108,31 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
         gen = generation_check(model, spec.prompt_len, spec.gen_len, spec.seed + 1, vocab, spec.seq_len, te, recipe)
     record.update(gen_s=time.perf_counter() - t_gen, gen_tokens=gen.tokens, gen_stride_accuracy=gen.stride_accuracy,
                   status="ok", error=None)
+    if seam is not None:  # after everything timed: the per-layer read runs a backward of its own
+        record.update(layer_reads(step, seam, layer_held, res.device, sampler.trend))
     if fp8_log_probs is None:
         return None
     return lambda partners: teacher_forced_fields(spec, res, vocab, held, fp8_log_probs, partners)
+
+
+def reads_apply(spec: TrialSpec, res: Resolution) -> bool:
+    """The per-layer FP8 reads (trials/fp8_layers.py) run: an FP8 cell of one rank with ``fp8_reads``."""
+    return spec.fp8_reads and res.precision == "fp8" and spec.parallel == "none"
+
+
+def layer_reads(step: Any, seam: Any, held: Any, device: str, trend: fp8_layers.OutlierTrend) -> dict[str, Any]:
+    """The per-layer SQNR and cast-health read and the outlier trend as record fields, with their cost; a failure
+    (a held length an FP8 GEMM refuses, an OOM) leaves the fields empty and the cell as it was."""
+    t = time.perf_counter()
+    try:
+        reads = fp8_layers.read_layers(step, seam, held, device)
+    except Exception as exc:  # noqa: BLE001 - the cell's own numbers stand without it
+        log.warning("per-layer FP8 read failed: %s: %s", type(exc).__name__, exc)
+        reads = []
+    fields = fp8_layers.record_fields(reads, trend)
+    log.info("per-layer FP8 read: %d modules, fwd SQNR min %s dB (%.1f s)", len(reads), fields.get("sqnr_fwd_min_db"),
+             time.perf_counter() - t)
+    return {**fields, "fp8_layers_s": time.perf_counter() - t, "outliers_s": trend.seconds}
 
 
 def fp8_read(spec: TrialSpec, res: Resolution, step: Any, vocab: int) -> tuple[Any, Any]:
