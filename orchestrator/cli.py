@@ -373,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mlflow", required=True, metavar="URI", help="MLflow tracking URI (sqlite:///path/mlflow.db, http://host:5000, file:/path)")
     p.add_argument("--experiment", help="experiment name (default: the records' sweep name)")
 
-    sub.add_parser("fields", help="the record's fields as a markdown table (the README's)")
+    sub.add_parser("fields", help="the record's fields as a markdown table (docs/guide/record-fields.md's)")
 
     p = sub.add_parser("doctor", help="what this machine (and Ray cluster) can run")
     p.add_argument("--ray", action="store_true", help="also start/connect Ray and show cluster resources")

@@ -486,7 +486,9 @@ def _run_locked(sweep: Sweep, storage: str, address: str | None, restart: bool, 
                 if search is not None and not interrupts.seen:
                     search.refresh()  # the grid's records, just written, are the search's too
                     if not search.finished:
-                        fit(ray, sweep, store, context, resources, limit, verbose, searcher=search.searcher(),
+                        from .searcher import CrossoverSearcher  # imports Ray: inside the sweep's Ray session
+
+                        fit(ray, sweep, store, context, resources, limit, verbose, searcher=CrossoverSearcher(search),
                             max_trials=search.plan.max_trials, interrupts=interrupts)
             finally:
                 if progress is not None:

@@ -162,7 +162,9 @@ def test_a_trained_bf16_partner_is_decided_and_agreement_there_is_fp8s_own():
     from trials.data import ArithmeticSequences
     from trials.train import build_train_step, train
 
-    spec = TrialSpec(d_model=64, n_layers=2, n_heads=2, vocab=96, seq_len=32, batch_size=8, lr=1e-2, train_steps=60,
+    # one layer of 32 (emulated FP8 on CPU costs per GEMM): after 60 steps BF16 is decided at half the positions,
+    # agreement 1.0 there and 0.875 over all (2 layers of 64: 0.375 decided, 1.0 and 0.812, at ~6x the CPU)
+    spec = TrialSpec(d_model=32, n_layers=1, n_heads=2, vocab=96, seq_len=32, batch_size=8, lr=1e-2, train_steps=60,
                      backend="torchao", precision="fp8", recipe="tensorwise", device="cpu")
     held = teacher_forced.held_batch(96, 32, "cpu", spec.seed)
     read = {}
@@ -239,7 +241,6 @@ def test_a_model_that_cannot_be_built_is_one_line_naming_the_field(tmp_path, mod
     (dict(model="hf:llama", arch="llama"), "arch", "MiniGPT's architecture"),
     (dict(model="hf:llama", cuda_graphs=True, device="cuda"), "cuda_graphs",
      "is built for workload train on model minigpt, not hf:llama"),
-    (dict(model="hf:llama", parallel="ddp", world_size=2), "parallel", "multi-rank trials are built for model minigpt"),
 ])
 def test_what_a_model_source_does_not_support_is_refused_by_the_spec(values, field, message):
     with pytest.raises(SpecError, match=message) as exc:

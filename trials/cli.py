@@ -125,7 +125,9 @@ def summary(record: dict[str, Any]) -> str:
         f"throughput    {_fmt(r['tokens_per_s'], ' tok/s')}  {_fmt(r['model_tflops'], ' TFLOP/s')}  "
         f"MFU(bf16 peak) {_fmt(r['mfu_bf16_peak'])}  MFU(own peak) {_fmt(r['mfu_precision_peak'])}",
         f"host          {_fmt(r['host_ms_per_step'], ' ms/step to issue')}  launch_bound={_fmt(r['launch_bound'])}",
-        f"memory        allocated {_bytes(r['peak_mem_allocated_bytes'])}  reserved {_bytes(r['peak_mem_reserved_bytes'])}",
+        f"memory        allocated {_bytes(r['peak_mem_allocated_bytes'])}  reserved {_bytes(r['peak_mem_reserved_bytes'])}  "
+        f"saved for backward {_bytes(r.get('saved_activation_bytes'))} (activation_checkpointing "
+        f"{r.get('activation_checkpointing') or 'none'})",
         f"generation    stride accuracy {_fmt(r['gen_stride_accuracy'])}",
         *([f"inference     prefill p50 {_fmt(r['prefill_ms_p50'], ' ms')}  decode p50 "
            f"{_fmt(r['decode_ms_per_token_p50'], ' ms/token')}  {_fmt(r['decode_tokens_per_s'], ' tok/s')}  "

@@ -1,8 +1,8 @@
 """The record: one flat dict per trial, every field declared here once, with its type, its meaning
 and the layer that sets it (the trial itself, the Ray worker that ran it, or the sweep's driver).
 
-The store's Parquet schema and :func:`validate` are derived from :data:`ALL_FIELDS`, and the README's
-field table is generated from it (``juicytalk fields``; a test checks the README matches), so
+The store's Parquet schema and :func:`validate` are derived from :data:`ALL_FIELDS`, and the guide's
+field table (docs/guide/record-fields.md) is generated from it (``juicytalk fields``; a test checks it matches), so
 a field cannot be added without a type and a description, nor written without being declared.
 """
 
@@ -71,10 +71,19 @@ FIELDS: list[Field] = [
     _f("compile", "bool", "The model ran torch.compile'd (torch and torchao backends); compiling is in first_step_s."),
     _f("world_size", "int", "Ranks (GPUs; CPU: processes) the trial spans; batch_size is per rank."),
     _f("parallel", "str", "How the ranks split the model: none, ddp (DistributedDataParallel) or fsdp (FSDP2, one "
-       "unit per block and the root)."),
+       "unit per decoder layer, as the model source names them, and the root)."),
     _f("fp8_all_gather", "bool", "FSDP2 all-gathers the FP8 weights (torchao tensorwise: "
        "enable_fsdp_float8_all_gather; te: FP8 primary weights from quantized_model_init, trained by FusedAdam's "
        "fp32 masters)."),
+    _f("activation_checkpointing", "str", "none, full (every unit recomputed in backward) or selective (every "
+       "ac_every-th unit); units: the model's decoder layers, FSDP2's units (trials/checkpointing.py)."),
+    _f("ac_every", "int", "Selective activation checkpointing: every ac_every-th unit is recomputed (default 2)."),
+    _f("model_units", "int", "Units the model splits into (its decoder layers, as its source names them): FSDP2 "
+       "shards each, activation checkpointing recomputes them; null where the trial needed none."),
+    _f("checkpointed_units", "int", "Units recomputed in backward (activation_checkpointing)."),
+    _f("saved_activation_bytes", "int", "Bytes held for backward over one training step (this rank): distinct "
+       "storages packed by torch.autograd.graph.saved_tensors_hooks during the first (untimed) step, parameters "
+       "excluded, checkpointed units' inputs included."),
     _f("optimizer", "str", "The optimizer when not torch's AdamW (te with fp8_all_gather: FusedAdam, fp32 masters)."),
     _f("workload", "str", "train (training steps) or infer (prefill + KV-cached decode)."),
     _f("train_steps", "int", "Training steps before the benchmark."),
@@ -368,7 +377,7 @@ def validate(record: Mapping[str, Any]) -> None:
 
 
 def field_table() -> str:
-    """The README's field table, generated from the declaration."""
+    """The field table of docs/guide/record-fields.md, generated from the declaration."""
     rows = ["| field | type | set by | meaning |", "|---|---|---|---|"]
     rows += [f"| `{f.name}` | {f.type} | {f.layer} | {f.doc} |" for f in ALL_FIELDS]
     return "\n".join(rows) + "\n"

@@ -88,7 +88,7 @@ def run_trial(spec: TrialSpec, capability: Capability | None = None, process_tri
                 memory.release(device)
                 record.update(numerics(partners))
     except Exception as exc:  # noqa: BLE001 - every failure becomes a record
-        status = ("oom" if is_oom(exc) else
+        status = ("oom" if is_oom(exc) else "unsupported" if isinstance(exc, distributed.Unsupported) else
                   "timeout" if spec.world_size > 1 and distributed.timed_out(exc) else "error")
         record.update(status=status, error=f"{type(exc).__name__}: {exc}"[:4000],
                       error_type=type(exc).__name__)

@@ -197,14 +197,21 @@ class Outcome:
     died: str | None = None
 
 
+# (servers directory, the command a launcher would spawn, its env) -> that server claimed, or None
+Adopt = Callable[[str, list[str], dict[str, str]], "TrialProcess | None"]
+
+
 class Launcher(ABC):
     """Turns specs into records on one worker, one trial at a time."""
 
     name: str = ""
     fork: bool = False  # each trial in a process forked from the server (which then serves many)
 
-    def __init__(self, settings: LaunchSettings):
+    def __init__(self, settings: LaunchSettings, adopt: Adopt | None = None):
         self.settings = settings
+        # claims a trial server the driver prestarted (:func:`.prestart.claim`, given by ``make_launcher``):
+        # this module does not import .prestart, which builds its servers' processes from this module's
+        self._adopt = adopt
         self._workdir = tempfile.TemporaryDirectory(prefix="juicytalk-")
         self._env = trial_env(settings)
         self._child: TrialProcess | None = None
@@ -270,11 +277,9 @@ class Launcher(ABC):
 
     def _spawn(self) -> TrialProcess:
         """A server the driver started for this launcher (:mod:`.prestart`) if one waits, else a new one."""
-        if self.settings.servers:
-            from .prestart import claim
-
+        if self.settings.servers and self._adopt is not None:
             command = server_command(self.trials_per_process, self._env, self.fork)
-            adopted = claim(self.settings.servers, command, self._env)
+            adopted = self._adopt(self.settings.servers, command, self._env)
             if adopted is not None:
                 return adopted
         return TrialProcess.spawn(self.trials_per_process, self._env, self._workdir.name, fork=self.fork)

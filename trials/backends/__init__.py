@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from ..models import CONVERTED_TE_LAYERS  # the ways te converts a model it did not build (te_convert.py)
+
 
 @dataclass(frozen=True)
 class Stack:
@@ -88,6 +90,26 @@ def fp8_stacks() -> list[str]:
     return [s.name for s in STACKS.values() if s.recipes]
 
 
+# config.model_type values whose decoder layers te_layer transformer_layer takes (te_convert.py converts them)
+LLAMA_FAMILY = ("llama", "mistral", "qwen2")
+
+
+def layer_refusal(te_layer: str, model_type: str | None) -> str:
+    """Why ``te_layer`` cannot convert a model of this transformers ``model_type`` (None: not a transformers
+    model), in one line; '' when it can. Here, beside the stack table, so that the spec asks it before any trial
+    starts without importing the converter (te_convert.py, which imports torch; its ``plan`` raises it too).
+    The line starts with the value, not the field: whoever shows it names the field once (a SpecError reads
+    ``te_layer: transformer_layer applies to ...``, a ConvertError and a skipped grid cell ``te_layer ...``)."""
+    if te_layer not in CONVERTED_TE_LAYERS:
+        return (f"{te_layer!r} is not one of {', '.join(CONVERTED_TE_LAYERS)} "
+                "(the ways to convert a model that is not TE's own)")
+    if te_layer == "transformer_layer" and model_type not in LLAMA_FAMILY:
+        what = f"a transformers {model_type!r} model" if model_type else "not a transformers model"
+        return (f"transformer_layer applies to transformers' {', '.join(LLAMA_FAMILY)} models; "
+                f"this one is {what}: use te_layer swap")
+    return ""
+
+
 def implementation(name: str) -> ModuleType:
     """The module that builds and runs stack ``name`` (imported on first use)."""
     return importlib.import_module(f"{__name__}.{name}")
@@ -111,6 +133,9 @@ class Built:
     # ``make_optimizer(model, lr)``, called once the model is wrapped or sharded, when the stack needs its own
     # optimizer (TE's FP8 primary weights: FusedAdam with fp32 master weights); None: AdamW
     make_optimizer: Any = None
+    # qualified names of the model's units (its decoder layers, as its source names them: trials/models), which
+    # the stack's in-place conversion keeps: FSDP2 shards each, activation checkpointing recomputes them
+    units: tuple[str, ...] = ()
 
 
 def numerics(name: str) -> ModuleType | None:

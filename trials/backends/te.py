@@ -40,8 +40,11 @@ def build(spec: Any, precision: str, device: str) -> Built:
     if not spec.source.te_own:
         return _converted(spec, te, recipe, precision, device, info)
     if spec.fp8_all_gather:
-        return _fp8_weights(spec, te, recipe, device, info)
-    return Built(build_model(spec, "te", precision, device, te), te=te, recipe=recipe, info=info)
+        built = _fp8_weights(spec, te, recipe, device, info)
+    else:
+        built = Built(build_model(spec, "te", precision, device, te), te=te, recipe=recipe, info=info)
+    built.units = models.units(spec, built.model)  # TE's own blocks
+    return built
 
 
 def source_model(spec: Any, precision: str, device: str) -> tuple[Any, dict[str, Any]]:
@@ -59,7 +62,7 @@ def _converted(spec: Any, te: Any, recipe: Any, precision: str, device: str, inf
     made.model.backend = "te"  # generation runs it under te.autocast, as MiniGPT's te blocks
     info.update(flops)
     info.update(te_convert.record(steps))
-    return Built(made.model, te=te, recipe=recipe, info=info)
+    return Built(made.model, te=te, recipe=recipe, info=info, units=made.units)
 
 
 def load_fp8_weights(model: nn.Module, state: dict) -> None:

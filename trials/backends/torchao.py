@@ -28,7 +28,6 @@ import torch
 import torch.nn as nn
 
 from .. import models
-from ..models.minigpt import LOGITS_LAYER
 from . import Built
 from .torch import compiled
 
@@ -80,7 +79,7 @@ class _Filter:
     or those torchao's own filter for the recipe takes (``auto``: ``_auto_filter_for_recipe``, the logits
     layer kept too). Remembers which it took and which it kept, for the record."""
 
-    def __init__(self, keep: str | None = LOGITS_LAYER, auto_recipe: str | None = None) -> None:
+    def __init__(self, keep: str | None, auto_recipe: str | None = None) -> None:
         self.keep = keep
         self.auto = None
         if auto_recipe is not None:
@@ -159,7 +158,7 @@ def build(spec: Any, precision: str, device: str) -> Built:
     made = models.build(spec, "bf16" if precision == "fp8" else precision, device)
     model = made.model
     if precision != "fp8":
-        return Built(model, forward=compiled(model, spec), info={"torchao_version": version()})
+        return Built(model, forward=compiled(model, spec), info={"torchao_version": version()}, units=made.units)
     keep = _Filter(made.logits_layer, spec.recipe if spec.fp8_filter == "auto" else None)
     config = Float8LinearConfig.from_recipe_name(spec.recipe)
     after_step = None
@@ -181,10 +180,10 @@ def build(spec: Any, precision: str, device: str) -> Built:
         keep.converted.extend(moe)
     keep.skipped.update(kept_gemms(model, set(keep.converted), why_experts))
     log.info("torchao %s: %d modules in float8, kept %s", spec.recipe, len(keep.converted), keep.skipped)
-    return Built(model, forward=compiled(model, spec), info=keep.info(), after_step=after_step)
+    return Built(model, forward=compiled(model, spec), info=keep.info(), after_step=after_step, units=made.units)
 
 
-def quantize_for_serving(model: nn.Module, recipe: str, logits_layer: str | None = LOGITS_LAYER) -> dict[str, Any]:
+def quantize_for_serving(model: nn.Module, recipe: str, logits_layer: str | None) -> dict[str, Any]:
     """Quantize ``model``'s Linears in place for inference: FP8 (e4m3) weights, each activation cast to
     FP8 as it arrives, scales per tensor (``tensorwise``) or per row (``rowwise``), torchao's
     ``Float8DynamicActivationFloat8WeightConfig``; ``logits_layer`` (the qualified name of the layer that

@@ -14,7 +14,13 @@ The ``model`` trial field names the source and its target (``hf:qwen2``). Each s
                                                   building real weights (the dry run shows them)
     check(spec) -> None                           raise ModelError for a model that cannot be built (the
                                                   spec's check_model turns it into a SpecError before Ray
-                                                  or any trial starts)
+                                                  or any trial starts), or whose units a trial needs and
+                                                  cannot find
+    units(model) -> tuple[str, ...]               the qualified names of the model's units (one per decoder
+                                                  layer, in order; () where none are found): what FSDP2
+                                                  shards one by one and activation checkpointing recomputes.
+                                                  The stacks convert modules in place, so the names hold
+                                                  on the converted model; the rule is the table's ``units``
 
 ``common.py`` holds what the sources share (the Built model, the logits adapter). The table below says,
 once, what each source supports: which stacks build its models, how TE takes them (MiniGPT: TE builds
@@ -46,7 +52,7 @@ TE_LAYER_NOT_SERVED = ("serving te_layer transformer_layer is not built (te.Tran
 class Source:
     name: str
     stacks: tuple[str, ...]  # the stacks (trials/backends) that build this source's models
-    parallel: bool  # multi-rank trials (DDP, FSDP2 over its blocks) are built for it
+    parallel: bool  # multi-rank trials (DDP, FSDP2 over its units) are built for it
     # the workloads whose ``cuda_graphs: true`` is built for it (train: forward+backward captured; infer: the
     # decode step captured and replayed)
     graphs: tuple[str, ...]
@@ -58,6 +64,8 @@ class Source:
     # network from its own modules (MiniGPT's te blocks), else it converts the module the source builds
     te_layers: tuple[str, ...] = CONVERTED_TE_LAYERS
     te_own: bool = False
+    # how the source finds its model's units (FSDP2's, activation checkpointing's): said in errors and docs
+    units: str = ""
 
     @property
     def infer(self) -> bool:
@@ -79,13 +87,17 @@ class Source:
 
 SOURCES: dict[str, Source] = {s.name: s for s in (
     Source("minigpt", ("te", "torch", "torchao"), parallel=True, graphs=("train", "infer"), server="minigpt",
-           own=True, te_layers=("transformer_layer", "modules"), te_own=True),
+           own=True, te_layers=("transformer_layer", "modules"), te_own=True, units="each of its blocks"),
     # decode graphs through transformers' StaticCache (trials/serving/hf.py); a training step is not captured
     # (transformers' mask code inspects its inputs on the host, which a capture of forward+backward cannot hold)
-    Source("hf", ("te", "torch", "torchao"), parallel=False, graphs=("infer",), server="hf"),
+    Source("hf", ("te", "torch", "torchao"), parallel=True, graphs=("infer",), server="hf",
+           units="each module of a class its _no_split_modules names (its decoder layers), else each child of its "
+                 "largest nn.ModuleList"),
     # a factory's module serves when it is a transformers causal LM (trials/serving/hf.py says why), else the
     # cell is unsupported with that reason
-    Source("py", ("te", "torch", "torchao"), parallel=False, graphs=("infer",), server="hf"),
+    Source("py", ("te", "torch", "torchao"), parallel=True, graphs=("infer",), server="hf",
+           units="the submodules its module's fsdp_units attribute names (a list of qualified names), else each "
+                 "child of its largest nn.ModuleList"),
 )}
 DEFAULT_MODEL = "minigpt"
 
@@ -164,3 +176,33 @@ def describe(spec: Any) -> Facts:
 def check(spec: Any) -> None:
     """Raise ModelError when ``spec.model`` cannot be built (transformers missing, unknown type, bad factory)."""
     parse(spec.model).module.check(spec)
+
+
+def units(spec: Any, model: Any) -> tuple[str, ...]:
+    """The qualified names of ``model``'s units (its source's rule, the table's ``units``); () where none."""
+    return tuple(parse(spec.model).module.units(model))
+
+
+def needs_units(spec: Any) -> str:
+    """The trial field that needs the model's units ('' where none does): FSDP2 shards them, checkpointing
+    recomputes them (DDP replicates the whole model)."""
+    if spec.parallel == "fsdp":
+        return "parallel"
+    return "activation_checkpointing" if spec.activation_checkpointing != "none" else ""
+
+
+def check_units(spec: Any, model: Any) -> tuple[str, ...]:
+    """``model``'s units; ModelError naming the field that needs them when the spec needs units and there are none."""
+    return require_units(spec, units(spec, model))
+
+
+def require_units(spec: Any, found: tuple[str, ...]) -> tuple[str, ...]:
+    """``found``, the model's units; ModelError naming the field that needs them where the spec does and there
+    are none."""
+    field_name = needs_units(spec)
+    if field_name and not found:
+        source = parse(spec.model).source
+        raise ModelError(f"{spec.model}: {field_name} {getattr(spec, field_name)} needs the model's units (its "
+                         f"decoder layers) and none were found; {source.name} models take {source.units}",
+                         field_name)
+    return found

@@ -20,6 +20,7 @@ class Built:
     vocab: int
     logits_layer: str | None
     info: dict[str, Any] = field(default_factory=dict)
+    units: tuple[str, ...] = ()  # qualified names of its units (decoder layers), its source's rule; () where none
 
 
 def dtype_of(precision: str) -> torch.dtype:
@@ -52,6 +53,11 @@ class Logits(nn.Module):
         return logits_of(self.model(idx, **self.call_kwargs))
 
 
+def inner(model: nn.Module) -> tuple[nn.Module, str]:
+    """(the module a source built, its qualified name in ``model``): through the :class:`Logits` adapter."""
+    return (model.model, "model") if isinstance(model, Logits) else (model, "")
+
+
 @torch.no_grad()
 def output_vocab(model: nn.Module, device: str) -> int:
     """The vocabulary a built model's logits span, read off one tiny forward: for a factory's model that could not
@@ -73,3 +79,17 @@ def param_count(model: nn.Module) -> int:
 
 def to_json(values: dict[str, Any]) -> str:
     return json.dumps(values, sort_keys=True, default=str)
+
+
+def largest_module_list(model: nn.Module, prefix: str = "") -> tuple[str, ...]:
+    """Qualified names of the children of ``model``'s largest ``nn.ModuleList`` (by parameters, then by length):
+    a stack of layers; () where it has none."""
+    lists = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m)]
+    if not lists:
+        return ()
+    name, best = max(lists, key=lambda nm: (sum(p.numel() for p in nm[1].parameters()), len(nm[1])))
+    return tuple(_join(prefix, name, child) for child, _ in best.named_children())
+
+
+def _join(*parts: str) -> str:
+    return ".".join(p for p in parts if p)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from . import Facts, ModelError, parse
-from .common import Built, Logits, dtype_of, param_count, to_json
+from .common import Built, Logits, dtype_of, inner, largest_module_list, param_count, to_json
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,22 @@ def build(spec: Any, precision: str, device: str) -> Built:
     wrapped = Logits(model, use_cache=False)
     head = model.get_output_embeddings()
     logits_layer = next((f"model.{n}" for n, m in model.named_modules() if m is head), None)
-    return Built(wrapped, cfg.vocab_size, logits_layer)
+    return Built(wrapped, cfg.vocab_size, logits_layer, units=units(wrapped))
+
+
+def units(model: Any) -> tuple[str, ...]:
+    """Each module of a class the transformers model's ``_no_split_modules`` names (its decoder layers: what
+    transformers itself keeps whole when it splits a model over devices), the outermost where they nest; else
+    each child of its largest nn.ModuleList."""
+    hf, prefix = inner(model)
+    classes = set(getattr(hf, "_no_split_modules", None) or ())
+    found: list[str] = []
+    for name, module in hf.named_modules():
+        if type(module).__name__ in classes and not any(name.startswith(f"{u}.") for u in found):
+            found.append(name)
+    if found:
+        return tuple(".".join(p for p in (prefix, n) if p) for n in found)
+    return largest_module_list(hf, prefix)
 
 
 def describe(spec: Any) -> Facts:
@@ -185,4 +200,11 @@ def _describe(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int)
 
 
 def check(spec: Any) -> None:
+    from . import check_units, needs_units
+
     describe(spec)
+    if needs_units(spec):  # the units, from the model built on the meta device (no memory, no init)
+        import torch
+
+        with torch.device("meta"):
+            check_units(spec, _from_config(config(spec), "bf16"))

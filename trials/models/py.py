@@ -15,7 +15,12 @@ and spec: :func:`on_meta`), at the spec's own shape (no memory, no init), and ru
 (2, min(seq_len, 16)) token ids; where the factory or its forward cannot run on the meta device, it builds it on
 the CPU with the shape fields tiny (d_model 64, n_layers 1, n_heads 2, ffn 128) and runs the same pass there. It
 refuses a factory that cannot be imported, is not callable, raises, returns no ``nn.Module`` or whose logits are
-not (batch, seq, vocab) (vocab: the spec's, where given), saying what to return.
+not (batch, seq, vocab) (vocab: the spec's, where given), saying what to return; and, for a trial that needs
+the model's units (``parallel: fsdp``, ``activation_checkpointing``), one whose units cannot be found.
+
+Units (FSDP2 shards each, activation checkpointing recomputes them): the module's ``fsdp_units``
+attribute, a list of qualified submodule names (``["layers.0", "layers.1"]``: one per decoder layer,
+in order), where it has one; else each child of its largest ``nn.ModuleList``.
 """
 
 from __future__ import annotations
@@ -31,12 +36,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from . import Facts, ModelError, parse
-from .common import Built, Logits, dtype_of, logits_of, param_count, to_json
+from . import Facts, ModelError, needs_units, parse
+from .common import Built, Logits, dtype_of, inner, largest_module_list, logits_of, param_count, to_json
 
 log = logging.getLogger(__name__)
 
 PROBE_ROWS, PROBE_SEQ = 2, 16
+UNITS_ATTR = "fsdp_units"  # a factory's module names its units here (qualified submodule names)
 TINY_SHAPE = {"d_model": 64, "n_layers": 1, "n_heads": 2, "n_kv_heads": None, "ffn": 128}
 
 
@@ -152,7 +158,32 @@ def build(spec: Any, precision: str, device: str) -> Built:
     vocab = _vocab(spec, module)
     if vocab is None:
         raise ModelError(f"{spec.model}: cannot tell the vocabulary; give vocab", "vocab")
-    return Built(Logits(module), vocab, _logits_layer(module, vocab))
+    wrapped = Logits(module)
+    try:
+        found = units(wrapped)
+    except ModelError:
+        if needs_units(spec):
+            raise
+        found = ()  # a mistaken fsdp_units stops only the trials that need the units
+    return Built(wrapped, vocab, _logits_layer(module, vocab), units=found)
+
+
+def units(model: Any) -> tuple[str, ...]:
+    """The submodules the factory's module names in ``fsdp_units``, else each child of its largest
+    nn.ModuleList; ModelError for a named unit the module does not have."""
+    module, prefix = inner(model)
+    named = getattr(module, UNITS_ATTR, None)
+    if named is None:
+        return largest_module_list(module, prefix)
+    if isinstance(named, str) or not all(isinstance(n, str) for n in named):
+        raise ModelError(f"{UNITS_ATTR} must be a list of submodule names (e.g. ['layers.0', 'layers.1']), got "
+                         f"{named!r}")
+    have = dict(module.named_modules())
+    missing = [n for n in named if n not in have or not n]
+    if missing:
+        raise ModelError(f"{UNITS_ATTR} names {', '.join(map(repr, missing))}, which {type(module).__name__} does "
+                         f"not have (its children: {', '.join(n for n, _ in module.named_children())})")
+    return tuple(".".join(p for p in (prefix, n) if p) for n in named)
 
 
 @functools.lru_cache(maxsize=64)
@@ -177,22 +208,30 @@ def describe(spec: Any) -> Facts:
 
 def check(spec: Any) -> None:
     """Probe the factory (see the module's docstring): ModelError for anything that cannot be a trial's model."""
+    from . import check_units
+
     target = parse(spec.model).target
     factory(target)  # import errors first, in their own words
     try:
-        _probe(spec, "meta")
-        return
+        module = _probe(spec, "meta")
     except Exception as exc:  # noqa: BLE001 - meta tensors are not for every module: try it small on the CPU
         log.info("py:%s does not run on the meta device (%s); probing it tiny on the CPU", target, exc)
+        try:
+            module = _probe(spec.replace(**TINY_SHAPE), "cpu")
+        except ModelError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise ModelError(f"py:{target}: its forward pass raised {type(exc).__name__}: {exc}") from None
+    if not needs_units(spec):
+        return
     try:
-        _probe(spec.replace(**TINY_SHAPE), "cpu")
-    except ModelError:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        raise ModelError(f"py:{target}: its forward pass raised {type(exc).__name__}: {exc}") from None
+        check_units(spec, module)
+    except ModelError as exc:
+        raise ModelError(f"py:{target}: {exc}" if not str(exc).startswith(spec.model) else str(exc),
+                         exc.field) from None
 
 
-def _probe(spec: Any, device: str) -> None:
+def _probe(spec: Any, device: str) -> Any:
     import torch
 
     module = on_meta(spec) if device == "meta" else _make(spec, device, show=False)
@@ -217,6 +256,7 @@ def _probe(spec: Any, device: str) -> None:
                 "return the logits of every position" if last_only else "")
         raise ModelError(f"py:{target_of(spec)}: ids of shape {tuple(ids.shape)} gave logits of shape "
                          f"{tuple(logits.shape)}; want (batch, seq, vocab) = {want}{hint}")
+    return module
 
 
 def target_of(spec: Any) -> str:

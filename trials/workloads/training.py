@@ -69,7 +69,8 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
     trained = train(step, data, spec.train_steps, spec.batch_size, after_step=sampler)
     losses = distributed.mean(trained.losses, ranks)  # the global batch's loss
     record.update(train_s=time.perf_counter() - t_train, first_step_s=trained.first_step_s, loss_first=losses[0],
-                  loss_final=losses[-1], loss_curve=losses)
+                  loss_final=losses[-1], loss_curve=losses, saved_activation_bytes=trained.saved_bytes,
+                  model_units=len(step.built.units) or None, checkpointed_units=len(step.checkpointed.units))
     bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
     if bad is not None:
         record.update(status="diverged", error=f"non-finite training loss at step {bad}")
