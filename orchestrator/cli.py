@@ -125,8 +125,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from .efficiency import INPUT_COLUMNS, describe, run_efficiency
 
     store = Store(storage, sweep.name)
-    records = store.read_records(["cell_id", "sample", "step_ms_p50", "error", "timing_disturbed_why",
-                                   *INPUT_COLUMNS])
+    records = store.read_records(["cell_id", "sample", "step_ms_p50", "error", "timing_disturbed_why", "precision",
+                                  "effective_precision", "fp8_flop_share", *INPUT_COLUMNS])
     print_table(console, summary_table(outcome.items, outcome.statuses, records))
     for line in reasons_below(outcome.items, outcome.statuses, records):
         console.print(Text(line), soft_wrap=True)  # an error's text, never markup

@@ -73,7 +73,14 @@ def test_a_py_factory_trains_and_its_probe_passes():
     rec = run_trial(spec)
     assert rec["status"] == "ok", rec["error"]
     assert rec["model_class"] == "TinyLM" and rec["n_params"] == models.describe(spec).n_params
-    assert json.loads(rec["fp8_skipped_modules"]) == ["model.lm_head"] and rec["fp8_converted_modules"] >= 4
+    # nn.MultiheadAttention's input projection is its own weight (in_proj_weight), not an nn.Linear: it stays BF16
+    assert json.loads(rec["fp8_skipped_modules"]) == ["model.lm_head", "model.blocks.0.self_attn",
+                                                       "model.blocks.1.self_attn"] and rec["fp8_converted_modules"] >= 4
+    assert json.loads(rec["fp8_skipped_why"])["model.blocks.0.self_attn"].startswith("MultiheadAttention is not")
+    # what ran in FP8 is counted, not what was converted: fc1 and fc2 of 2 blocks, fwd + dgrad + wgrad. out_proj
+    # is a Float8Linear too, but MultiheadAttention's functional forward reads its weight, never calls it
+    fp8 = 2 * 6 * 8 * 16 * (2 * 64 * 128)
+    assert rec["fp8_flop_share"] * rec["flops_per_step"] == pytest.approx(fp8) and rec["effective_precision"] == "fp8"
     assert falls(rec["loss_curve"])
 
 
@@ -284,3 +291,56 @@ max_concurrent: 1
                                                                    ("hf:qwen2", 32), ("hf:qwen2", 64)]
     assert pairs.unpaired.empty
     assert (tmp_path / "mine" / "report.html").exists()
+
+
+def test_an_fp8_cell_whose_stack_converted_nothing_is_recorded_as_bf16(caplog):
+    """hf:gpt2's GEMMs are Conv1D, which torchao does not swap: nothing converts, no FLOP runs in FP8, so the cell
+    is not an FP8 result: effective_precision bf16 (no recipe), a warning, and every Conv1D kept with why."""
+    spec = tiny("hf:gpt2", n_kv_heads=None, ffn=None, n_layers=1, backend="torchao", precision="fp8",
+                recipe="tensorwise", train_steps=2)
+    rec = run_trial(spec)
+    assert rec["status"] == "ok", rec["error"]
+    assert (rec["effective_precision"], rec["effective_recipe"]) == ("bf16", None)
+    assert rec["fp8_converted_modules"] == 0 and rec["fp8_flop_share"] == 0.0
+    why = json.loads(rec["fp8_skipped_why"])
+    assert list(why) == json.loads(rec["fp8_skipped_modules"])
+    assert why["model.transformer.h.0.mlp.c_fc"].startswith("Conv1D is not an nn.Linear") and len(why) == 5
+    assert any("ran in FP8" in r.message and "ran BF16" in r.message for r in caplog.records)
+
+
+def test_moe_experts_grouped_gemms_are_counted_and_listed_as_kept_with_why():
+    """hf:mixtral: transformers 5 runs its experts as aten._grouped_mm (torch 2.13, CPU too). The counter counts
+    them (2*t*k*n forward, as much again for each of dgrad and wgrad), torchao tensorwise keeps them in BF16 and
+    says why (its float8 MoE training is rowwise and CUDA only), the routers too, and the share of FLOPs in FP8 is
+    the attention projections' alone."""
+    from trials.metrics import count_flops
+
+    spec = tiny("hf:mixtral", n_heads=4, n_kv_heads=2, ffn=256, backend="torchao", precision="fp8",
+                recipe="tensorwise")
+    built = backends.build(spec, "torchao", "fp8", "cpu")
+    why = json.loads(built.info["fp8_skipped_why"])
+    experts = [n for n in why if n.endswith("mlp.experts")]
+    assert len(experts) == 2 and "rowwise recipe only" in why[experts[0]]
+    assert why["model.model.layers.0.mlp.gate"].startswith("MixtralTopKRouter is not an nn.Linear")
+    assert built.info["fp8_converted_modules"] == 8  # q, k, v, o x 2 layers
+    counted = count_flops(spec, built.model, 96, "cpu", 1)
+    tokens, top_k = 8 * 16, 2
+    grouped = 2 * 6 * tokens * top_k * (64 * 2 * 256 + 256 * 64)  # 2 layers, gate_up and down, fwd + dgrad + wgrad
+    projections = 2 * 6 * tokens * 64 * (64 + 32 + 32 + 64)  # q, k, v, o x 2 layers: the FP8 GEMMs
+    assert counted["flops_per_step"] > grouped + projections
+    assert counted["fp8_flop_share"] == pytest.approx(projections / counted["flops_per_step"], rel=1e-9)
+
+
+def test_grouped_gemms_count_as_gemms():
+    """aten._grouped_mm (2D x 3D forward, 2D x 3D dgrad, 2D x 2D wgrad into 3D) is a GEMM for the counter and the
+    kernel table alike; its FP8 form counts as an FP8 GEMM."""
+    from trials.kernels import classify
+    from trials.metrics import gemm_flop_counter
+
+    x = torch.randn(32, 16, requires_grad=True)
+    w = torch.randn(4, 16, 8, requires_grad=True)
+    offs = torch.tensor([8, 16, 24, 32], dtype=torch.int32)
+    with gemm_flop_counter() as counter:
+        torch._grouped_mm(x, w, offs=offs).backward(torch.ones(32, 8))
+    assert counter.get_total_flops() == 3 * 2 * 32 * 16 * 8
+    assert (classify("aten::_grouped_mm"), classify("aten::_scaled_grouped_mm")) == ("gemm_bf16", "gemm_fp8")

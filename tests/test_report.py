@@ -623,6 +623,42 @@ def test_png_export_draws_again_in_a_fresh_browser_after_kaleidos_page_race_and_
     assert "raced.png before its page had loaded" in caplog.text and "broken" not in caplog.text
 
 
+def test_an_fp8_cell_that_ran_no_fp8_is_never_paired_as_fp8():
+    """hf:gpt2 on torchao: its GEMMs are Conv1D, nothing converts, the trial records effective_precision bf16 and
+    fp8_flop_share 0. The headline says so; no FP8 speedup, no bound row ("GEMMs 0.98x faster in FP8"). A cell
+    that ran part of its FLOPs in FP8 keeps its speedup, with its share beside it."""
+    from orchestrator.report.analysis import pair_cells
+    from orchestrator.report.headline import headline
+    from orchestrator.report.why import bounds
+    from orchestrator.report.analysis import TRAIN_STEP
+    from trials.kernels import CLASSES
+
+    kernels = {f"kernel_ms_{c}": 1.0 for c in CLASSES}
+    recs = []
+    for d, share, converted in ((256, 0.0, 0), (512, 0.4, 6)):
+        fp8 = _rec(d, "torchao", "fp8", "tensorwise", 9.9)
+        fp8.update(kernels, fp8_flop_share=share, fp8_converted_modules=converted)
+        if not converted:  # as trials/workloads/training.py records it (trials.metrics.fp8_ran)
+            fp8.update(effective_precision="bf16", effective_recipe=None)
+        bf16 = _rec(d, "torch", "bf16", None, 10.0)
+        bf16.update(kernels, fp8_flop_share=0.0)
+        recs += [fp8, bf16]
+    recs.append(_rec(256, "torchao", "bf16", None, 20.0))  # a BF16 cell of that stack: a cell of its own
+    df = prepare(pd.DataFrame(recs))
+    assert sorted(df.loc[df["d_model"] == 256, "variant"]) == ["torch-bf16", "torchao-bf16",
+                                                               "torchao-bf16-asked-fp8-tensorwise"]
+    pairs = pair_cells(df)
+    speedups = pairs.rows[pairs.rows["kind"] == "fp8_speedup"]
+    assert list(speedups["d_model"]) == [512]  # the 256 cell is paired as nothing FP8
+    assert list(bounds(df, pairs.rows, TRAIN_STEP)["d_model"]) == [512]
+    lines = headline(df, pairs)
+    assert any("torchao fp8 tensorwise ran no FP8 worth the name (0 modules converted, 0% of the step's FLOPs in "
+               "FP8" in line and "not an FP8 result" in line for line in lines), lines
+    assert any("at d_model 512" in line and "40% of its step's FLOPs ran in FP8" in line for line in lines), lines
+    only = headline(df[df["d_model"] == 256], pair_cells(df[df["d_model"] == 256]))
+    assert "No cell ran in FP8." in only and "This run has no FP8 cells." not in only, only
+
+
 def test_per_layer_fp8_reads_are_stored_charted_and_a_layer_under_its_floor_is_flagged(tmp_path):
     """Two FP8 cells' per-layer reads (trials/fp8_layers.record_fields, as a trial writes them) through the store:
     the report draws SQNR per layer forward and backward and the outlier trend, tabulates each cell's worst, and

@@ -114,6 +114,9 @@ def summary(record: dict[str, Any]) -> str:
         + (f" recipe={r['recipe']}" if r["precision"] == "fp8" else "") + f" device={r['device']}",
         (f"ran as        device={r['effective_device']} backend={r['effective_backend']} "
          f"precision={r['effective_precision']}" + (f" recipe={r['effective_recipe']}" if r["effective_recipe"] else "")
+         + (f" fp8_flop_share={r['fp8_flop_share']:.3f}" if r.get("fp8_flop_share") is not None else "")
+         + (" (fp8 asked, nothing worth the name ran in FP8: not an FP8 result)"
+            if r["precision"] == "fp8" and r["effective_precision"] not in ("fp8", None) else "")
          if r.get("effective_backend") else f"ran as        - (did not run: {r['status']})"),
         f"params        {_fmt(r['n_params'])}  ({_fmt((r['n_params'] or 0) / 1e6, 'M')})",
         f"loss          first {_fmt(r['loss_first'], digits=4)}  final {_fmt(r['loss_final'], digits=4)}",

@@ -101,7 +101,10 @@ FIELDS: list[Field] = [
     # -- what actually ran
     _f("effective_device", "str", "Device the trial ran on."),
     _f("effective_backend", "str", "Backend that ran (te or torch); empty when unsupported."),
-    _f("effective_precision", "str", "Precision that ran; empty when unsupported."),
+    _f("effective_precision", "str", "Precision that ran; empty when unsupported. An fp8 cell whose stack converted "
+       "no module, or ran under trials.metrics.FP8_MIN_SHARE (5%) of its step's FLOPs in FP8 GEMMs "
+       "(fp8_flop_share), ran bf16 (fp32 cells never ask for FP8): it is not an FP8 result and the report never pairs "
+       "it as one (trials.metrics.fp8_ran)."),
     _f("effective_recipe", "str", "FP8 recipe that ran; empty for non-fp8 cells."),
     _f("fp8_recipe_repr", "str", "TE's repr of the recipe object used."),
     _f("te_torch_compile", "bool", "TE's torch.compile'd element-wise fusers on (NVTE_TORCH_COMPILE, TE's default: on)."),
@@ -114,7 +117,13 @@ FIELDS: list[Field] = [
     _f("fp8_converted_names", "str", "JSON list of the modules in fp8_converted_modules (qualified names)."),
     _f("fp8_skipped_modules", "str", "JSON list of the modules a conversion kept as they were, in BF16 (FP32 on fp32 "
        "cells): the layer that makes the logits, dims not multiples of 16, weights tied to another module "
-       "(te), decoder layers transformer_layer cannot map (te)."),
+       "(te), decoder layers transformer_layer cannot map (te); torchao: every other module holding GEMM weights "
+       "too (MoE experts, GPT-2's Conv1D, MoE routers), see fp8_skipped_why."),
+    _f("fp8_skipped_why", "str", "torchao fp8: JSON object, each module of fp8_skipped_modules -> why it stayed in "
+       "high precision."),
+    _f("fp8_flop_share", "float", "Share of flops_per_step that ran in FP8 GEMMs: counted with it (a GEMM with "
+       "FP8 operands counts; attention's term never does), so 0 on bf16/fp32 cells; null where the counter cannot "
+       "see the stack's GEMMs (te) or FLOPs are analytic (MiniGPT). Decides effective_precision."),
     # -- model size and work
     _f("model_class", "str", "The model's class (MiniGPT, LlamaForCausalLM, your factory's module)."),
     _f("model_config", "str", "JSON: the model's resolved config (transformers' to_json_string for hf models, the "

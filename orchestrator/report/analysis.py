@@ -55,7 +55,10 @@ def variant_of(row: Any) -> str:
     values = {name: _get(row, name) for name in axis_fields("variant")}
     values.update(backend=backend, precision=precision, recipe=_get(row, "effective_recipe") or _get(row, "recipe"),
                   model=_get(row, "model"))  # whose te_layer default applies
-    return variant_name(values)
+    name = variant_name(values)
+    if _get(row, "precision") == "fp8" and precision not in ("fp8", None):  # asked FP8, ran none (trials.metrics.fp8_ran)
+        name += f"-asked-fp8-{_get(row, 'recipe')}"  # its own cell: never merged with a BF16 cell nor another recipe
+    return name
 
 
 # What variant_of, backend_of and execution_label read: rows are turned into dicts of these columns only
@@ -330,6 +333,7 @@ def _pair_row(kind: str, shape: tuple, base: CellStats, other: CellStats, resamp
     # the candidate's variant settings (what a knob comparison groups by) and its final loss against the
     # reference's: the ratio of medians over samples, with an interval where both have two or more
     row.update({k: _get(other.record, k) for k in KNOBS})
+    row["fp8_flop_share"] = _get(other.record, "fp8_flop_share")  # how much of the candidate ran in FP8 GEMMs
     if base.losses and other.losses:
         loss_lo, loss_hi = bootstrap_ratio(other.losses, base.losses, resamples, rng)
         row.update(reference_loss=_median(base.losses), candidate_loss=_median(other.losses),

@@ -45,10 +45,32 @@ def best_of_each(rows: pd.DataFrame, reference: str) -> list[str]:
                    else f"within noise of {reference}")
         line = (f"{model + ': ' if model else ''}{cand} vs {best['reference']}: best {fmt_sig(best['ratio'])}x{interval} at {_where(best)} "
                 f"({verdict}); {int((g['ratio'] > 1).sum())} of {len(g)} sizes faster")
+        share = known(best.get("fp8_flop_share"))
+        if reference == "BF16" and share is not None and share < FULL_SHARE:
+            line += f"; {share:.0%} of its step's FLOPs ran in FP8 GEMMs (fp8_flop_share), the rest in BF16"
         bound = g[g["launch_bound"].fillna(False).astype(bool)] if "launch_bound" in g else g.iloc[:0]
         if not bound.empty:
             line += "; " + launch_bound_note(" and ".join(_where(r) for _, r in bound.sort_values("n_params").iterrows()))
         lines.append(line + ".")
+    return lines
+
+
+FULL_SHARE = 0.95  # an FP8 speedup whose cell ran less of its FLOPs in FP8 says how much (fp8_flop_share)
+
+
+def not_fp8(df: pd.DataFrame) -> list[str]:
+    """One sentence per model and asked FP8 variant whose cells finished ok but ran no FP8 worth the name
+    (``effective_precision`` bf16, trials.metrics.fp8_ran): they are BF16 results and are paired as nothing."""
+    asked = df[(df["precision"] == "fp8") & (df["status"] == "ok") & (df["effective_precision"] != "fp8")]
+    lines = []
+    for (model, backend, recipe), g in asked.groupby(["model", "backend", "recipe"], sort=True, dropna=False):
+        converted = {int(v) for v in g["fp8_converted_modules"].dropna()} if "fp8_converted_modules" in g else set()
+        shares = g["fp8_flop_share"].dropna() if "fp8_flop_share" in g else g.iloc[:0, 0]
+        lines.append(f"{model}: {backend} fp8 {recipe} ran no FP8 worth the name ("
+                     + (f"{'/'.join(map(str, sorted(converted)))} modules converted, " if converted else "")
+                     + (f"{shares.max():.0%} of the step's FLOPs in FP8" if len(shares) else "FP8 share unknown")
+                     + f", {len(g)} trial{'s' if len(g) > 1 else ''}): recorded as BF16, not an FP8 result, "
+                     "and paired with nothing (fp8_skipped_why says what stayed BF16 and why).")
     return lines
 
 
@@ -94,14 +116,15 @@ def headline(df: pd.DataFrame, pairs: Pairs) -> list[str]:
     """Sentences for the top of the report (training records; inference has its own section)."""
     if df.empty:
         return ["No training records in this result set."]
-    fp8 = df[df["precision"] == "fp8"]
     ok = df[df["status"] == "ok"]
     ran = sorted(set(ok["variant"]))
-    lines: list[str] = []
+    lines: list[str] = not_fp8(df)
+    # FP8 cells: those that asked for it, less those that ran without it (counted above)
+    fp8 = df[(df["precision"] == "fp8") & ~((df["status"] == "ok") & (df["effective_precision"] != "fp8"))]
     kinds = pairs.rows["kind"] if not pairs.rows.empty else pd.Series(dtype=str)
     rows = pairs.rows[kinds == "fp8_speedup"] if not pairs.rows.empty else pairs.rows
     if fp8.empty:
-        lines.append("This run has no FP8 cells.")
+        lines.append("No cell ran in FP8." if lines else "This run has no FP8 cells.")  # lines: not_fp8's
     elif rows.empty:
         unsupported = fp8[fp8["status"] == "unsupported"]
         if len(unsupported) == len(fp8):

@@ -57,6 +57,7 @@ def source_model(spec: Any, precision: str, device: str) -> tuple[Any, dict[str,
 def _converted(spec: Any, te: Any, recipe: Any, precision: str, device: str, info: dict[str, Any]) -> Built:
     """A model TE did not build, converted in place (``te_layer``); the record lists what TE runs and what stays."""
     made, flops = source_model(spec, precision, device)
+    flops.pop("fp8_flop_share")  # of the model before TE converts it, whose GEMMs the counter sees and TE's it does not
     steps = te_convert.convert(made.model, te, spec.te_layer, made.logits_layer)
     made.model.backend = "te"  # generation runs it under te.autocast, as MiniGPT's te blocks
     info.update(flops)

@@ -18,7 +18,7 @@ from ..bench import benchmark
 from ..capability import Resolution
 from ..data import ArithmeticSequences
 from ..generation import generation_check
-from ..metrics import count_flops, step_stats, throughput
+from ..metrics import count_flops, fp8_ran, step_stats, throughput
 from ..model import ModelConfig
 from ..models.common import output_vocab
 from ..spec import TrialSpec
@@ -47,6 +47,12 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
     vocab = record["vocab"]  # the model's (the spec's, or an hf/py model's own)
     if record["flops_method"] is None:
         record.update(count_flops(spec, model, vocab, res.device, ranks.world))
+    if res.precision == "fp8" and not fp8_ran(record["fp8_flop_share"], record["fp8_converted_modules"]):
+        record.update(effective_precision="bf16", effective_recipe=None)  # not an FP8 result: never paired as one
+        share = record["fp8_flop_share"]
+        log.warning("fp8 asked, but %s ran in FP8 (%s converted modules): this cell ran BF16 and is recorded so "
+                    "(fp8_skipped_modules, fp8_skipped_why: what was kept and why)", "none of the step's FLOPs" if not share else f"{share:.1%} of the "
+                    "step's FLOPs", record["fp8_converted_modules"])
     data: Any = ArithmeticSequences(vocab, spec.seq_len, res.device, spec.seed)
     if spec.parallel != "none":
         data = distributed.RankData(data, ranks)  # this rank's rows of the global batch
@@ -71,7 +77,8 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
         return
     if recipe is not None and spec.recipe == "delayed":
         record["fp8_state"] = fp8_state(model)
-    held, fp8_log_probs = fp8_read(spec, res, step, vocab)  # as trained, before the benchmark trains it on
+    # as trained, before the benchmark trains it on; a cell that ran no FP8 has no FP8 numerics to compare
+    held, fp8_log_probs = fp8_read(spec, res, step, vocab) if record["effective_precision"] == "fp8" else (None, None)
 
     t_bench = time.perf_counter()
     batches = [data.batch(spec.batch_size) for _ in range(BENCH_BATCHES)]
