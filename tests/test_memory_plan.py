@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from trials import TrialSpec, memory_plan
-from trials.memory_plan import SavedBytes, units_of
+from trials.checkpointing import SavedBytes
 
 pytest.importorskip("transformers")
 
@@ -28,9 +28,9 @@ def _step_saved_bytes(spec: TrialSpec) -> int:
 
     step = build_train_step(spec, "torch", spec.precision, "cpu")
     x = torch.randint(0, spec.vocab, (spec.batch_size, spec.seq_len))
-    with SavedBytes(step.model.parameters()) as saved:
+    with SavedBytes(step.model) as saved:
         step(x, torch.roll(x, -1, 1))
-    return saved.total
+    return saved.bytes
 
 
 @pytest.mark.parametrize("model, extra", [("minigpt", {}), ("hf:llama", {"ffn": 128})])
@@ -52,12 +52,14 @@ def test_full_checkpointing_keeps_what_torch_checkpoint_keeps():
 
     spec = TrialSpec(model="minigpt", **SHAPE)
     acts = memory_plan.probe(spec).activations
-    model = models.build(spec, "bf16", "cpu").model
-    for unit in units_of(model):
+    built = models.build(spec, "bf16", "cpu")
+    model = built.model
+    for name in built.units:
+        unit = model.get_submodule(name)
         unit.forward = functools.partial(checkpoint, unit.forward, use_reentrant=False)
-    with SavedBytes(model.parameters()) as saved:
+    with SavedBytes(model) as saved:
         model(torch.zeros(spec.batch_size, spec.seq_len, dtype=torch.long))
-    assert acts.held("full") == pytest.approx(saved.total, rel=TOLERANCE), (acts, saved.total)
+    assert acts.held("full") == pytest.approx(saved.bytes, rel=TOLERANCE), (acts, saved.bytes)
     assert acts.held("full") < acts.held("selective") < acts.held("none")
     assert acts.peak("full") == acts.held("full") + max(acts.units)
 

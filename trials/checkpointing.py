@@ -25,17 +25,19 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import torch
 import torch.nn as nn
 from torch.utils._pytree import tree_leaves
 
 log = logging.getLogger(__name__)
+Unit = TypeVar("Unit")
 
 
-def chosen(units: tuple[str, ...], mode: str, every: int) -> tuple[str, ...]:
-    """The units ``mode`` recomputes: all (full), every ``every``-th (selective), none."""
+def chosen(units: tuple[Unit, ...], mode: str, every: int) -> tuple[Unit, ...]:
+    """The units ``mode`` recomputes: all (full), every ``every``-th (selective), none; the one rule, which the
+    memory plan (trials/memory_plan.py) follows too."""
     if mode == "full":
         return tuple(units)
     if mode == "selective":
@@ -79,20 +81,36 @@ class SavedBytes:
     """``with SavedBytes(model, checkpointed) as saved: step(x, y)``, then ``saved.bytes``: the bytes held for
     backward by the step's forward (see the module's docstring). The hooks return each tensor as it is, so the
     step computes what it would without them; they cost a Python call per saved tensor, which is why the
-    trial counts an untimed step."""
+    trial counts an untimed step.
 
-    def __init__(self, model: nn.Module, checkpointed: Checkpointed | None = None):
+    Storages are told apart by their StorageImpl (``untyped_storage()._cdata``), so it counts fake tensors too
+    (they have no data): the memory plan (trials/memory_plan.py) runs it under FakeTensorMode with ``units``,
+    the qualified names of the model's units, to tell apart what each unit's forward saves (``per_unit``; the
+    rest: ``outside``) and the bytes of each unit's input (``unit_inputs``: what the unit keeps if checkpointed).
+    """
+
+    def __init__(self, model: nn.Module, checkpointed: Checkpointed | None = None, units: tuple[str, ...] = ()):
         self.model, self.checkpointed = model, checkpointed
-        self.storages: dict[int, int] = {}  # storage address -> bytes
+        self.units = units
+        self.storages: dict[int, int] = {}  # storage identity -> bytes
+        self.outside = 0
+        self.per_unit = [0] * len(units)
+        self.unit_inputs = [0] * len(units)
+        self._current: int | None = None  # the unit whose forward runs now
         self._params: set[int] = set()
+        self._handles: list[Any] = []
         self._hooks: Any = None
 
     @property
     def bytes(self) -> int:
-        return sum(self.storages.values())
+        return sum(self.storages.values())  # = outside + sum(per_unit)
 
     def __enter__(self) -> "SavedBytes":
         self._params = {_storage(p)[0] for p in self.model.parameters()}
+        for i, name in enumerate(self.units):
+            unit = self.model.get_submodule(name)
+            self._handles.append(unit.register_forward_pre_hook(self._enter_unit(i)))
+            self._handles.append(unit.register_forward_hook(self._leave_unit))
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
         self._hooks.__enter__()
         if self.checkpointed is not None:
@@ -103,12 +121,16 @@ class SavedBytes:
         if self.checkpointed is not None:
             self.checkpointed.tally = None
         self._hooks.__exit__(*exc)
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         self._count(tensor)
         return tensor
 
     def hold(self, values: Any) -> None:
+        """Count the tensors in ``values`` (what a checkpointed unit keeps for its recompute)."""
         for value in tree_leaves(values):
             if isinstance(value, torch.Tensor):
                 self._count(value)
@@ -117,8 +139,22 @@ class SavedBytes:
         if isinstance(tensor, nn.Parameter) or isinstance(tensor._base, nn.Parameter):
             return  # a weight (or its transpose) held for the backward's GEMM: held by the model anyway
         key, size = _storage(tensor)
-        if size and key not in self._params:
+        if size and key not in self._params and key not in self.storages:
             self.storages[key] = size
+            if self._current is None:
+                self.outside += size
+            else:
+                self.per_unit[self._current] += size
+
+    def _enter_unit(self, i: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+            self._current = i
+            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            self.unit_inputs[i] = _storage(first)[1] if first is not None else 0
+        return hook
+
+    def _leave_unit(self, module: nn.Module, args: Any, out: Any) -> None:
+        self._current = None
 
 
 def _unpack(tensor: torch.Tensor) -> torch.Tensor:
@@ -126,11 +162,12 @@ def _unpack(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _storage(tensor: torch.Tensor) -> tuple[int, int]:
-    """(an identity of the memory ``tensor`` lives in, its bytes): the storage where it has one, else (tensor
-    subclasses such as FP8 or sharded tensors) the tensor itself at its element size."""
+    """(an identity of the memory ``tensor`` lives in, its bytes): the storage (its StorageImpl, which fake
+    tensors have too) where it has one, else (tensor subclasses such as FP8 or sharded tensors) the tensor
+    itself at its element size."""
     local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
     try:
         storage = local.untyped_storage()
-        return storage.data_ptr(), int(storage.nbytes())
+        return storage._cdata, int(storage.nbytes())
     except Exception:  # noqa: BLE001 - a subclass without one storage
         return id(local), int(local.numel() * local.element_size())

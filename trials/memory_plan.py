@@ -2,14 +2,15 @@
 
 The module is built and run once under torch's FakeTensorMode (shapes, dtypes and storages, no memory, no
 arithmetic: an 8B model at seq 4096 takes about half a second), at the cell's own batch and sequence, with
-``torch.autograd.graph.saved_tensors_hooks`` summing the bytes of the unique storages autograd keeps for
-backward (parameters excluded: they are the weights). A forward hook on each unit (the children of the
-model's largest ``nn.ModuleList``: MiniGPT's blocks, transformers' decoder layers, nanoGPT's ``h``) says
-which unit saved what, so each activation-checkpointing setting follows from the same one pass:
+the trial's own counter (trials/checkpointing.py's ``SavedBytes``: the unique storages autograd keeps for
+backward, parameters excluded: they are the weights). A forward hook on each unit (the model source's units,
+the ones the trial checkpoints and FSDP2 shards: trials/models ``units``) says which unit saved what, so
+each activation-checkpointing setting follows from the same one pass, the units recomputed chosen by the
+trial's rule (trials/checkpointing.py ``chosen``):
 
     none       every unit's saved bytes
     full       every unit keeps only its input; one unit's saved bytes come back while it is recomputed
-    selective  every SELECTIVE_EVERY-th unit (1-based, as torchtitan counts) as under full, the rest as none
+    selective  every ``ac_every``-th unit (1-based, as torchtitan counts) as under full, the rest as none
 
 The parts of one rank, in the cell's weight dtype (fp32 for fp32 cells, bf16 otherwise, trials/models):
 
@@ -38,89 +39,15 @@ import functools
 import logging
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
+
+from .spec import field_default
 
 log = logging.getLogger(__name__)
 
-CHECKPOINTING = ("none", "full", "selective")  # torchtitan's names
-SELECTIVE_EVERY = 2  # selective: every 2nd unit is recomputed (torchtitan's selective_ac_option "2")
 LOGITS_BYTES = 12  # per logit beyond the weight dtype's: fp32 log-softmax (saved), its grad, its input's grad
 FP8_MASTER_STATE_BYTES = 12  # per parameter: an fp32 master weight and two fp32 moments
 GATHERED_UNITS = 2  # FSDP2: the unit running and the one prefetched are whole at once
-
-
-class SavedBytes:
-    """Context manager: the bytes autograd keeps for backward inside it, unique storages, parameters excluded.
-
-    ``units``: modules whose forward's saved bytes are also told apart (``per_unit``), with the bytes of
-    each one's input (``unit_inputs``: what a checkpointed unit keeps). Works on real and fake tensors.
-    """
-
-    def __init__(self, exclude: Iterator[Any] = (), units: tuple[Any, ...] = ()):
-        self.exclude = {_storage_key(t) for t in exclude}
-        self.units = units
-        self.seen: set[int] = set()
-        self.outside = 0
-        self.per_unit = [0] * len(units)
-        self.unit_inputs = [0] * len(units)
-        self._current: int | None = None
-        self._handles: list[Any] = []
-        self._hooks: Any = None
-
-    @property
-    def total(self) -> int:
-        return self.outside + sum(self.per_unit)
-
-    def _pack(self, t: Any) -> Any:
-        key = _storage_key(t)
-        if key not in self.seen and key not in self.exclude:
-            self.seen.add(key)
-            nbytes = t.untyped_storage().nbytes()
-            if self._current is None:
-                self.outside += nbytes
-            else:
-                self.per_unit[self._current] += nbytes
-        return t
-
-    def _enter_unit(self, i: int) -> Callable[..., None]:
-        def hook(module: Any, args: tuple[Any, ...]) -> None:
-            self._current = i
-            first = next((a for a in args if hasattr(a, "untyped_storage")), None)
-            self.unit_inputs[i] = first.untyped_storage().nbytes() if first is not None else 0
-        return hook
-
-    def _leave_unit(self, module: Any, args: Any, out: Any) -> None:
-        self._current = None
-
-    def __enter__(self) -> "SavedBytes":
-        import torch
-
-        for i, unit in enumerate(self.units):
-            self._handles.append(unit.register_forward_pre_hook(self._enter_unit(i)))
-            self._handles.append(unit.register_forward_hook(self._leave_unit))
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._hooks.__exit__(*exc)
-        for handle in self._handles:
-            handle.remove()
-
-
-def _storage_key(t: Any) -> int:
-    return t.untyped_storage()._cdata  # the StorageImpl's address: one per storage, also for fake tensors
-
-
-def units_of(model: Any) -> tuple[Any, ...]:
-    """The repeated units: the children of the model's largest ``nn.ModuleList`` (none: one unit, no list)."""
-    import torch.nn as nn
-
-    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
-    if not lists:
-        return ()
-    biggest = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
-    return tuple(biggest)
 
 
 @dataclass(frozen=True)
@@ -131,25 +58,25 @@ class Activations:
     units: tuple[int, ...]  # saved inside each unit
     unit_inputs: tuple[int, ...]  # each unit's input: what a checkpointed unit keeps
 
-    def checkpointed(self, setting: str, every: int = SELECTIVE_EVERY) -> tuple[bool, ...]:
-        if setting not in CHECKPOINTING:
-            raise ValueError(f"activation_checkpointing must be one of {', '.join(CHECKPOINTING)}; got {setting!r}")
-        n = len(self.units)
-        if setting == "none":
-            return (False,) * n
-        if setting == "full":
-            return (True,) * n
-        return tuple((i + 1) % every == 0 for i in range(n))
+    def checkpointed(self, setting: str, every: int | None = None) -> tuple[bool, ...]:
+        """Which units ``setting`` recomputes (``every``: selective's ``ac_every``, default the spec's): the
+        trial's rule (trials/checkpointing.py)."""
+        from .checkpointing import chosen
 
-    def held(self, setting: str = "none") -> int:
-        """Bytes held for backward once the forward is done."""
+        every = field_default("ac_every") if every is None else every
+        picked = set(chosen(tuple(range(len(self.units))), setting, every))
+        return tuple(i in picked for i in range(len(self.units)))
+
+    def held(self, setting: str = "none", every: int | None = None) -> int:
+        """Bytes held for backward once the forward is done (``every``: selective's ``ac_every``, default the
+        spec's)."""
         return self.outside + sum(i if c else u for u, i, c in zip(self.units, self.unit_inputs,
-                                                                   self.checkpointed(setting)))
+                                                                   self.checkpointed(setting, every)))
 
-    def peak(self, setting: str = "none") -> int:
+    def peak(self, setting: str = "none", every: int | None = None) -> int:
         """Held bytes plus, under checkpointing, the largest recomputed unit's saved bytes during its backward."""
-        again = [u for u, c in zip(self.units, self.checkpointed(setting)) if c]
-        return self.held(setting) + (max(again) if again else 0)
+        again = [u for u, c in zip(self.units, self.checkpointed(setting, every)) if c]
+        return self.held(setting, every) + (max(again) if again else 0)
 
 
 @dataclass(frozen=True)
@@ -175,6 +102,7 @@ class MemoryPlan:
     activations: int
     logits: int
     checkpointing: str
+    ac_every: int  # selective: every ac_every-th unit recomputed
     parallel: str
     world_size: int
     batch_size: int  # rows per rank
@@ -188,7 +116,8 @@ class MemoryPlan:
         """The knobs this plan is for, as sweep fields."""
         where = (f"parallel {self.parallel}, world_size {self.world_size}, batch_size {self.batch_size} per rank"
                  if self.parallel != "none" else "1 GPU")
-        return f"activation_checkpointing {self.checkpointing}, {where}"
+        every = f", ac_every {self.ac_every}" if self.checkpointing == "selective" else ""
+        return f"activation_checkpointing {self.checkpointing}{every}, {where}"
 
 
 @dataclass(frozen=True)
@@ -221,6 +150,7 @@ def _probe(key: _Key) -> Probe | None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from . import models
+    from .checkpointing import SavedBytes
     from .metrics import gemm_flop_counter
 
     spec = key.spec
@@ -231,14 +161,14 @@ def _probe(key: _Key) -> Probe | None:
         model = built.model
         with FakeTensorMode(allow_non_fake_inputs=True) as mode, _unpacked_positions():
             _to_fake(model, mode)
-            units = units_of(model)
             ids = torch.zeros(key.batch, spec.seq_len, dtype=torch.long)
-            with gemm_flop_counter() as counter, SavedBytes(model.parameters(), units) as saved:
+            with gemm_flop_counter() as counter, SavedBytes(model, units=built.units) as saved:
                 model(ids)
         params = list(model.parameters())
         n_params = sum(p.numel() for p in params)
         weight_bytes = sum(p.numel() * p.element_size() for p in params)
-        largest = max((sum(p.numel() for p in u.parameters()) for u in units), default=n_params)
+        largest = max((sum(p.numel() for p in model.get_submodule(u).parameters()) for u in built.units),
+                      default=n_params)
         head = model.get_submodule(built.logits_layer) if built.logits_layer else None
         gemm = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head)
     except Exception as exc:  # noqa: BLE001 - a module fake tensors cannot run (data-dependent code, ...)
@@ -290,19 +220,14 @@ def _to_fake(model: Any, mode: Any) -> None:
                         table[name] = fake(t)
 
 
-def checkpointing_of(spec: Any) -> str:
-    """The spec's ``activation_checkpointing`` where the spec has that field, else none."""
-    return getattr(spec, "activation_checkpointing", "none")
-
-
 def plan(spec: Any, checkpointing: str | None = None, parallel: str | None = None,
          world_size: int | None = None, batch_size: int | None = None) -> MemoryPlan:
     """One rank's memory for a training step of ``spec`` (or of it with the given settings changed;
-    ``batch_size``: rows per rank)."""
+    ``batch_size``: rows per rank; selective recomputes every ``spec.ac_every``-th unit)."""
     from . import models
     from .backends import STACKS, recipe_owner
 
-    setting = checkpointing or checkpointing_of(spec)
+    setting = checkpointing or spec.activation_checkpointing
     parallel = parallel or spec.parallel
     world = world_size or spec.world_size
     width = 4 if spec.precision == "fp32" else 2
@@ -313,7 +238,7 @@ def plan(spec: Any, checkpointing: str | None = None, parallel: str | None = Non
         weights, largest, acts, guess = n * width, n, 0, True
     else:
         n, weights, largest, guess = got.n_params, got.weight_bytes, got.largest_unit_params, False
-        acts = got.activations.peak(setting)
+        acts = got.activations.peak(setting, spec.ac_every)
     stack = STACKS.get(recipe_owner(spec.recipe) or "")
     masters = spec.precision == "fp8" and spec.fp8_all_gather and stack is not None and stack.fp8_all_gather_masters
     grads = weights
@@ -327,7 +252,8 @@ def plan(spec: Any, checkpointing: str | None = None, parallel: str | None = Non
         grads = 2 * grads  # DDP's buckets hold a copy of the gradients (gradient_as_bucket_view is off)
     vocab = models.describe(spec).shape.get("vocab") or spec.vocab or 0
     logits = batch * spec.seq_len * vocab * (width + LOGITS_BYTES)
-    return MemoryPlan(weights, grads, optimizer, acts, logits, setting, parallel, world, batch, guess)
+    return MemoryPlan(weights, grads, optimizer, acts, logits, setting, spec.ac_every, parallel, world, batch,
+                      guess)
 
 
 def record_fields(spec: Any) -> dict[str, int | None]:

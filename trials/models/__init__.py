@@ -174,7 +174,7 @@ class Facts:
 
     ``shape``: the shape fields as the model has them (the config's values where the spec gave none);
     ``analytic``: MiniGPT's ModelConfig where the FLOP formula of trials/metrics.py applies, else None
-    (FLOPs are counted); ``estimate``: a ModelConfig close enough for the dry run's memory estimate.
+    (FLOPs are counted).
     """
 
     model_class: str
@@ -182,7 +182,6 @@ class Facts:
     n_params: int | None
     shape: dict[str, Any]
     analytic: Any = None
-    estimate: Any = None
     attn_width: int | None = None  # heads x head dim: the causal attention term of counted FLOPs
     model_type: str | None = None  # transformers' config.model_type (hf); None for MiniGPT and py: factories
 

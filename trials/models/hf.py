@@ -181,8 +181,6 @@ def _describe(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int)
     """Built on the meta device (no memory, no init): the class and the exact parameter count of the full model."""
     import torch
 
-    from ..model import ModelConfig
-
     cfg = _config(target, overrides, seq_len)
     try:
         with torch.device("meta"):
@@ -191,12 +189,10 @@ def _describe(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int)
         raise ModelError(f"hf:{target}: transformers cannot build it: {type(exc).__name__}: {exc}") from None
     shape = _shape(cfg)
     heads = shape["n_heads"] or 1
-    estimate = ModelConfig(shape["vocab"], shape["d_model"], shape["n_layers"], heads, shape["ffn"], seq_len,
-                           arch="llama", n_kv_heads=shape["n_kv_heads"] if shape["d_model"] % heads == 0 else None)
     head_dim = getattr(cfg, "head_dim", None) or shape["d_model"] // heads
     values = {k: v for k, v in cfg.to_dict().items() if k not in ("dtype", "torch_dtype", "transformers_version")}
     return Facts(type(model).__name__, to_json(values), param_count(model), shape,
-                 estimate=estimate, attn_width=heads * head_dim, model_type=cfg.model_type)
+                 attn_width=heads * head_dim, model_type=cfg.model_type)
 
 
 def check(spec: Any) -> None:

@@ -43,7 +43,7 @@ def describe(spec: Any) -> Facts:
     shape = {"vocab": cfg.vocab, "d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
              "n_kv_heads": spec.n_kv_heads, "ffn": cfg.ffn}
     return Facts(MiniGPT.__name__, to_json(dataclasses.asdict(cfg)), param_count(cfg), shape, analytic=cfg,
-                 estimate=cfg, attn_width=cfg.d_model)
+                 attn_width=cfg.d_model)
 
 
 def check(spec: Any) -> None:

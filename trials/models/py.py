@@ -189,8 +189,6 @@ def units(model: Any) -> tuple[str, ...]:
 @functools.lru_cache(maxsize=64)
 def describe(spec: Any) -> Facts:
     """Class and parameter count from a meta-device build (None where the factory cannot build on meta)."""
-    from ..model import ModelConfig
-
     try:
         module = on_meta(spec)
         n_params, name, vocab = param_count(module), type(module).__name__, _vocab(spec, module)
@@ -198,12 +196,7 @@ def describe(spec: Any) -> Facts:
         n_params, name, vocab = None, parse(spec.model).target.rpartition(":")[2], spec.vocab
     shape = {f: getattr(spec, f) for f in ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn")}
     shape["vocab"] = vocab
-    estimate = None
-    if all(isinstance(shape[f], int) for f in ("vocab", "d_model", "n_layers", "n_heads", "ffn")):
-        estimate = ModelConfig(shape["vocab"], shape["d_model"], shape["n_layers"], shape["n_heads"], shape["ffn"],
-                               spec.seq_len, arch="llama", n_kv_heads=shape["n_kv_heads"])
-    return Facts(name, to_json({"factory": spec.model, **shape}), n_params, shape, estimate=estimate,
-                 attn_width=spec.d_model)
+    return Facts(name, to_json({"factory": spec.model, **shape}), n_params, shape, attn_width=spec.d_model)
 
 
 def check(spec: Any) -> None:
