@@ -9,7 +9,6 @@ S3-compatible store.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -19,6 +18,8 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 import pytest
+
+from trials.environ import environ
 
 from .conftest import _free_port, cli_env, juicytalk, wait_for
 
@@ -54,18 +55,12 @@ def s3(tmp_path_factory):
 
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_ENDPOINT_URL": endpoint}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     try:
-        wait_for(up, timeout=60)
-        pafs.S3FileSystem(endpoint_override=endpoint, allow_bucket_creation=True).create_dir(BUCKET)
-        yield env
+        with environ(**env):
+            wait_for(up, timeout=60)
+            pafs.S3FileSystem(endpoint_override=endpoint, allow_bucket_creation=True).create_dir(BUCKET)
+            yield env
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         server.terminate()
         server.wait(timeout=30)
 
