@@ -68,7 +68,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         from trials.record import FINAL_STATUSES
 
         from .tables import print_table
-        from .plan import (cpu_matmul_flops_per_s, expected_ooms, host_memory_bytes, local_gpu_memory_bytes,
+        from .plan import (config_defaults, cpu_matmul_flops_per_s, expected_ooms, host_memory_bytes, local_gpu_memory_bytes,
                            plan_rows, plan_table, slow_on_cpu, unsupported_here)
 
         local_gpu = local_gpu_memory_bytes()
@@ -81,6 +81,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             if row["unsupported"]:
                 console.print(f"[cyan]unsupported here[/] {row['label']}: {row['unsupported']} (it is recorded "
                               "as unsupported with this reason)", soft_wrap=True)
+        for line in config_defaults(sweep):
+            console.print(f"[yellow]config defaults[/] {line}", soft_wrap=True)
         for line in expected_ooms(rows, gpu_memory, host_memory):
             console.print(f"[yellow]expected OOM[/] {line}", soft_wrap=True)
         if any(row["on_cpu"] and not row["unsupported"] for row in rows):

@@ -115,6 +115,7 @@ def describe(spec: Any) -> Facts:
         n_params, name, vocab = None, parse(spec.model).target.rpartition(":")[2], spec.vocab
     shape = {f: getattr(spec, f) for f in ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn")}
     shape["vocab"] = vocab
+    shape["head_dim"] = spec.d_model // spec.n_heads if spec.d_model and spec.n_heads else None
     estimate = None
     if all(isinstance(shape[f], int) for f in ("vocab", "d_model", "n_layers", "n_heads", "ffn")):
         estimate = ModelConfig(shape["vocab"], shape["d_model"], shape["n_layers"], shape["n_heads"], shape["ffn"],
