@@ -128,6 +128,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     store = Store(storage, sweep.name)
     records = store.read_records(["cell_id", "sample", "step_ms_p50", "error", *INPUT_COLUMNS])
     print_table(console, summary_table(outcome.items, outcome.statuses, records))
+    from .plan import config_defaults
+
+    for line in config_defaults(sweep):  # the sizes nobody set, beside what the sweep set
+        console.print(f"[yellow]config defaults[/] {line}", soft_wrap=True)
     console.print(f"{outcome.total} trials: {outcome.already_done} already done, {outcome.ran} run now, "
                   f"{len(outcome.failed)} failed, {len(outcome.missing)} missing"
                   + (" (interrupted)" if outcome.interrupted else "")
