@@ -81,11 +81,14 @@ class _Filter:
             self.auto = _auto_filter_for_recipe(auto_recipe, filter_fqns=[keep] if keep else [])
         self.converted: list[str] = []
         self.skipped: list[str] = []
+        self.model_keeps: dict[str, str] = {}  # qualified name -> why the model needs it in high precision
 
     def __call__(self, module: nn.Module, fqn: str) -> bool:
         if not isinstance(module, nn.Linear):
             return False
-        if self.auto is not None:
+        if fqn in self.model_keeps:
+            ok = False
+        elif self.auto is not None:
             ok = fqn != self.keep and bool(self.auto(module, fqn))
         else:
             ok = (fqn != self.keep and module.in_features % FP8_DIM_MULTIPLE == 0
@@ -106,6 +109,7 @@ def build(spec: Any, precision: str, device: str) -> Built:
     if precision != "fp8":
         return Built(model, forward=compiled(model, spec), info={"torchao_version": version()})
     keep = _Filter(made.logits_layer, spec.recipe if spec.fp8_filter == "auto" else None)
+    keep.model_keeps = made.keep  # Linears the model needs in high precision (trials/models: Built.keep)
     config = Float8LinearConfig.from_recipe_name(spec.recipe)
     after_step = None
     if spec.fp8_all_gather:  # FSDP2 all-gathers the FP8 weights; their scales are made once per step for it
