@@ -110,3 +110,13 @@ def test_the_dry_run_shows_the_defaults_beside_what_the_sweep_set(tmp_path, caps
     assert "hf:qwen2_moe: the sweep set vocab=96 d_model=64 n_layers=2 n_heads=4; transformers' defaults: " \
            "intermediate_size=5632 moe_intermediate_size=1408 shared_expert_intermediate_size=5632 num_experts=60 " \
            "num_experts_per_tok=4" in text
+
+
+def test_the_head_dim_rule_reads_the_models_head_dim(tmp_path):
+    """A config.json whose own head_dim is 12 (d_model / n_heads unset in the spec, so the spec cannot see it)."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3", "hidden_size": 64, "head_dim": 12,
+                                                      "num_attention_heads": 4, "num_key_value_heads": 4,
+                                                      "intermediate_size": 128, "num_hidden_layers": 1}))
+    with pytest.raises(SpecError, match="the model's head dim must be a multiple of 8, got 12") as exc:
+        check_model(TrialSpec(model=f"hf:{tmp_path}", backend="torch", vocab=96, seq_len=16))
+    assert exc.value.field == "model"
