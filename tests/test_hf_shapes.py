@@ -120,3 +120,10 @@ def test_the_head_dim_rule_reads_the_models_head_dim(tmp_path):
     with pytest.raises(SpecError, match="the model's head dim must be a multiple of 8, got 12") as exc:
         check_model(TrialSpec(model=f"hf:{tmp_path}", backend="torch", vocab=96, seq_len=16))
     assert exc.value.field == "model"
+
+
+def test_a_vocab_the_lm_head_does_not_take_is_one_line():
+    """inkling2_text's LM head makes 200058 logits whatever vocab_size says (main: the trial ran on them)."""
+    with pytest.raises(SpecError, match="vocab=96 does not reach the model: its LM head .* makes 200058 logits") as exc:
+        check_model(spec("hf:inkling2_text", ffn=128))
+    assert exc.value.field == "vocab" and "\n" not in str(exc.value)

@@ -326,6 +326,13 @@ def _describe(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int)
     except Exception as exc:  # noqa: BLE001 - the modelling code's own checks (heads dividing hidden, ...)
         raise ModelError(f"hf:{target}: transformers cannot build it: {type(exc).__name__}: {exc}") from None
     shape = _shape(cfg)
+    head = model.get_output_embeddings()
+    width = head.weight.shape[0] if head is not None and getattr(head, "weight", None) is not None else None
+    if width is not None and width != shape["vocab"]:  # the logits are the head's, whatever vocab_size says
+        if "vocab" in dict(overrides):
+            raise ModelError(f"hf:{target}: vocab={shape['vocab']} does not reach the model: its LM head "
+                             f"({type(model).__name__}) makes {width} logits; leave vocab unset", "vocab")
+        shape["vocab"] = width
     heads = shape["n_heads"] or 1
     head_dim = (getattr(cfg, "head_dim", None) if _has(cfg, "head_dim") else None) or shape["d_model"] // heads
     shape["head_dim"] = head_dim
