@@ -6,7 +6,9 @@ JuicyTalk calls ``build(spec)`` with the trial's spec (its shape fields as given
 ``torch.device(<the trial's device>)`` with the trial's seed set, casts the module to the cell's precision
 and trains it on its synthetic sequences; the module maps token ids (batch, seq) to logits (batch, seq,
 vocab). Its ``nn.Linear`` layers are what torchao converts to FP8 (``lm_head``, which makes the logits,
-stays BF16). A plain pre-norm transformer with ``nn.TransformerEncoderLayer`` blocks and a causal mask.
+stays BF16); the attention's projections stay BF16 too (``nn.MultiheadAttention`` multiplies by its weights itself,
+never calling a Linear), so about 44% of a step's FLOPs run in FP8 at d_model 64 (``fp8_flop_share``).
+A plain pre-norm transformer with ``nn.TransformerEncoderLayer`` blocks and a causal mask.
 It trains on every stack but does not serve (``workload: infer`` is ``unsupported``): serving hands the model a
 KV cache, which only a transformers causal LM takes (a factory returning one serves like an ``hf:`` model).
 """

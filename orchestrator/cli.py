@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 from rich.console import Console
+from rich.text import Text
 
 DEFAULT_OUT = "./juicytalk-results"
 PROG = "juicytalk"
@@ -101,9 +102,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         total = len(sweep.cells) * sweep.samples
         done = sum(1 for row in rows for status in row["records"] if status in FINAL_STATUSES)
         console.print(f"{total} trials{' in the grid' if sweep.search else ''}: {done} have a final record, "
-                      f"{total - done} would run now; results go to {Store(storage, sweep.name).root}", soft_wrap=True)
+                      f"{total - done} would run now; results go to {Store(storage, sweep.name).url()}", soft_wrap=True)
         return 0
-    from .progress import SweepProgress, summary_table
+    from .progress import SweepProgress, reasons_below, summary_table
     from .tables import print_table
 
     for asked, why in sweep.skipped:
@@ -119,15 +120,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 1
     except StorageFull as exc:  # one line; what was written stays, and the same command resumes
         store = Store(storage, sweep.name)
-        done = len(store.final_keys()) if Path(store.root).exists() else 0
+        done = len(store.final_keys()) if store.exists() else 0
         print(f"{PROG}: error: storage: {exc}; {done} of {len(sweep.cells) * sweep.samples} trials have intact "
               "records; free space and rerun the same command to resume", file=sys.stderr)
         return 1
     from .efficiency import INPUT_COLUMNS, describe, run_efficiency
 
     store = Store(storage, sweep.name)
-    records = store.read_records(["cell_id", "sample", "step_ms_p50", "error", *INPUT_COLUMNS])
+    records = store.read_records(["cell_id", "sample", "step_ms_p50", "error", "timing_disturbed_why", "precision",
+                                  "effective_precision", "fp8_flop_share", *INPUT_COLUMNS])
     print_table(console, summary_table(outcome.items, outcome.statuses, records))
+    for line in reasons_below(outcome.items, outcome.statuses, records):
+        console.print(Text(line), soft_wrap=True)  # an error's text, never markup
     from .plan import config_defaults
 
     for line in config_defaults(sweep):  # the sizes nobody set, beside what the sweep set
@@ -154,18 +158,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         try:
             from .report import answer, build_report
 
-            report = None if args.no_report else build_report(store.root, out_html=store.path("report.html"),
-                                                               sweep_text=sweep.source_text)
+            report = None if args.no_report else build_report(  # on object storage: written there too
+                store.url(), out_html=store.path("report.html") if store.local else None, sweep_text=sweep.source_text)
             if outcome.search is not None and report is None:  # the report's headline leads with it
                 console.print(f"[bold]Crossover search: {outcome.search.statement}[/]", soft_wrap=True)
-            for line in report.headline if report else answer(store.root):
+            for line in report.headline if report else answer(store.url()):
                 console.print(f"[bold]{line}[/]", soft_wrap=True)
             if report:
                 console.print(f"report:  {report.html_path}")
         except Exception as exc:  # noqa: BLE001 - a failing report must not hide a finished sweep
             logging.getLogger(__name__).error("report failed: %s", exc)
     for key in outcome.failed:
-        console.print(f"[red]failed[/] {key}: {outcome.statuses[key]} (see {store.path('logs', key + '.log')})")
+        console.print(f"[red]failed[/] {key}: {outcome.statuses[key]} (see {store.url('logs', key + '.log')})")
     labels = {it.key: it.label for it in outcome.items}
     for key in outcome.missing:
         why = "not run: the sweep was interrupted" if outcome.interrupted else \
@@ -184,8 +188,15 @@ def _sweep_dir(path: str) -> tuple[str, str] | None:
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
-    from .store import Store
+    from .store import Store, is_uri
 
+    if is_uri(args.dir):  # an object store's sweep prefix
+        store = Store.at(args.dir)
+        if not store.exists("trials"):
+            return _fail(f"DIR: {args.dir} is not a sweep directory (it has no trials/ folder)")
+        path, rows = store.collect()
+        print(f"{rows} records -> {path}")
+        return 0
     if not Path(args.dir).expanduser().exists():
         return _fail(f"DIR: {args.dir} does not exist")
     where = _sweep_dir(args.dir)
@@ -368,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mlflow", required=True, metavar="URI", help="MLflow tracking URI (sqlite:///path/mlflow.db, http://host:5000, file:/path)")
     p.add_argument("--experiment", help="experiment name (default: the records' sweep name)")
 
-    sub.add_parser("fields", help="the record's fields as a markdown table (the README's)")
+    sub.add_parser("fields", help="the record's fields as a markdown table (docs/guide/record-fields.md's)")
 
     p = sub.add_parser("doctor", help="what this machine (and Ray cluster) can run")
     p.add_argument("--ray", action="store_true", help="also start/connect Ray and show cluster resources")

@@ -100,5 +100,11 @@ def describe(row: pd.Series) -> str:
     what = "GPU-busy fraction" if row["gpus"] else "busy fraction (no GPU)"
     return (f"{what} {row['busy_fraction']:.2f}{per_gpu}: train+bench {row['busy_s']:.1f}s of "
             f"{row['wall_s']:.1f}s from the run's start to its last record; launcher {row['launcher']}, {row['trials_per_process']:.1f} trials per "
-            f"process; per-trial overhead {row['overhead_s_median']:.2f}s median, first step "
-            f"{row['first_step_s_median']:.2f}s median")
+            f"process; per-trial overhead {_seconds(row['overhead_s_median'])}, first step "
+            f"{_seconds(row['first_step_s_median'], 'no trial reached its first step')}")
+
+
+def _seconds(median: float, none: str = "unknown") -> str:
+    """``1.50s median``, or ``none`` where no trial had the value (a run whose every trial failed before its first
+    training step has no first-step time: the median of nothing is not a number to print)."""
+    return none if median != median else f"{median:.2f}s median"

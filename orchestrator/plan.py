@@ -13,8 +13,7 @@ from typing import Any
 
 from rich.table import Table
 
-from trials.backends import STACKS, recipe_owner
-from trials import models
+from trials import memory_plan, models
 from trials.metrics import flops_per_step
 from trials.spec import TrialSpec
 
@@ -22,38 +21,13 @@ from .store import Store, trial_key
 from .sweep import Sweep
 
 
-MASTER_AND_MOMENTS_BYTES = 12  # per parameter: an fp32 master weight and Adam's two fp32 moments
 CPU_SLOW_S = 3600.0  # a CPU cell whose steps need longer than this, at the host's best matmul pace, is flagged
 
 
 def estimate_memory_bytes(spec: TrialSpec) -> int:
-    """Rough device-memory need of a training step (an estimate for planning, not a promise).
-
-    Weights, gradients and the two AdamW moments in the parameter dtype (fp32 for fp32 cells, bf16
-    otherwise); activations kept for backward per token and layer: the block input, both norm outputs,
-    Q/K/V, the attention output and the residual (7 * d_model + 2 * kv width), fc1's output and the
-    activation's (fc1_out + ffn), in the activation dtype, about 34 * d_model bytes for the gpt block
-    (Korthikanti et al.; flash attention keeps no seq x seq scores); and the logits in the activation
-    dtype plus their fp32 copy and its gradient for the loss. Cells whose weights exist only in FP8
-    (``fp8_all_gather`` on a stack with ``fp8_all_gather_masters``: TE) keep an fp32 master and two fp32
-    moments per parameter instead. Other models (trials/models): their exact parameter count (built on the
-    meta device) and the activations of a Llama-shaped block of their resolved shape; a factory's model of
-    unknown shape counts its weights and optimizer state only.
-    """
-    facts = models.describe(spec)
-    n = facts.n_params or 0
-    cfg = facts.estimate
-    width = 4 if spec.precision == "fp32" else 2
-    tokens = spec.tokens
-    activations = logits = 0
-    if cfg is not None:
-        per_token_layer = 7 * cfg.d_model + 2 * cfg.kv_dim + cfg.fc1_out + cfg.ffn
-        activations = tokens * cfg.n_layers * per_token_layer * width
-        logits = tokens * cfg.vocab * (width + 8)
-    stack = STACKS.get(recipe_owner(spec.recipe) or "")
-    masters = spec.fp8_all_gather and stack is not None and stack.fp8_all_gather_masters
-    state = MASTER_AND_MOMENTS_BYTES if masters else 2 * width
-    return n * (2 * width + state) + activations + logits
+    """One rank's peak for a training step (an estimate for planning, not a promise): the memory plan of
+    trials/memory_plan.py, from the module the model source builds, run once under fake tensors."""
+    return memory_plan.plan(spec).total
 
 
 def unsupported_here(sweep: Sweep) -> dict[str, str]:
@@ -77,15 +51,29 @@ def unsupported_here(sweep: Sweep) -> dict[str, str]:
 def estimate_flops(spec: TrialSpec) -> float:
     """Model FLOPs of a training trial's steps (training and timed), all ranks: what a CPU cell must get
     through. Inference cells: the same steps' forward passes are far fewer; estimated as training's third."""
+    return estimate_flops_guess(spec)[0]
+
+
+def estimate_flops_guess(spec: TrialSpec) -> tuple[float, bool]:
+    """(``estimate_flops``, whether it is a guess). MiniGPT: its closed form. Any other model: the GEMMs
+    FlopCounterMode counts in one forward of the module the source builds (under fake tensors, at the
+    cell's batch and seq), times 3 for forward and backward, plus causal attention by MiniGPT's formula
+    over the model's units; where the module cannot run under fake tensors, 6 x parameters per token (a
+    guess)."""
     facts = models.describe(spec)
     steps = spec.train_steps + spec.bench_steps * spec.repeats
     tokens = spec.tokens * spec.world_size
-    if facts.estimate is not None:  # MiniGPT's shape, or a model's Llama-shaped stand-in
-        per_step = flops_per_step(facts.estimate, tokens)
-    else:  # a factory's model of unknown shape: its weights' GEMMs only
-        per_step = 6.0 * (facts.n_params or 0) * tokens
+    got = None if facts.analytic is not None else memory_plan.probe(spec)
+    guess = False
+    if facts.analytic is not None:
+        per_step = flops_per_step(facts.analytic, tokens)
+    elif got is not None:
+        attention = 6.0 * len(got.activations.units) * spec.seq_len * (facts.attn_width or 0) * tokens
+        per_step = 3.0 * got.forward_flops * spec.world_size + attention
+    else:
+        per_step, guess = 6.0 * (facts.n_params or 0) * tokens, True
     flops = per_step * steps
-    return flops if spec.workload == "train" else flops / 3
+    return (flops if spec.workload == "train" else flops / 3), guess
 
 
 def plan_rows(sweep: Sweep, store: Store, unsupported: dict[str, str] | None = None,
@@ -96,11 +84,13 @@ def plan_rows(sweep: Sweep, store: Store, unsupported: dict[str, str] | None = N
     rows = []
     for cell in sweep.cells:
         have = [statuses.get(trial_key(cell.cell_id, s)) for s in range(sweep.samples)]
+        mem = memory_plan.plan(cell.spec)
+        flops, flops_guess = estimate_flops_guess(cell.spec)
         rows.append({
-            "label": cell.label, "cell_id": cell.cell_id,
+            "label": cell.label, "cell_id": cell.cell_id, "spec": cell.spec,
             "params": models.describe(cell.spec).n_params,
-            "est_mem_bytes": estimate_memory_bytes(cell.spec),
-            "est_flops": estimate_flops(cell.spec),
+            "est_mem_bytes": mem.total, "mem_guess": mem.guess,
+            "est_flops": flops, "flops_guess": flops_guess,
             "on_cpu": cell.spec.device == "cpu" or (cpu_here and cell.spec.device == "auto"),
             "records": [s for s in have if s], "samples": sweep.samples,
             "unsupported": unsupported.get(cell.cell_id),
@@ -156,7 +146,7 @@ def plan_table(sweep: Sweep, rows: list[dict[str, Any]], gpu_memory_bytes: int |
         table.add_column(col)
     for row in rows:
         rec = ", ".join(row["records"]) if row["records"] else "-"
-        memory = f"{row['est_mem_bytes'] / gib:.2f} GiB"
+        memory = f"{row['est_mem_bytes'] / gib:.2f} GiB" + (" (guess)" if row.get("mem_guess") else "")
         limit = _limit(row, gpu_memory_bytes, host_memory_bytes)
         if limit and row["est_mem_bytes"] > limit:
             memory += " OOM?"
@@ -185,13 +175,21 @@ def config_defaults(sweep: Sweep) -> list[str]:
 def expected_ooms(rows: list[dict[str, Any]], gpu_memory_bytes: int | None,
                   host_memory_bytes: int | None = None) -> list[str]:
     """One line per ``plan_rows`` cell whose estimate exceeds the memory where it runs: the GPU's, or the
-    host's for a CPU cell (it still runs, and records oom if it does)."""
+    host's for a CPU cell (it still runs, and records oom if it does); a GPU training cell's line names the
+    cheapest setting that would fit (trials/memory_plan.py: checkpointing first, then FSDP2 ranks)."""
     out = []
     for row in rows:
         limit = _limit(row, gpu_memory_bytes, host_memory_bytes)
         if limit and row["est_mem_bytes"] > limit and not (row.get("on_cpu") and row.get("unsupported")):
-            out.append(f"{row['label']}: estimated {row['est_mem_bytes'] / 2**30:.1f} GiB > {limit / 2**30:.0f} GiB "
-                       f"of {'host' if row.get('on_cpu') else 'GPU'} memory")
+            line = (f"{row['label']}: estimated {row['est_mem_bytes'] / 2**30:.1f} GiB > {limit / 2**30:.0f} GiB "
+                    f"of {'host' if row.get('on_cpu') else 'GPU'} memory")
+            spec = row.get("spec")
+            if spec is not None and not row.get("on_cpu") and spec.workload == "train" and not row.get("mem_guess"):
+                fit = memory_plan.cheapest_fit(spec, limit)
+                line += (f"; fits with {fit.setting()} ({fit.total / 2**30:.1f} GiB per GPU)" if fit else
+                         f"; does not fit even with activation_checkpointing full on up to {memory_plan.FIT_RANKS[-1]} "
+                         "FSDP2 ranks sharing its global batch")
+            out.append(line)
     return out
 
 
@@ -202,7 +200,9 @@ def slow_on_cpu(rows: list[dict[str, Any]], flops_per_s: float) -> list[str]:
     for row in rows:
         seconds = row["est_flops"] / flops_per_s
         if row.get("on_cpu") and not row.get("unsupported") and seconds > CPU_SLOW_S:
+            guess = " (a guess: 6 x parameters per token; the module does not run under fake tensors)" \
+                if row.get("flops_guess") else ""
             out.append(f"{row['label']}: at least {seconds / 3600:.1f} h on this CPU ({row['est_flops'] / 1e12:.0f} "
-                       f"TFLOP of steps at its best matmul pace, {flops_per_s / 1e9:.0f} GFLOP/s); a GPU runs it, or "
-                       "make the cell smaller")
+                       f"TFLOP of steps at its best matmul pace, {flops_per_s / 1e9:.0f} GFLOP/s){guess}; a GPU runs "
+                       "it, or make the cell smaller")
     return out

@@ -84,18 +84,34 @@ class SweepProgress:
         return Group(line, table)
 
 
-def summary_table(items: list[WorkItem], statuses: dict[str, str], records: Any = None) -> Table:
-    """One row per trial: label, sample, status, p50 step time (an inference trial's: its decode step, per
-    token, marked /tok) and, for a trial that is not ok, why (from the records: an unsupported cell's reason,
-    an OOM, an exception)."""
+def _reasons(records: Any) -> tuple[dict[str, str | None], dict[str, str]]:
+    """(key -> p50 text, key -> the first line of its record's error, or for a trial that ran ok but whose timed
+    steps something else slowed, what did (trials/disturbance.py), or that asked FP8 and ran none, so) from the
+    records."""
     p50, why = {}, {}
     if records is not None and records.num_rows:
-        names = ("cell_id", "sample", "step_ms_p50", "decode_ms_per_token_p50", "error")
+        names = ("cell_id", "sample", "step_ms_p50", "decode_ms_per_token_p50", "error", "timing_disturbed_why",
+                 "precision", "effective_precision", "fp8_flop_share")
         columns = (records.column(n).to_pylist() if n in records.column_names else [None] * records.num_rows
                    for n in names)
-        for cid, s, step, decode, error in zip(*columns):
+        for cid, s, step, decode, error, disturbed, asked, ran, share in zip(*columns):
             p50[f"{cid}-s{s}"] = f"{step:.2f}" if step is not None else f"{decode:.2f}/tok" if decode is not None else None
-            why[f"{cid}-s{s}"] = str(error).splitlines()[0][:WHY_CHARS] if error else ""
+            # an ok FP8 trial that ran no FP8 worth the name (trials.metrics.fp8_ran) is not an FP8 result
+            not_fp8 = (f"ran {ran}, not an FP8 result: " + (f"{share:.0%} of its FLOPs in FP8" if share is not None
+                                                            else "no FP8") + " (fp8_skipped_why)"
+                       if asked == "fp8" and ran not in ("fp8", None) else "")
+            why[f"{cid}-s{s}"] = (str(error).splitlines()[0] if error else
+                                  "; ".join(w for w in (not_fp8, f"timing disturbed: {disturbed}" if disturbed else "")
+                                            if w))
+    return p50, why
+
+
+def summary_table(items: list[WorkItem], statuses: dict[str, str], records: Any = None) -> Table:
+    """One row per trial: label, sample, status, p50 step time (an inference trial's: its decode step, per
+    token, marked /tok) and why: for a trial that is not ok, from the records (an unsupported cell's reason,
+    an OOM, an exception); for an ok trial whose timing something else disturbed, what did. A reason longer
+    than WHY_CHARS reads "see below" (:func:`reasons_below` prints it whole: cut, it stopped mid-sentence)."""
+    p50, why = _reasons(records)
     table = Table(title="sweep summary")
     table.add_column("cell", no_wrap=True)  # labels stay whole in 80 columns; "why" folds instead
     for col in ("sample", "status", "p50 ms", "key"):
@@ -104,7 +120,19 @@ def summary_table(items: list[WorkItem], statuses: dict[str, str], records: Any 
     for it in items:
         status = statuses.get(it.key, "missing")
         value = p50.get(it.key)
+        reason = why.get(it.key, "")  # an ok trial's: its timing was disturbed, or nothing
         table.add_row(it.label, str(it.sample), Text(status, style=_STYLE.get(status, "")),
                       value or "-", it.key,
-                      Text("" if status == "ok" else why.get(it.key, "")))  # an error's text, never markup
+                      Text(reason if len(reason) <= WHY_CHARS else "see below"))  # an error's text, never markup
     return table
+
+
+def reasons_below(items: list[WorkItem], statuses: dict[str, str], records: Any = None) -> list[str]:
+    """The reasons too long for the summary's "why" column, whole, each once, after the trials it belongs to."""
+    _, why = _reasons(records)
+    trials: dict[str, list[str]] = {}
+    for it in items:
+        reason = why.get(it.key, "")
+        if len(reason) > WHY_CHARS:
+            trials.setdefault(reason, []).append(f"{it.label} s{it.sample}")
+    return [f"why {', '.join(labels)}: {reason}" for reason, labels in trials.items()]

@@ -76,7 +76,7 @@ def work_items(sweep: Sweep) -> list[WorkItem]:
 
 def run_context(sweep: Sweep, storage: str, launcher: str | None = None) -> Context:
     launch = {"launcher": launcher or sweep.launcher, "warm_max_trials": sweep.warm_max_trials,
-              "compile_cache": sweep.compile_cache}
+              "compile_cache": sweep.compile_cache, "cwd": os.getcwd()}
     return Context(storage=storage, sweep_name=sweep.name, timeout_s=sweep.trial_timeout_s, launch=launch)
 
 
@@ -402,7 +402,7 @@ def fit(ray: Any, sweep: Sweep, store: Store, context: Context, resources: dict[
         ),
         run_config=tune.RunConfig(
             name=f"{sweep.name}-{time.strftime('%Y%m%dT%H%M%S')}",
-            storage_path=store.path("ray") if store.local else f"{store.storage.rstrip('/')}/{sweep.name}/ray",
+            storage_path=store.url("ray"),  # an object store's URI with its query (endpoint_override=...) kept
             failure_config=tune.FailureConfig(max_failures=MAX_FAILURES),
             stop=_stop_when_storage_is_full(),
             # the store holds every result; a one-step trial has nothing to resume from
@@ -423,6 +423,9 @@ def fit(ray: Any, sweep: Sweep, store: Store, context: Context, resources: dict[
 def prepare_store(sweep: Sweep, storage: str, restart: bool) -> Store:
     """Open the sweep's directory; ``restart`` moves an existing one aside (nothing is deleted)."""
     store = Store(storage, sweep.name)
+    if restart and not store.local and store.exists():  # a prefix cannot be renamed: it would be copied whole
+        raise SweepInputError(f"--restart: {store.url()} is on object storage, where results are not moved aside; "
+                              "give the sweep a new --out prefix instead")
     if restart and store.local and Path(store.root).exists():
         aside = f"{store.root}-{time.strftime('%Y%m%dT%H%M%S')}"
         os.replace(store.root, aside)
@@ -483,7 +486,9 @@ def _run_locked(sweep: Sweep, storage: str, address: str | None, restart: bool, 
                 if search is not None and not interrupts.seen:
                     search.refresh()  # the grid's records, just written, are the search's too
                     if not search.finished:
-                        fit(ray, sweep, store, context, resources, limit, verbose, searcher=search.searcher(),
+                        from .searcher import CrossoverSearcher  # imports Ray: inside the sweep's Ray session
+
+                        fit(ray, sweep, store, context, resources, limit, verbose, searcher=CrossoverSearcher(search),
                             max_trials=search.plan.max_trials, interrupts=interrupts)
             finally:
                 if progress is not None:

@@ -2,8 +2,8 @@
 
 :class:`Search` keeps the plan's :class:`~orchestrator.crossover.Bisection` in step with the store:
 every record whose cell id is one the plan could probe is an observation, whoever ran it (this search,
-an interrupted earlier run of it, a grid of the same sweep). :func:`Search.searcher` gives Tune
-its view of it (:mod:`orchestrator.searcher`). This module does not import Ray, so the CLI can load it
+an interrupted earlier run of it, a grid of the same sweep). :class:`orchestrator.searcher.CrossoverSearcher`
+gives Tune its view of it (built by the runner inside its Ray session). This module does not import Ray, so the CLI can load it
 before the sweep decides how Ray starts (:mod:`orchestrator.embedded_ray`).
 """
 
@@ -75,9 +75,3 @@ class Search:
                                      None, None, decision.probes)  # what is known so far
         ans.done = False
         return ans
-
-    def searcher(self) -> Any:
-        """Tune's searcher over this search (imports Ray: call it inside the sweep's Ray session)."""
-        from .searcher import CrossoverSearcher
-
-        return CrossoverSearcher(self)

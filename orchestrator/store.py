@@ -77,6 +77,11 @@ def utc_stamp(t: float | None = None) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
+def is_uri(where: str) -> bool:
+    """An object store's or filesystem's URI (s3://, gs://, file://), not a local path."""
+    return "://" in where
+
+
 def trial_key(cell_id: str, sample: int) -> str:
     return f"{cell_id}-s{sample}"
 
@@ -103,16 +108,51 @@ class Store:
     def __init__(self, storage: str, sweep_name: str):
         self.storage = storage
         self.sweep_name = sweep_name
-        if "://" in storage:
+        if is_uri(storage):
             self.fs, base = pafs.FileSystem.from_uri(storage)
             self.local = isinstance(self.fs, pafs.LocalFileSystem)
         else:
             self.fs, base, self.local = pafs.LocalFileSystem(), str(Path(storage).expanduser().resolve()), True
         self.root = f"{base.rstrip('/')}/{sweep_name}"
 
+    @classmethod
+    def at(cls, where: str) -> "Store":
+        """The store of one sweep directory given whole: a local path or a URI (``s3://bucket/prefix/<sweep>``,
+        a query such as ``?endpoint_override=...`` kept for the storage)."""
+        head, _, query = where.partition("?")
+        if not is_uri(head):
+            p = Path(head).expanduser().resolve()
+            return cls(str(p.parent), p.name)
+        parent, _, name = head.rstrip("/").rpartition("/")
+        return cls(parent + (f"?{query}" if query else ""), name)
+
     # -- paths ----------------------------------------------------------------------------------
     def path(self, *parts: str) -> str:
+        """A path in the store's filesystem (for an object store: bucket/key, without the scheme)."""
         return "/".join((self.root,) + parts)
+
+    def url(self, *parts: str) -> str:
+        """A path as the user names it: local, or a URI with the storage's scheme and query (what to print,
+        and what Ray Tune's ``storage_path`` takes)."""
+        if self.local:
+            return self.path(*parts)
+        scheme, _, rest = self.storage.partition("://")
+        query = rest.partition("?")[2]
+        return f"{scheme}://{self.path(*parts)}" + (f"?{query}" if query else "")
+
+    def exists(self, *parts: str) -> bool:
+        try:
+            return self.fs.get_file_info(self.path(*parts)).type != pafs.FileType.NotFound
+        except OSError:
+            return False
+
+    def read_text(self, *parts: str) -> str | None:
+        """A text file of the store, or None where there is none."""
+        try:
+            with self.fs.open_input_stream(self.path(*parts)) as fh:
+                return fh.read().decode()
+        except (FileNotFoundError, OSError):
+            return None
 
     def ensure(self) -> None:
         for sub in ("trials", "series", "running", "logs"):
@@ -247,9 +287,8 @@ class Store:
         table = self.read_records()
         if table.num_rows:
             table = table.sort_by([("cell_label", "ascending"), ("cell_id", "ascending"), ("sample", "ascending")])
-        final = self.path("results.parquet")
-        self._write_table(final, table)
-        return final, table.num_rows
+        self._write_table(self.path("results.parquet"), table)
+        return self.url("results.parquet"), table.num_rows
 
     def remove_temporaries(self) -> int:
         """Delete temporaries a crash left behind (dot-prefixed ``.tmp`` files)."""
@@ -268,7 +307,16 @@ class Store:
 
 
 def read_results(path: str) -> pa.Table:
-    """Records from a sweep directory (its trial files) or from a results.parquet file."""
+    """Records from a sweep directory (its trial files) or from a results.parquet file, local or a URI."""
+    if is_uri(path):
+        store = Store.at(path)
+        if store.exists("trials"):
+            return store.read_records()
+        if store.exists("results.parquet"):
+            return pq.read_table(store.path("results.parquet"), schema=RECORD_SCHEMA, filesystem=store.fs)
+        if store.exists() and path.partition("?")[0].endswith(".parquet"):
+            return pq.read_table(store.path(), schema=RECORD_SCHEMA, filesystem=store.fs)
+        raise FileNotFoundError(f"{path}: no trials/ or results.parquet here")
     p = Path(path)
     if p.is_dir():
         if (p / "trials").is_dir():

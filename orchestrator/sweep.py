@@ -145,6 +145,9 @@ def cell_label(spec: TrialSpec) -> str:
         parts.append("compiled")
     if spec.parallel != "none":
         parts.append(f"{spec.parallel}{spec.world_size}")
+    if spec.activation_checkpointing != "none":  # ac-full, ac-selective2 (every 2nd unit)
+        every = spec.ac_every if spec.activation_checkpointing == "selective" else ""
+        parts.append(f"ac-{spec.activation_checkpointing}{every}")
     return "-".join(parts)
 
 
@@ -152,7 +155,8 @@ def cell_label(spec: TrialSpec) -> str:
 # the field's name unless named here; a bool reads as its name or no-<name>; device and workload as their value.
 LABEL_PREFIX = {"batch_size": "b", "seq_len": "seq", "n_heads": "h", "n_kv_heads": "kv", "vocab": "v",
                 "tokens_per_step": "tok", "train_steps": "steps", "warmup_steps": "warmup", "bench_steps": "bench",
-                "repeats": "rep", "gen_len": "gen", "prompt_len": "prompt", "device": "", "workload": ""}
+                "repeats": "rep", "gen_len": "gen", "prompt_len": "prompt", "device": "", "workload": "",
+                "activation_checkpointing": "ac-", "ac_every": "ac-every"}
 
 
 def _label_part(name: str, value: Any) -> str:
@@ -382,7 +386,8 @@ def _expand(sweep: Sweep, prefixes: list[tuple], err) -> None:
             if values.get("backend") == "torchao" and values.get("precision", _DEFAULTS["precision"]) != "fp8":
                 values["backend"] = "torch"  # torchao converts Linears to FP8; without FP8 it is the twin
             cell = {**defaults_for(values), **values}
-            for name in only_fields("fp8", "te", "te-fp8", "compiles", "fp8-filter", "minigpt"):  # meaningless here
+            for name in only_fields("fp8", "te", "te-fp8", "compiles", "fp8-filter", "minigpt",
+                                    "selective-ac"):  # meaningless here
                 if not applies(name, cell):
                     values.pop(name, None)
             try:

@@ -19,6 +19,7 @@ import ray
 from ray import tune
 
 from trials import nvml
+from trials.models import CWD_ENV
 
 from .launchers import LaunchSettings, TrialDied, make_launcher
 from .launchers.base import trial_env
@@ -106,8 +107,8 @@ class TrialTrainable(tune.Trainable):
         store.mark_running(item.key, info)
         try:
             if int(item.spec.get("world_size", 1)) > 1:  # the ranks are Ray Train workers, not a trial process
-                env = {k: v for k, v in trial_env(self.settings).items() if k.endswith("CACHE_DIR")}
-                train_dir = store.path("ray", "train") if store.local else f"{ctx.storage.rstrip('/')}/{ctx.sweep_name}/ray/train"
+                env = {k: v for k, v in trial_env(self.settings).items() if k.endswith("CACHE_DIR") or k == CWD_ENV}
+                train_dir = store.url("ray", "train")
                 use_gpu = bool(ctx.resources.get("gpu"))
                 # each rank the CPUs the file gives it (runner.check_resources), less the trial's sliver on CPU
                 cpu = ctx.resources.get("rank_cpu", ctx.resources.get("cpu", 1)) - (0 if use_gpu else RANKS_DRIVER_CPU)

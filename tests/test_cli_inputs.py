@@ -89,13 +89,13 @@ def test_trial_quiet_prints_nothing_not_even_third_party_noise():
     assert out.returncode == 0 and out.stdout == "" and out.stderr == "", out.stdout[-2000:] + out.stderr[-2000:]
 
 
-def test_readme_usage_lines_show_every_flag_and_every_flag_has_help():
+def test_the_guides_usage_lines_show_every_flag_and_every_flag_has_help():
     import argparse
 
     from orchestrator.cli import build_parser
 
-    readme = (REPO / "README.md").read_text()
-    usage = readme.split("## Using it", 1)[1].split("\n* ", 1)[0]
+    page = (REPO / "docs" / "guide" / "commands.md").read_text()
+    usage = page.split("## Using it", 1)[1].split("\n* ", 1)[0]
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     for command in ("sweep", "doctor", "report", "export", "collect"):
         line = next(ln for ln in usage.split("    juicytalk ")[1:] if ln.startswith(command + " "))

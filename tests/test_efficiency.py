@@ -67,3 +67,11 @@ def test_concurrent_trials_counts_overlaps_on_the_same_host_only():
         _span("y", "00:10.000", "00:20.000", ip="10.0.0.2"),
     ])
     assert concurrent_trials(records).tolist() == [1, 2, 1, 0, 0, 1, 1]
+
+
+def test_a_run_where_no_trial_reached_its_first_step_says_so_not_nan():
+    """Every trial failed before training (unsupported, error): no first-step time, no work; the closing line
+    says so in words instead of ``first step nans median``."""
+    rec = _rec("d", "2026-11-30T04:00:00Z", "2026-11-30T04:00:10Z", None, None, 0, startup_s=None, first=None)
+    line = describe(run_efficiency(pd.DataFrame([rec, dict(rec, pid=2)])).iloc[0])
+    assert "nan" not in line and line.endswith("first step no trial reached its first step")

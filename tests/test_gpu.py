@@ -442,3 +442,26 @@ def test_the_replayed_decode_graph_gives_the_uncaptured_static_caches_tokens_bit
     print(f"\nstatic graphed vs DynamicCache eager ({serve or 'bf16'}): token agreement {agreement:.3f}, decode "
           f"{sorted(out.decode_ms)[11]:.3f} ms/token graphed, {sorted(dynamic.decode_ms)[11]:.3f} eager")
     assert agreement >= 0.75  # the same attention: eager DynamicCache and replayed StaticCache rarely part ways
+
+
+@needs_cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                    reason="torchao's float8 MoE training needs compute capability 9.0+")
+@pytest.mark.parametrize("recipe", ["rowwise", "tensorwise"])
+def test_torchao_trains_moe_experts_in_float8_where_its_recipe_has_them(recipe):
+    """hf:mixtral on torchao: rowwise converts the experts too (torchao.prototype.moe_training, their grouped
+    GEMMs in FP8: most of the step's FLOPs), tensorwise keeps them BF16 with torchao's reason."""
+    pytest.importorskip("torchao")
+    pytest.importorskip("transformers")
+    pytest.importorskip("triton")
+    spec = TrialSpec(model="hf:mixtral", d_model=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn=512, vocab=256,
+                     seq_len=64, batch_size=8, backend="torchao", precision="fp8", recipe=recipe, train_steps=3,
+                     warmup_steps=1, bench_steps=2, device="cuda")
+    rec = run_trial(spec)
+    assert rec["status"] == "ok", rec["error"]
+    experts = [n for n in json.loads(rec["fp8_converted_names"]) if n.endswith("mlp.experts")]
+    why = json.loads(rec["fp8_skipped_why"])
+    if recipe == "rowwise":
+        assert len(experts) == 2 and rec["fp8_flop_share"] > 0.8 and rec["effective_precision"] == "fp8"
+    else:
+        assert not experts and "rowwise recipe only" in why["model.model.layers.0.mlp.experts"]

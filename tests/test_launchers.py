@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from orchestrator.sweep import parse_sweep
 from orchestrator.work import grid_items
@@ -25,15 +26,17 @@ from .test_cluster import records, write_sweep
 CPU_CELL = ("n_layers: 1, seq_len: 32, batch_size: 8, train_steps: %d, bench_steps: 3, warmup_steps: 1, "
             "gen_len: 2, precision: fp32, device: cpu, profile: false")  # no kernel breakdown: not under test here
 SLOW_CELL = f"model: '{SLOW_MODEL}', " + CPU_CELL.split(", ", 1)[1]  # ~22 ms a train step, little CPU
+NANOGPT = REPO / "tests" / "fixtures" / "nanogpt"
+RELATIVE_FACTORY = "py:nanogpt/model.py:build_full"  # relative to the warm sweep's folder, which it is run in
 TIMEOUT_S = 45  # trial_timeout_s of the killed-trial sweep: its ~4 s trials fit, a new process included even
 # on a slow 2-core host under the suite (an AVX2 host: 15 s was too short for the first trial's process start)
 
 
-def _sweep(out: Path, name: str, *extra: str, address: str | None = None, timeout: float = 600):
+def _sweep(out: Path, name: str, *extra: str, address: str | None = None, timeout: float = 600, cwd: Path = REPO):
     args = ["sweep", str(out / f"{name}.yaml"), "--out", str(out), "--no-progress", "--no-report", *extra]
     if address:
         args += ["--address", address]
-    return juicytalk(*args, timeout=timeout)
+    return juicytalk(*args, timeout=timeout, cwd=cwd)
 
 
 def _by_d_model(out: Path, name: str) -> dict[int, dict]:
@@ -58,8 +61,10 @@ def warm_sweep(ray_cluster, tmp_path_factory):
     """One sweep, one trial at a time on one reused worker, for the warm launcher's tests below: a small cell
     (d32) and a real OOM (d40) in a first process; then, in the process that replaces it, a small cell (d48),
     a large one (d64: a 200k vocabulary, ~1 GB of embedding, head, optimizer state and logits) and a small
-    one (d56) after it, in the same process."""
+    one (d56) after it, in the same process; last, a py: factory named by a path relative to the folder the
+    sweep is run in (d16), as a user writes it for ``python file.py``."""
     out = tmp_path_factory.mktemp("warm")
+    shutil.copytree(NANOGPT, out / "nanogpt")
     write_sweep(out, "warm", f"""
         grid:
           - {{d_model: [32]}}
@@ -67,13 +72,14 @@ def warm_sweep(ray_cluster, tmp_path_factory):
           - {{d_model: [48]}}
           - {{d_model: [64], vocab: [200000]}}
           - {{d_model: [56], vocab: [96]}}
+          - {{d_model: [16], model: ["{RELATIVE_FACTORY}"], n_heads: [2]}}
         fixed: {{n_layers: 1, batch_size: 8, seq_len: 32, train_steps: 3, bench_steps: 2, warmup_steps: 1,
                 gen_len: 2, precision: fp32, device: cpu, profile: false}}
         resources: {{cpu: 1, gpu: 0}}
         max_concurrent: 1
         launcher: warm
     """)
-    run = _sweep(out, "warm", address=ray_cluster)
+    run = _sweep(out, "warm", address=ray_cluster, cwd=out)
     return run, _by_d_model(out, "warm")
 
 
@@ -99,6 +105,22 @@ def test_warm_oom_replaces_the_process_and_the_next_trial_is_clean(warm_sweep):
     assert (first["pid"], first["process_trial_index"]) == (oom["pid"], 0) and oom["process_trial_index"] == 1
     assert after["status"] == "ok" and after["pid"] != oom["pid"] and after["process_trial_index"] == 0
     assert abs(after["peak_rss_bytes"] - first["peak_rss_bytes"]) < (100 << 20)
+
+
+def test_a_relative_factory_path_is_read_from_the_folder_the_sweep_ran_in(warm_sweep, monkeypatch):
+    """The trial runs in its launcher's folder, not the driver's: the path is still read from the driver's (on
+    main before this, every such trial failed: "no file /tmp/juicytalk-.../nanogpt/model.py ..."). The record and
+    the cell id keep the path as written."""
+    run, recs = warm_sweep
+    rec = recs[16]
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["model"] == RELATIVE_FACTORY and rec["model_class"] == "FullGPT"
+    sweep = Path(run.args[run.args.index("sweep") + 1])
+    data = yaml.safe_load(sweep.read_text())
+    data["grid"] = data["grid"][-1:]  # this cell alone: the others' checks take seconds
+    monkeypatch.chdir(sweep.parent)  # where the driver read it: the file exists relative to it
+    parsed = parse_sweep(yaml.safe_dump(data))
+    assert [it.cell_id for it in grid_items(parsed.cells, parsed.samples)] == [rec["cell_id"]]
 
 
 @pytest.mark.parametrize("launcher", ["warm", "process"])

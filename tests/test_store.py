@@ -109,3 +109,20 @@ def test_the_summary_shows_an_inference_trials_decode_step_per_token():
     rows = [[c.strip() for c in line.split("│")] for line in console.export_text().splitlines() if "-s0" in line]
     p50 = {row[5]: row[4] for row in rows}  # key -> p50 ms
     assert p50 == {train.key: "12.50", infer.key: "3.37/tok"}, rows
+
+
+def test_the_summary_says_an_fp8_trial_that_ran_no_fp8_is_not_an_fp8_result():
+    """hf:gpt2 on torchao converts nothing: its trial is ok, and its row says it ran BF16 (issue 44 item 1)."""
+    import pyarrow as pa
+    from rich.console import Console
+
+    from orchestrator.progress import summary_table
+    from orchestrator.work import WorkItem
+    from trials import TrialSpec
+
+    item = WorkItem.of(TrialSpec(model="hf:gpt2", backend="torchao", precision="fp8", recipe="tensorwise"), 0)
+    records = pa.Table.from_pylist([{"cell_id": item.cell_id, "sample": 0, "step_ms_p50": 12.5, "error": None,
+                                     "precision": "fp8", "effective_precision": "bf16", "fp8_flop_share": 0.0}])
+    console = Console(record=True, width=300)
+    console.print(summary_table([item], {item.key: "ok"}, records))
+    assert "ran bf16, not an FP8 result: 0% of its FLOPs in FP8" in console.export_text()

@@ -171,9 +171,13 @@ def test_cli_dry_run_flags_cells_expected_to_oom(tmp_path):
                     timeout=120)
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())
-    # the 70B layer at depth 2 (3.8B parameters with its 128k head) does not fit 48 GiB; the 1B layers do
+    # what the published H200 run measured (docs/results/h200/llama-shapes, peak allocated): the 70B layers 49.5-60.7
+    # GiB, the 8B layers at depth 4 47.4-48.1 GiB: over 48 GiB, or at it; at depth 2 and the 1B layers: well under
     flagged = [line for line in out.stdout.splitlines() if line.startswith("expected OOM")]
-    assert len(flagged) == 3 and all("llama-d8192-L2-te-" in line and "> 48 GiB" in line for line in flagged)
+    assert len(flagged) == 9 and all("> 48 GiB" in line and "fits with" in line for line in flagged), flagged
+    assert {line.split(":")[0] for line in flagged} == {f"expected OOM llama-{shape}-te-{v}" for shape in
+                                                         ("d8192-L1", "d8192-L2", "d4096-L4")
+                                                         for v in ("bf16", "fp8-delayed", "fp8-current")}
     assert "GPU memory 48 GiB" in text
 
 
@@ -315,7 +319,7 @@ def test_cpu_cells_are_checked_against_host_memory_and_pace(tmp_path):
     """)
     rows = plan_rows(s, Store(str(tmp_path), s.name), cpu_here=True)
     gib = 2**30
-    assert expected_ooms(rows, None, 24 * gib) == ["d8192-L4-torch-bf16: estimated 32.5 GiB > 24 GiB of host memory"]
+    assert expected_ooms(rows, None, 24 * gib) == ["d8192-L4-torch-bf16: estimated 26.3 GiB > 24 GiB of host memory"]
     slow = slow_on_cpu(rows, flops_per_s=100e9)
     assert len(slow) == 1 and slow[0].startswith("d8192-L4-torch-bf16: at least ")
     assert "host memory 24 GiB" in plan_table(s, rows, None, 24 * gib).title

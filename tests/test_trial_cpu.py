@@ -1,5 +1,6 @@
 """Real trials on CPU through the pure-PyTorch path: records, learning, failures as data, CLI."""
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -49,6 +50,7 @@ def test_tiny_trial_record(precision):
     assert len(rec["loss_curve"]) == 6 and len(rec["step_times_ms"]) == 8 and len(rec["repeat_medians_ms"]) == 2
     assert 0 < rec["step_ms_min"] <= rec["step_ms_p50"] <= rec["step_ms_p90"] <= rec["step_ms_p99"]
     assert rec["tokens_per_step"] == 128 and rec["tokens_per_s"] > 0
+    assert rec["est_peak_mem_bytes"] > rec["est_activation_bytes"] > 0  # the memory plan, beside the measured peak
     assert rec["mfu_bf16_peak"] is None and rec["launch_bound"] is None  # no peak, no launch queue on CPU
     assert rec["gen_tokens"] and len(rec["gen_tokens"]) == 8 + 4
     assert rec["torch_version"] and rec["started_at"] < rec["finished_at"]
@@ -199,14 +201,14 @@ def test_cli_writes_record_and_exit_0_for_unsupported(tmp_path):
     assert not list(tmp_path.glob(".*"))  # no temporary left behind
 
 
-def test_readme_field_table_is_the_generated_one():
+def test_the_guides_field_table_is_the_generated_one():
     from pathlib import Path
 
     from trials.record import ALL_FIELDS, LAYERS, field_table
 
     assert len({f.name for f in ALL_FIELDS}) == len(ALL_FIELDS) and all(f.layer in LAYERS for f in ALL_FIELDS)
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert field_table() in readme, "README's field table is stale: paste `juicytalk fields` over it"
+    page = (Path(__file__).resolve().parent.parent / "docs" / "guide" / "record-fields.md").read_text()
+    assert field_table() in page, "docs/guide/record-fields.md's field table is stale: paste `juicytalk fields` over it"
     assert {f.name for f in FIELDS} <= {f.name for f in ALL_FIELDS if f.layer == "trial"}
 
 
@@ -273,6 +275,15 @@ def test_torchao_float8_trial_converts_the_block_linears_and_keeps_the_head():
                                                                                              "tensorwise")
     assert rec["fp8_converted_modules"] == 4 and json.loads(rec["fp8_skipped_modules"]) == ["head"]  # qkv proj fc1 fc2
     assert rec["torchao_version"] and all(math.isfinite(v) for v in rec["loss_curve"])
+    # the per-layer FP8 reads ran (trials/fp8_layers.py), after the timed steps and between training steps...
+    assert math.isfinite(rec["sqnr_fwd_min_db"]) and rec["fp8_layers_s"] > 0 and rec["outliers_s"] > 0
+    assert json.loads(rec["fp8_layers"])["outliers"]["steps"] == [0, 1, 2]  # every ceil(3 / 8) = 1 steps
+    # ...and a cell without them trained and timed the same steps to the same losses, bit for bit
+    unread = run_trial(dataclasses.replace(spec, fp8_reads=False))
+    assert unread["status"] == "ok" and unread["fp8_layers"] is None and unread["fp8_layers_s"] is None
+    assert unread["loss_curve"] == rec["loss_curve"] and unread["bench_loss_final"] == rec["bench_loss_final"]
+    assert len(unread["step_times_ms"]) == len(rec["step_times_ms"]) and unread["gen_tokens"] == rec["gen_tokens"]
+    assert {n: unread[n] for n in tf_compared()} == {n: rec[n] for n in tf_compared()}
 
 
 def test_a_trial_server_trains_the_bf16_partner_its_fp8_cells_share_once(tmp_path):
@@ -285,7 +296,10 @@ def test_a_trial_server_trains_the_bf16_partner_its_fp8_cells_share_once(tmp_pat
     from trials import server
     from trials.compile_guard import RecompileWatch
 
-    base = dict(TINY, backend="torchao", precision="fp8", profile=False)
+    # the smallest cell torchao converts (dims and rows in 16s), few steps: emulated FP8 on CPU is ~1 s a step here,
+    # and what is under test (which cell trains its partner, the same fields either way) does not depend on size
+    base = dict(TINY, n_layers=1, seq_len=16, batch_size=2, train_steps=3, bench_steps=2, repeats=1, gen_len=2,
+                backend="torchao", precision="fp8", profile=False)
     specs = [TrialSpec(recipe="tensorwise", **base), TrialSpec(recipe="rowwise", **base),
              TrialSpec(recipe="rowwise", **{**base, "seed": 7})]
     # the server's loop in this process (a server process would import torch again: seconds of CI)
@@ -298,6 +312,7 @@ def test_a_trial_server_trains_the_bf16_partner_its_fp8_cells_share_once(tmp_pat
     alone = run_trial(specs[1])  # no process before it: trains its partner
     assert alone["tf_partner_reused"] is False and alone["tf_kl_mean"] is not None
     assert {n: recs[1][n] for n in tf_compared()} == {n: alone[n] for n in tf_compared()}
+    assert recs[1]["fp8_layers"] == alone["fp8_layers"] and recs[1]["sqnr_wgrad_min_db"] is not None  # rowwise reads
 
 
 def test_torchao_serving_is_refused_in_one_line_where_it_cannot_run_and_unsupported_on_cpu():

@@ -19,6 +19,8 @@ from typing import Callable
 
 import torch
 
+from .disturbance import Disturbance, watch
+
 LAUNCH_BOUND_RATIO = 0.8  # host issue time >= 80% of device step time -> the GPU waits on the host
 HOST_PROBE_STEPS = 10  # untimed steps that measure the host's issue time (CUDA only: on CPU a step is synchronous)
 
@@ -33,6 +35,7 @@ class BenchResult:
     launch_bound: bool | None
     last_loss: float
     timer: str  # "cuda_event" or "perf_counter"
+    disturbance: Disturbance  # what else ran during the timed blocks
 
 
 def benchmark(step: Step, batches: list[tuple[torch.Tensor, torch.Tensor]], device: str,
@@ -45,10 +48,11 @@ def benchmark(step: Step, batches: list[tuple[torch.Tensor, torch.Tensor]], devi
     host_ms = _host_issue_ms(step, batches) if cuda else None
     all_ms: list[float] = []
     medians: list[float] = []
-    for _ in range(repeats):
-        ms, loss = (_timed_block_cuda if cuda else _timed_block_cpu)(step, batches, bench_steps)
-        all_ms.extend(ms)
-        medians.append(statistics.median(ms))
+    with watch(device) as seen:  # what else ran on the host and the GPU meanwhile
+        for _ in range(repeats):
+            ms, loss = (_timed_block_cuda if cuda else _timed_block_cpu)(step, batches, bench_steps)
+            all_ms.extend(ms)
+            medians.append(statistics.median(ms))
     last_loss = float(loss.item()) if loss is not None else float("nan")
     p50 = statistics.median(all_ms)
     return BenchResult(
@@ -58,6 +62,7 @@ def benchmark(step: Step, batches: list[tuple[torch.Tensor, torch.Tensor]], devi
         launch_bound=(host_ms >= LAUNCH_BOUND_RATIO * p50) if host_ms is not None else None,
         last_loss=last_loss,
         timer="cuda_event" if cuda else "perf_counter",
+        disturbance=seen,
     )
 
 

@@ -114,6 +114,9 @@ def summary(record: dict[str, Any]) -> str:
         + (f" recipe={r['recipe']}" if r["precision"] == "fp8" else "") + f" device={r['device']}",
         (f"ran as        device={r['effective_device']} backend={r['effective_backend']} "
          f"precision={r['effective_precision']}" + (f" recipe={r['effective_recipe']}" if r["effective_recipe"] else "")
+         + (f" fp8_flop_share={r['fp8_flop_share']:.3f}" if r.get("fp8_flop_share") is not None else "")
+         + (" (fp8 asked, nothing worth the name ran in FP8: not an FP8 result)"
+            if r["precision"] == "fp8" and r["effective_precision"] not in ("fp8", None) else "")
          if r.get("effective_backend") else f"ran as        - (did not run: {r['status']})"),
         f"params        {_fmt(r['n_params'])}  ({_fmt((r['n_params'] or 0) / 1e6, 'M')})",
         f"loss          first {_fmt(r['loss_first'], digits=4)}  final {_fmt(r['loss_final'], digits=4)}",
@@ -122,13 +125,21 @@ def summary(record: dict[str, Any]) -> str:
         f"throughput    {_fmt(r['tokens_per_s'], ' tok/s')}  {_fmt(r['model_tflops'], ' TFLOP/s')}  "
         f"MFU(bf16 peak) {_fmt(r['mfu_bf16_peak'])}  MFU(own peak) {_fmt(r['mfu_precision_peak'])}",
         f"host          {_fmt(r['host_ms_per_step'], ' ms/step to issue')}  launch_bound={_fmt(r['launch_bound'])}",
-        f"memory        allocated {_bytes(r['peak_mem_allocated_bytes'])}  reserved {_bytes(r['peak_mem_reserved_bytes'])}",
+        f"memory        allocated {_bytes(r['peak_mem_allocated_bytes'])}  reserved {_bytes(r['peak_mem_reserved_bytes'])}  "
+        f"saved for backward {_bytes(r.get('saved_activation_bytes'))} (activation_checkpointing "
+        f"{r.get('activation_checkpointing') or 'none'})",
         f"generation    stride accuracy {_fmt(r['gen_stride_accuracy'])}",
         *([f"inference     prefill p50 {_fmt(r['prefill_ms_p50'], ' ms')}  decode p50 "
            f"{_fmt(r['decode_ms_per_token_p50'], ' ms/token')}  {_fmt(r['decode_tokens_per_s'], ' tok/s')}  "
            f"weights {_bytes(r['weight_bytes'])}  kv {_bytes(r['kv_cache_bytes'])}  "
            f"FP8 vs BF16 teacher-forced top-1 {_fmt(r['tf_top1_agreement'])} KL {_fmt(r['tf_kl_mean'])}  "
            f"(greedy tokens {_fmt(r['gen_match_rate'])})"] if r.get("workload") == "infer" else []),
+        *([f"fp8 layers    SQNR min fwd {_fmt(r['sqnr_fwd_min_db'], ' dB')} ({r['sqnr_fwd_worst']})  "
+           f"dgrad {_fmt(r['sqnr_dgrad_min_db'], ' dB')} ({r['sqnr_dgrad_worst']})  "
+           f"wgrad {_fmt(r['sqnr_wgrad_min_db'], ' dB')} ({r['sqnr_wgrad_worst']})  "
+           f"max abs/rms {_fmt(r['outlier_ratio_max'])} ({r['outlier_ratio_worst']})  "
+           f"reads {_fmt(r['fp8_layers_s'], ' s')} + {_fmt(r['outliers_s'], ' s')}"]
+          if r.get("fp8_layers") is not None else []),
         f"device        {r['gpu_name'] or 'cpu'}" + (f" cc={r['compute_capability']}" if r["compute_capability"] else "")
         + f" torch={r['torch_version']}" + (f" te={r['te_version']}" if r["te_version"] else ""),
         f"time          {_fmt(r['duration_s'], ' s')} (setup {_fmt(r['setup_s'], ' s')}, train {_fmt(r['train_s'], ' s')}, "

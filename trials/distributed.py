@@ -10,7 +10,11 @@ CPU (where a launcher already made one, as Ray Train does, it is used as is).
   rows) from the seeded data and trains on its own rows, so DDP's averaged gradient is exactly the
   one-process gradient of the global batch (the acceptance test checks the loss curves agree).
 - ``parallel: ddp`` wraps the model in ``DistributedDataParallel``; ``parallel: fsdp`` shards it with
-  FSDP2 (``torch.distributed.fsdp.fully_shard``): one unit per block, then the root.
+  FSDP2 (``torch.distributed.fsdp.fully_shard``): one unit per decoder layer, then the root. The units
+  are the model source's (trials/models: MiniGPT's blocks, a transformers model's ``_no_split_modules``
+  layers, a factory's ``fsdp_units`` or its largest ``nn.ModuleList``); nothing here knows which model
+  it shards. As torchtitan does, ``compile: true`` compiles each unit (before sharding, after activation
+  checkpointing), so FSDP2's hooks stay outside the compiled code; the root runs eager.
 - A step's time is the slowest rank's: each rank times its own steps, then an all-reduce (MAX) of the
   per-step times; every rank then holds the same numbers, so whatever runs after timing (the energy
   window, the profiler) runs the same number of steps on every rank and no collective waits forever.
@@ -41,6 +45,11 @@ TIMEOUT_MARKERS = ("timed out waiting", "collective operation timeout", "watchdo
 def timed_out(exc: BaseException) -> bool:
     """Whether ``exc`` is a collective that waited past the process group's timeout."""
     return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in TIMEOUT_MARKERS)
+
+
+class Unsupported(RuntimeError):
+    """What a stack's own library refuses to shard, in its words: the trial's status is ``unsupported``, not
+    ``error`` (TE modules FSDP2 cannot take in the installed TE)."""
 
 
 @dataclass(frozen=True)
@@ -112,8 +121,9 @@ class RankData:
         return global_batch(self.data, batch, self.ranks)
 
 
-def wrap(model: nn.Module, parallel: str, device: str, ranks: Ranks) -> nn.Module:
-    """The module the step calls: DDP around ``model``, or ``model`` itself sharded in place by FSDP2."""
+def wrap(model: nn.Module, parallel: str, device: str, ranks: Ranks, units: tuple[str, ...] = ()) -> nn.Module:
+    """The module the step calls: DDP around ``model``, or ``model`` itself sharded in place by FSDP2, one unit
+    per entry of ``units`` (qualified names), then the root."""
     if parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
@@ -121,11 +131,22 @@ def wrap(model: nn.Module, parallel: str, device: str, ranks: Ranks) -> nn.Modul
     if parallel == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
-        for block in model.blocks:
-            fully_shard(block)
+        if not units:
+            raise RuntimeError("parallel fsdp: the model has no units to shard (its source found no decoder layers)")
+        for name in units:
+            fully_shard(model.get_submodule(name))
         fully_shard(model)
         return model
     return model
+
+
+def compile_units(model: nn.Module, units: tuple[str, ...]) -> None:
+    """``torch.compile`` each unit in place of itself (torchtitan's ``apply_compile``): one compiled region per
+    decoder layer, the same code for every layer, so Inductor compiles it once; the root stays eager."""
+    for name in units:
+        parent, _, child = name.rpartition(".")
+        holder = model.get_submodule(parent)
+        holder.register_module(child, torch.compile(holder.get_submodule(child)))
 
 
 @contextlib.contextmanager

@@ -38,7 +38,9 @@ CLASSES: dict[str, str] = {
 }
 
 _FP8 = r"(e4m3|e5m2|fp8|float8|f8f8)"
-_GEMM = r"(gemm|nvjet|cutlass|xmma|wgmma|cublas|triton_tem_|aten::(mm|addmm|bmm|baddbmm|_scaled_mm)$)"
+# aten's GEMMs as CPU operators: plain, batched, FP8 (_scaled_*) and grouped (MoE experts: _grouped_mm)
+_GEMM = r"(gemm|nvjet|cutlass|xmma|wgmma|cublas|triton_tem_|aten::(mm|addmm|bmm|baddbmm|_scaled_mm|_grouped_mm|" \
+        r"_scaled_grouped_mm)$)"
 
 # (class, regular expression searched in the lower-cased kernel name), tried in this order.
 # cuBLASLt's Hopper GEMMs are "nvjet_sm90_<types>_...": tst = BF16 in, FP32 accumulate, BF16 out;
@@ -48,7 +50,7 @@ _GEMM = r"(gemm|nvjet|cutlass|xmma|wgmma|cublas|triton_tem_|aten::(mm|addmm|bmm|
 RULES: tuple[tuple[str, str], ...] = (
     ("comm", r"nccl|gloo|c10d::|all_?reduce|all_?gather|reduce_?scatter"),
     ("other", r"^(memcpy|memset)|kv_cache|^aten::(copy_|fill_|zero_|empty|to|_to_copy)$"),
-    ("gemm_fp8", rf"nvjet_sm\d+_[qr][qr]|{_GEMM}.*{_FP8}|{_FP8}.*{_GEMM}|^aten::_scaled_mm$"),
+    ("gemm_fp8", rf"nvjet_sm\d+_[qr][qr]|{_GEMM}.*{_FP8}|{_FP8}.*{_GEMM}|^aten::_scaled_(grouped_)?mm$"),
     ("fp8_cast", r"^triton_.*(amax|_clamp_|reciprocal|abs_.*max|exp2_floor_log2|_scaled_mm)"),
     ("attention", r"flash|fmha|attention|sdpa|attn|cudnn::fusion"),
     # torchao's eager dynamic activation quantization: abs, max and clamp as kernels of their own

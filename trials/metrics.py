@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
+
+import torch
 
 from .model import ModelConfig, matmul_param_count
 
@@ -64,48 +67,102 @@ def flops_per_step(cfg: ModelConfig, tokens: int) -> float:
 
 
 ATTENTION_OPS = ("attention",)  # FlopCounterMode's names for SDPA kernels (aten._scaled_dot_product_*_attention*)
+FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+                   if hasattr(torch, n))
 
 
-def gemm_flop_counter() -> Any:
-    """``FlopCounterMode`` that counts attention kernels as 0 FLOPs (the formula adds attention instead).
+def _grouped_mm_flops(a: Any, b: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    """FLOPs of ``torch._grouped_mm(a, b, offs)`` (shapes): MoE experts' GEMMs, one group of rows per expert.
+
+    (t, k) x (g, k, n) -> (t, n): each of the t rows meets one expert's k x n weight, 2*t*k*n (transformers 5's
+    MoE forward, the backward's dgrad); (k, t) x (t, n) -> (g, k, n): each group contracts its own rows of t
+    (the backward's wgrad), 2*k*t*n, not g times that; 3D x 3D and 3D x 2D: 2 * output elements * k."""
+    if len(a) == 2 and len(b) == 2:
+        return 2 * a[0] * a[1] * b[1]
+    return 2 * math.prod(out_shape) * a[-1]
+
+
+def _is_fp8(value: Any) -> bool:
+    """A GEMM operand in FP8: a float8 tensor, or a tensor subclass carrying one (torchao's Float8TrainingTensor
+    holds its float8 ``_data`` and scale behind a BF16 face; ``__tensor_flatten__`` names its inner tensors)."""
+    if not isinstance(value, torch.Tensor):
+        return False
+    if value.dtype in FP8_DTYPES:
+        return True
+    flatten = getattr(type(value), "__tensor_flatten__", None)
+    return flatten is not None and any(_is_fp8(getattr(value, n, None)) for n in value.__tensor_flatten__()[0])
+
+
+@dataclass
+class Tally:
+    """FLOPs of the GEMMs a counter saw with an FP8 operand (what :func:`gemm_flop_counter` adds to)."""
+
+    fp8: int = 0
+
+
+def gemm_flop_counter(tally: Tally | None = None) -> Any:
+    """``FlopCounterMode`` that counts attention kernels as 0 FLOPs (the formula adds attention instead),
+    counts grouped GEMMs (``aten._grouped_mm``, MoE experts; torch's registry has no formula for them) and, with
+    ``tally``, adds the FLOPs of every GEMM whose operands are FP8 to ``tally.fp8``.
 
     Not only a filter afterwards: torch 2.11's SDPA formulas assert that q, k and v have the same number of
     heads, so a grouped-query model's CUDA attention (flash, efficient, cuDNN; the CPU kernel is not
     registered) failed the count, and with it the trial (on the H200: every hf:llama cell at 32 / 8 heads,
     ``AssertionError: sdpa_flop_count: query/key/value shapes are incompatible``)."""
-    from torch.utils.flop_counter import FlopCounterMode, flop_registry
+    from torch.utils.flop_counter import FlopCounterMode, flop_registry, shape_wrapper
 
     def none(*args: Any, **kwargs: Any) -> int:
         return 0
 
-    skip = {op: none for op in flop_registry if any(a in str(op) for a in ATTENTION_OPS)}
-    return FlopCounterMode(display=False, custom_mapping=skip)
+    mapping: dict[Any, Any] = {op: none for op in flop_registry if any(a in str(op) for a in ATTENTION_OPS)}
+    grouped = {getattr(torch.ops.aten, n): _grouped_mm_flops
+               for n in ("_grouped_mm", "_scaled_grouped_mm") if hasattr(torch.ops.aten, n)}
+    formulas = {op: f for op, f in flop_registry.items() if op not in mapping}
+    formulas.update({op: shape_wrapper(f) for op, f in grouped.items()})
+    if tally is None:
+        mapping.update(grouped)  # FlopCounterMode hands them shapes
+    else:
+        for op, formula in formulas.items():
+            def raw(*args: Any, _formula: Any = formula, **kwargs: Any) -> int:
+                n = _formula(*args, **kwargs)
+                if any(_is_fp8(a) for a in args):
+                    tally.fp8 += n
+                return n
+
+            raw._get_raw = True  # type: ignore[attr-defined] - FlopCounterMode hands such a formula the tensors
+            mapping[op] = raw
+    return FlopCounterMode(display=False, custom_mapping=mapping)
 
 
-def counted_flops_per_step(model: Any, ids: Any, n_layers: int, attn_width: int, world: int = 1) -> float:
+def counted_flops_per_step(model: Any, ids: Any, n_layers: int, attn_width: int, world: int = 1,
+                           tally: Tally | None = None) -> float:
     """One eager forward+backward of ``model`` on ``ids`` (b, t) under ``FlopCounterMode``: the GEMMs it counts
     (2*m*n*k each, forward and backward) plus causal attention by the formula above, for the global batch
-    (``world`` ranks of b rows).
+    (``world`` ranks of b rows); ``tally.fp8`` gets those of the GEMMs that ran with FP8 operands (global too).
 
     The counter's attention figure depends on the kernel (CPU's SDPA is not counted at all; GPU flash
     attention is counted without the causal half), so attention kernels are left out of the count and
     added as 6 * n_layers * seq * attn_width per token (attn_width = heads * head_dim), the formula's
-    term; the GEMMs are counted as they run (every Linear, Conv1D and the logits layer). Gradients the
-    pass leaves are dropped; the weights and the optimizer are untouched.
+    term; the GEMMs are counted as they run (every Linear, Conv1D, MoE experts' grouped GEMMs and the logits
+    layer). Gradients the pass leaves are dropped; the weights and the optimizer are untouched.
     """
-    with gemm_flop_counter() as counter:
+    with gemm_flop_counter(tally) as counter:
         logits = model(ids)
         logits.float().sum().backward()
     model.zero_grad(set_to_none=True)
     gemms = sum(n for op, n in counter.get_flop_counts()["Global"].items()
                 if not any(a in str(op) for a in ATTENTION_OPS))
+    if tally is not None:
+        tally.fp8 *= world
     b, t = ids.shape
     return float(gemms * world + 6.0 * n_layers * t * attn_width * b * t * world)
 
 
 def count_flops(spec: Any, model: Any, vocab: int, device: str, world: int) -> dict[str, Any]:
     """A step's FLOPs for a model without a closed form: counted once, before training and timing, on a batch of
-    its own (the training data's generator is not drawn from), the model eager (:func:`counted_flops_per_step`).
+    its own (the training data's generator is not drawn from), the model eager (:func:`counted_flops_per_step`),
+    and the share of them that ran in FP8 GEMMs (``fp8_flop_share``, of the model as it will train: torchao's
+    converted one; a stack whose GEMMs the counter cannot see, TE's, counts before converting and drops it).
     Where the model's layers and attention width are unknown (a factory's, shape fields not given), attention is
     left out and ``flops_method`` says so."""
     from .data import ArithmeticSequences
@@ -114,8 +171,30 @@ def count_flops(spec: Any, model: Any, vocab: int, device: str, world: int) -> d
     facts = describe(spec)
     ids, _ = ArithmeticSequences(vocab, spec.seq_len, device, spec.seed + 2).batch(spec.batch_size)
     known = bool(facts.n_layers and facts.attn_width)
-    flops = counted_flops_per_step(model, ids, facts.n_layers or 0, facts.attn_width or 0, world)
-    return {"flops_per_step": flops, "flops_method": "counted" if known else "counted-gemms-only"}
+    tally = Tally()
+    flops = counted_flops_per_step(model, ids, facts.n_layers or 0, facts.attn_width or 0, world, tally)
+    return {"flops_per_step": flops, "flops_method": "counted" if known else "counted-gemms-only",
+            "fp8_flop_share": tally.fp8 / flops if flops else None}
+
+
+# A cell asked for FP8 is an FP8 result when at least this share of its step's FLOPs ran in FP8 GEMMs.
+FP8_MIN_SHARE = 0.05
+
+
+def fp8_ran(share: float | None, converted: int | None) -> bool:
+    """Whether an FP8 cell ran in FP8, for its ``effective_precision`` (and so the report's pairing).
+
+    Not when its stack converted no module (``fp8_converted_modules`` 0: hf:gpt2's Conv1D on torchao, a model
+    whose Linears are not multiples of 16), nor when less than :data:`FP8_MIN_SHARE` (5%) of the step's counted
+    FLOPs ran in FP8 GEMMs (``fp8_flop_share``): with FP8 GEMMs at best twice as fast, a 5% share caps the whole
+    step's gain at 1/(1 - 0.05/2) = 1.026x, below what a step time resolves between runs, so such a cell times
+    the casts and the BF16 model, not FP8. Above it the cell is FP8 and its share is shown beside its speedup
+    (a 2-layer slice of a large-vocabulary model runs under half of its FLOPs in FP8, the BF16 LM head being
+    the rest, and is still the FP8 answer for that slice). Unknown (None) share or count: FP8, as asked (TE's
+    MiniGPT builds its blocks in FP8 and counts nothing)."""
+    if converted is not None and converted == 0:
+        return False
+    return share is None or share >= FP8_MIN_SHARE
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:

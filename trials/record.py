@@ -1,8 +1,8 @@
 """The record: one flat dict per trial, every field declared here once, with its type, its meaning
 and the layer that sets it (the trial itself, the Ray worker that ran it, or the sweep's driver).
 
-The store's Parquet schema and :func:`validate` are derived from :data:`ALL_FIELDS`, and the README's
-field table is generated from it (``juicytalk fields``; a test checks the README matches), so
+The store's Parquet schema and :func:`validate` are derived from :data:`ALL_FIELDS`, and the guide's
+field table (docs/guide/record-fields.md) is generated from it (``juicytalk fields``; a test checks it matches), so
 a field cannot be added without a type and a description, nor written without being declared.
 """
 
@@ -72,10 +72,19 @@ FIELDS: list[Field] = [
     _f("compile", "bool", "The model ran torch.compile'd (torch and torchao backends); compiling is in first_step_s."),
     _f("world_size", "int", "Ranks (GPUs; CPU: processes) the trial spans; batch_size is per rank."),
     _f("parallel", "str", "How the ranks split the model: none, ddp (DistributedDataParallel) or fsdp (FSDP2, one "
-       "unit per block and the root)."),
+       "unit per decoder layer, as the model source names them, and the root)."),
     _f("fp8_all_gather", "bool", "FSDP2 all-gathers the FP8 weights (torchao tensorwise: "
        "enable_fsdp_float8_all_gather; te: FP8 primary weights from quantized_model_init, trained by FusedAdam's "
        "fp32 masters)."),
+    _f("activation_checkpointing", "str", "none, full (every unit recomputed in backward) or selective (every "
+       "ac_every-th unit); units: the model's decoder layers, FSDP2's units (trials/checkpointing.py)."),
+    _f("ac_every", "int", "Selective activation checkpointing: every ac_every-th unit is recomputed (default 2)."),
+    _f("model_units", "int", "Units the model splits into (its decoder layers, as its source names them): FSDP2 "
+       "shards each, activation checkpointing recomputes them; null where the trial needed none."),
+    _f("checkpointed_units", "int", "Units recomputed in backward (activation_checkpointing)."),
+    _f("saved_activation_bytes", "int", "Bytes held for backward over one training step (this rank): distinct "
+       "storages packed by torch.autograd.graph.saved_tensors_hooks during the first (untimed) step, parameters "
+       "excluded, checkpointed units' inputs included."),
     _f("optimizer", "str", "The optimizer when not torch's AdamW (te with fp8_all_gather: FusedAdam, fp32 masters)."),
     _f("workload", "str", "train (training steps) or infer (prefill + KV-cached decode)."),
     _f("train_steps", "int", "Training steps before the benchmark."),
@@ -87,11 +96,16 @@ FIELDS: list[Field] = [
     _f("prompt_len", "int", "Prompt tokens for the generation check (infer: the prefill length)."),
     _f("seed", "int", "Seed of weights and data."),
     _f("profile", "bool", "A few steps profiled after timing for the kernel breakdown (kernel_ms_* fields)."),
+    _f("fp8_reads", "bool", "fp8 training cells: the per-layer FP8 reads (sqnr_*, cast_*, outlier_* and fp8_layers "
+       "fields; trials/fp8_layers.py) run; false: none of them. The timed steps and losses are the same either way."),
     _f("device", "str", "Requested device: auto, cuda or cpu."),
     # -- what actually ran
     _f("effective_device", "str", "Device the trial ran on."),
     _f("effective_backend", "str", "Backend that ran (te or torch); empty when unsupported."),
-    _f("effective_precision", "str", "Precision that ran; empty when unsupported."),
+    _f("effective_precision", "str", "Precision that ran; empty when unsupported. An fp8 cell whose stack converted "
+       "no module, or ran under trials.metrics.FP8_MIN_SHARE (5%) of its step's FLOPs in FP8 GEMMs "
+       "(fp8_flop_share), ran bf16 (fp32 cells never ask for FP8): it is not an FP8 result and the report never pairs "
+       "it as one (trials.metrics.fp8_ran)."),
     _f("effective_recipe", "str", "FP8 recipe that ran; empty for non-fp8 cells."),
     _f("fp8_recipe_repr", "str", "TE's repr of the recipe object used."),
     _f("te_torch_compile", "bool", "TE's torch.compile'd element-wise fusers on (NVTE_TORCH_COMPILE, TE's default: on)."),
@@ -104,7 +118,13 @@ FIELDS: list[Field] = [
     _f("fp8_converted_names", "str", "JSON list of the modules in fp8_converted_modules (qualified names)."),
     _f("fp8_skipped_modules", "str", "JSON list of the modules a conversion kept as they were, in BF16 (FP32 on fp32 "
        "cells): the layer that makes the logits, dims not multiples of 16, weights tied to another module "
-       "(te), decoder layers transformer_layer cannot map (te)."),
+       "(te), decoder layers transformer_layer cannot map (te); torchao: every other module holding GEMM weights "
+       "too (MoE experts, GPT-2's Conv1D, MoE routers), see fp8_skipped_why."),
+    _f("fp8_skipped_why", "str", "torchao fp8: JSON object, each module of fp8_skipped_modules -> why it stayed in "
+       "high precision."),
+    _f("fp8_flop_share", "float", "Share of flops_per_step that ran in FP8 GEMMs: counted with it (a GEMM with "
+       "FP8 operands counts; attention's term never does), so 0 on bf16/fp32 cells; null where the counter cannot "
+       "see the stack's GEMMs (te) or FLOPs are analytic (MiniGPT). Decides effective_precision."),
     # -- model size and work
     _f("model_class", "str", "The model's class (MiniGPT, LlamaForCausalLM, your factory's module)."),
     _f("model_config", "str", "JSON: the model's resolved config (transformers' to_json_string for hf models, the "
@@ -155,6 +175,18 @@ FIELDS: list[Field] = [
     _f("mfu_precision_peak", "float", "model_tflops / (peak_tflops_precision * world_size)."),
     _f("host_ms_per_step", "float", "Host time to issue one step from an idle GPU, ms (null on CPU)."),
     _f("launch_bound", "bool", "GPU waits on the host: host_ms_per_step >= 0.8 * step_ms_p50 (null on CPU)."),
+    # -- what else ran while the steps were timed (trials/disturbance.py): null where /proc or NVML cannot tell
+    _f("timing_wait_share", "float", "Over the timed steps: the share of the time the trial process's threads "
+       "wanted a CPU that they waited for one on a run queue (Linux schedstat; 0: never waited)."),
+    _f("timing_foreign_cpu_share", "float", "Over the timed steps: other processes' CPU time as a share of the "
+       "host's core-seconds (/proc/stat's busy time less the trial process tree's; null under 0.2 core-seconds, where "
+       "10 ms jiffies are too coarse)."),
+    _f("timing_load_1m", "float", "The host's 1-minute load average at the end of the timed steps."),
+    _f("timing_foreign_gpu_processes", "str", "GPU trials: JSON list of the other compute processes (pid, "
+       "used_bytes) NVML saw on the trial's GPU at the start or end of the timed steps ([]: none)."),
+    _f("timing_disturbed", "bool", "Something else took the trial's CPU or GPU while its steps were timed: its "
+       "threads waited for a CPU >= 20% of the time (timing_wait_share), or another compute process shared its GPU."),
+    _f("timing_disturbed_why", "str", "What disturbed the timed steps, in words (null: nothing seen)."),
     # -- energy, power and clocks (trials/energy.py): a window of its own right after timing
     _f("energy_window_s", "float", "Length of the energy window: the timed step (infer: a whole generation) repeated "
        "for at least 1 s, edges on ticks of NVML's energy counter, s."),
@@ -213,6 +245,11 @@ FIELDS: list[Field] = [
        "what an earlier trial in the same process left)."),
     _f("peak_rss_bytes", "int", "Peak resident host memory of the trial process during the trial (Linux VmHWM, "
        "reset at trial start; null where it cannot be reset)."),
+    _f("est_peak_mem_bytes", "int", "train: the memory plan's peak for one rank (trials/memory_plan.py: weights, grads, "
+       "optimizer state, activations under the cell's checkpointing, logits and loss, FSDP2 sharding), from the module "
+       "run once under fake tensors; beside peak_mem_allocated_bytes (the report shows their ratio)."),
+    _f("est_activation_bytes", "int", "train: the memory plan's activations: bytes saved for backward at the cell's "
+       "batch and seq (null where the module cannot run under fake tensors and the plan is a guess)."),
     # -- numerics
     _f("fp8_state", "str", "JSON: scale, newest and max amax of block 0's FP8 tensors (delayed scaling; a model TE "
        "converted: of its first four modules TE scales)."),
@@ -237,6 +274,33 @@ FIELDS: list[Field] = [
     _f("tf_partner_reused", "bool", "train, those fp8 cells: the BF16 partner was not trained again: an earlier FP8 "
        "cell in the same trial process trained the same partner (same model, seed and schedule; delayed and current "
        "scaling share one) and its read was taken (trials/teacher_forced.Partners)."),
+    # -- per-layer FP8 numerics (trials/fp8_layers.py, docs/guide/numerics.md): fp8 training cells with fp8_reads
+    *[_f(f"sqnr_{d}_{stat}", typ, f"fp8 train: {what} of every FP8 module against the same module in BF16 on the same "
+         f"input and upstream gradient (one held batch, after the timed steps): {sdoc}.")
+      for d, what in (("fwd", "SQNR of the output"), ("dgrad", "SQNR of the input gradient"),
+                      ("wgrad", "SQNR of the weight gradient"))
+      for stat, typ, sdoc in (("min_db", "float", "the lowest over modules, dB"),
+                              ("median_db", "float", "the median over modules, dB"),
+                              ("worst", "str", "the module with the lowest"))],
+    *[_f(f"cast_{kind}_{cls}{tail}", typ, f"fp8 train: {cdoc}, cast to FP8 under the scale the recipe used: {kdoc}"
+         f"{tdoc}.")
+      for cls, cdoc in (("act", "GEMM inputs (activations)"), ("weight", "GEMM weights"),
+                        ("grad", "output gradients"))
+      for kind, kdoc in (("underflow", "the largest share, over FP8 modules, of elements flushed to zero "
+                                       "(nonzero, cast to 0)"),
+                         ("saturation", "the largest share, over FP8 modules, of elements saturated (|x * scale| "
+                                        "above the format's maximum)"))
+      for tail, typ, tdoc in (("", "float", ""), ("_worst", "str", "; the module with it"))],
+    _f("outlier_ratio_max", "float", "fp8 train: the largest max|x| / rms over the FP8 modules' inputs at the last "
+       "outlier sample (the held batch, after the last training step)."),
+    _f("outlier_ratio_worst", "str", "fp8 train: the module whose input has outlier_ratio_max."),
+    _f("outlier_kurtosis_max", "float", "fp8 train: the largest kurtosis (E[(x-mean)^4]/var^2, 3 for a Gaussian) over "
+       "the FP8 modules' inputs at the last outlier sample."),
+    _f("fp8_layers", "str", "fp8 train: JSON of every per-layer value: modules, sqnr per direction, cast shares per "
+       "operand class, outlier samples (steps, ratio and kurtosis per module), the SQNR floors; the report draws it."),
+    _f("fp8_layers_s", "float", "fp8 train: the per-layer SQNR and cast-health read, after the timed steps, s."),
+    _f("outliers_s", "float", "fp8 train: the outlier samples between training steps, s (inside train_s, never inside "
+       "the timed steps)."),
     # -- fingerprint
     _f("gpu_name", "str", "torch's device name."),
     _f("compute_capability", "str", "e.g. 9.0."),
@@ -321,7 +385,7 @@ def validate(record: Mapping[str, Any]) -> None:
 
 
 def field_table() -> str:
-    """The README's field table, generated from the declaration."""
+    """The field table of docs/guide/record-fields.md, generated from the declaration."""
     rows = ["| field | type | set by | meaning |", "|---|---|---|---|"]
     rows += [f"| `{f.name}` | {f.type} | {f.layer} | {f.doc} |" for f in ALL_FIELDS]
     return "\n".join(rows) + "\n"

@@ -12,7 +12,7 @@ import functools
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping
 
-from .backends import BACKENDS, RECIPES, STACKS, fp8_stacks, recipe_owner
+from .backends import BACKENDS, RECIPES, STACKS, fp8_stacks, layer_refusal, recipe_owner
 from .models import DEFAULT_MODEL, SOURCES, ModelError, Source
 from .models import parse as parse_model
 from .typecheck import WANTED, matches
@@ -28,6 +28,9 @@ TE_LAYERS = tuple(dict.fromkeys(layer for source in SOURCES.values() for layer i
 WORKLOADS = ("train", "infer")  # what a trial measures: training steps, or prefill + KV-cached decode
 WEIGHTS = ("bf16", "fp8")  # how an inference model stores its weights (fp8: TE's quantized_model_init, torchao's quantize_)
 PARALLEL = ("none", "ddp", "fsdp")  # how a trial's ranks split the model: not at all, DDP, FSDP2 (trials/distributed.py)
+# torchtitan's names: full recomputes every unit (decoder layer) in backward, selective every ac_every-th
+# (trials/checkpointing.py); the units are FSDP2's (the model source says what they are, trials/models)
+ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
 # a rank that stops makes the others' collectives fail after this, not hang (trials/distributed.py); here, not
 # there, so that a multi-rank trial's launcher reads it without importing torch
 COLLECTIVE_TIMEOUT_S = 300
@@ -59,7 +62,8 @@ class SpecError(ValueError):
 #   run        seeds and devices: never a reason to keep two cells apart in a report
 # ``only`` marks a field that means something only for fp8 cells ("fp8"), TE cells ("te"), TE's FP8 cells
 # ("te-fp8"), stacks that compile ("compiles"), stacks with their own FP8 layer filter ("fp8-filter") or
-# JuicyTalk's own MiniGPT ("minigpt": a model source with ``own`` shape, trials/models); elsewhere the sweep
+# JuicyTalk's own MiniGPT ("minigpt": a model source with ``own`` shape, trials/models) or selective activation
+# checkpointing ("selective-ac"); elsewhere the sweep
 # collapses it to its default and variant names leave it out.
 AXES = ("shape", "schedule", "execution", "variant", "run")
 
@@ -97,7 +101,11 @@ class TrialSpec:
     world_size: int = _on("execution", 1)  # GPUs (CPU: processes) one trial spans; batch_size is per rank
     parallel: str = _on("execution", "none")  # none | ddp | fsdp (FSDP2: one unit per block, then the root)
     fp8_all_gather: bool = _on("variant", False, "fp8-all-gather", only="fp8")  # FSDP2 all-gathers FP8 weights
+    activation_checkpointing: str = _on("execution", "none")  # none | full | selective (recompute units in backward)
+    ac_every: int = _on("execution", 2, only="selective-ac")  # selective: every ac_every-th unit (torchtitan's 2)
     profile: bool = _on("run", True)  # a few steps under torch.profiler after timing: the kernel breakdown
+    # fp8 training cells: per-layer SQNR, cast health and outlier samples (trials/fp8_layers.py); false: none of them
+    fp8_reads: bool = _on("run", True, only="fp8")
     workload: str = _on("schedule", "train")
     train_steps: int = _on("schedule", 60)
     lr: float = _on("schedule", 3e-4)
@@ -237,8 +245,9 @@ class TrialSpec:
         _choice("weights", self.weights, WEIGHTS)
         _choice("parallel", self.parallel, PARALLEL)
         _choice("fp8_filter", self.fp8_filter, FP8_FILTERS)
+        _choice("activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING)
         for name in ("vocab", "d_model", "n_layers", "n_heads", "ffn", "seq_len", "batch_size", "world_size",
-                     "amax_history_len", "train_steps", "bench_steps", "repeats", "prompt_len"):
+                     "ac_every", "amax_history_len", "train_steps", "bench_steps", "repeats", "prompt_len"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise SpecError(name, f"must be a positive integer, got {getattr(self, name)}")
         for name in ("warmup_steps", "gen_len", "seed"):
@@ -300,6 +309,14 @@ class TrialSpec:
             raise SpecError("parallel", "multi-rank trials are built for workload: train")
         if self.parallel != "none" and self.cuda_graphs:
             raise SpecError("cuda_graphs", "not with parallel ddp or fsdp (graphing collectives is not built)")
+        if self.activation_checkpointing != "none":
+            if self.workload != "train":
+                raise SpecError("activation_checkpointing", "recomputes activations in backward: workload train only")
+            if self.cuda_graphs:
+                raise SpecError("activation_checkpointing", "not with cuda_graphs (a captured backward cannot "
+                                "recompute its forward); use one of them")
+        if self.ac_every != field_default("ac_every") and self.activation_checkpointing != "selective":
+            raise SpecError("ac_every", "applies to activation_checkpointing: selective (every ac_every-th unit)")
         if self.fp8_all_gather:
             if self.parallel != "fsdp":
                 raise SpecError("fp8_all_gather", "all-gathers FSDP2's weights in FP8: needs parallel: fsdp")
@@ -308,6 +325,10 @@ class TrialSpec:
                 raise SpecError("fp8_all_gather", "is built for " + "; ".join(
                     f"backend {s.name}, recipe {' or '.join(s.fp8_all_gather)}" for s in STACKS.values()
                     if s.fp8_all_gather) + f", not recipe {self.recipe}")
+            if owner.fp8_all_gather_masters and not self.source.te_own:
+                raise SpecError("fp8_all_gather", f"{owner.name}'s FP8 primary weights are built for model "
+                                f"{', '.join(m for m, s in SOURCES.items() if s.te_own)}, not {self.model}; use "
+                                "backend torchao, recipe tensorwise")
         if self.weights == "fp8":
             if self.workload != "infer":
                 raise SpecError("weights", "fp8 weights are an inference setting; use workload: infer (training keeps "
@@ -361,11 +382,11 @@ def check_model(spec: TrialSpec) -> None:
 
 def te_layer_refusal(spec: TrialSpec) -> str:
     """Why the spec's ``te_layer`` cannot convert its model, in one line ('' when it can, or TE does not take
-    this cell): transformer_layer takes transformers' Llama-family models only (te_convert.layer_refusal, asked
-    with the config's model_type; a py: factory's module is not a config's). Reads the model's config (hf)."""
+    this cell): transformer_layer takes transformers' Llama-family models only (backends.layer_refusal, asked
+    with the config's model_type; a py: factory's module is not a config's). Reads the model's config (hf).
+    Asks the stack table (trials/backends), not the converter: the spec imports no stack's module."""
     if spec.source.te_own or not applies("te_layer", spec.to_dict()):
         return ""
-    from .backends.te_convert import layer_refusal
     from .models import describe
 
     try:
@@ -472,7 +493,8 @@ def applies(field_name: str, values: Mapping[str, Any]) -> bool:
     return (only is None or (only == "fp8" and fp8) or (only == "te" and te) or (only == "te-fp8" and te and fp8)
             or (only == "compiles" and stack is not None and stack.compiles)
             or (only == "fp8-filter" and fp8 and stack is not None and bool(stack.fp8_filter_auto))
-            or (only == "minigpt" and own))
+            or (only == "minigpt" and own)
+            or (only == "selective-ac" and values.get("activation_checkpointing") == "selective"))
 
 
 def variant_name(values: Mapping[str, Any]) -> str:

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import backends, distributed, te_compat
+from . import backends, checkpointing, distributed, models, te_compat
 from .backends import Built
 from .data import ArithmeticSequences
 from .model import MiniGPT
@@ -55,8 +55,10 @@ class _GraphRoot(nn.Module):
 class TrainStep:
     """Callable ``step(x, y) -> loss`` (a 0-d device tensor) for a stack's built model."""
 
-    def __init__(self, built: Built, lr: float, device: str, amax_group: Any = None):
+    def __init__(self, built: Built, lr: float, device: str, amax_group: Any = None,
+                 checkpointed: checkpointing.Checkpointed | None = None):
         self.built = built
+        self.checkpointed = checkpointed or checkpointing.Checkpointed()  # the units recomputed in backward
         self.amax_group = amax_group  # where TE's delayed scaling reduces amaxes (multi-rank trials)
         self.model: MiniGPT = built.model  # or any model mapping ids (b, t) -> logits (b, t, vocab) (trials/models)
         self.te = built.te
@@ -90,42 +92,63 @@ class TrainStep:
 
 def build_train_step(spec: TrialSpec, backend: str, precision: str, device: str,
                      ranks: distributed.Ranks = distributed.SINGLE) -> TrainStep:
-    """Seeded model, optimizer and step for one cell, built by its stack (``trials/backends``); with
-    ``parallel``, the model is wrapped (DDP) or sharded (FSDP2) before the optimizer sees its parameters.
-    Every rank builds the same seeded model, so DDP and FSDP start from the one-process weights."""
+    """Seeded model, optimizer and step for one cell, built by its stack (``trials/backends``); its units
+    checkpointed (``activation_checkpointing``); with ``parallel``, each unit compiled (``compile``), then the
+    model wrapped (DDP) or sharded (FSDP2), as torchtitan orders them, before the optimizer sees its
+    parameters. Every rank builds the same seeded model, so DDP and FSDP start from the one-process weights."""
     torch.manual_seed(spec.seed)
     built = backends.build(spec, backend, precision, device)
+    models.require_units(spec, built.units)
+    checkpointed = checkpointing.apply(built.model, built.units, spec.activation_checkpointing, spec.ac_every,
+                                       built.te)
     if spec.parallel != "none":
-        target = distributed.wrap(built.model, spec.parallel, device, ranks)
-        built.forward = torch.compile(target) if spec.compile else target
-    return TrainStep(built, spec.lr, device, distributed.amax_group(ranks))
+        if spec.compile and built.units:
+            distributed.compile_units(built.model, built.units)
+        try:
+            target = distributed.wrap(built.model, spec.parallel, device, ranks, built.units)
+        except Exception as exc:  # TE's modules under FSDP2: where this TE cannot, the record says TE's reason
+            if built.te is None:
+                raise
+            raise distributed.Unsupported(f"TE under {spec.parallel}: {type(exc).__name__}: {exc}") from exc
+        built.forward = torch.compile(target) if spec.compile and not built.units else target
+    return TrainStep(built, spec.lr, device, distributed.amax_group(ranks), checkpointed)
 
 
 @dataclass
 class TrainResult:
     losses: list[float]
     first_step_s: float  # the first step alone, synced: where TE's fusers and cuDNN plans compile
+    saved_bytes: int = 0  # held for backward by the first step's forward (checkpointing.SavedBytes)
 
 
-def train(step: TrainStep, data: ArithmeticSequences, steps: int, batch: int) -> TrainResult:
+def train(step: TrainStep, data: ArithmeticSequences, steps: int, batch: int,
+          after_step: Callable[[int], None] | None = None) -> TrainResult:
     """Run ``steps`` steps on fresh batches; the loss curve is read from the device once, at the end.
 
     The first step is timed apart (one sync after it): it holds the one-off compiles, and a process
-    that runs many trials pays them once per shape instead of once per trial.
+    that runs many trials pays them once per shape instead of once per trial. It is also the step whose
+    saved tensors are counted (untimed by the benchmark, so the hooks disturb no step time). ``after_step(i)``:
+    called after step ``i`` (and after the first step's timing), for reads between steps (trials/fp8_layers.py's
+    outlier samples), which must leave training as it was.
     """
     device = data.device
     losses = torch.empty(steps, device=device, dtype=torch.float32)
     first_step_s = 0.0
+    saved_bytes = 0
     for i in range(steps):
         x, y = data.batch(batch)
         if i == 0:
             t0 = time.perf_counter()
-            losses[i] = step(x, y)
+            with checkpointing.SavedBytes(step.model, step.checkpointed) as saved:
+                losses[i] = step(x, y)
             _sync(device)
             first_step_s = time.perf_counter() - t0
+            saved_bytes = saved.bytes
         else:
             losses[i] = step(x, y)
-    return TrainResult(losses.tolist(), first_step_s)
+        if after_step is not None:
+            after_step(i)
+    return TrainResult(losses.tolist(), first_step_s, saved_bytes)
 
 
 def _sync(device: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from . import distributed, memory, models, te_compat
+from . import distributed, memory, memory_plan, models, te_compat
 from .capability import Capability, probe, resolve, wants_torchao
 from .fingerprint import fingerprint
 from .metrics import flops_per_step
@@ -73,6 +73,7 @@ def run_trial(spec: TrialSpec, capability: Capability | None = None, process_tri
             record["tokens_per_step"] = tokens
             if cfg is not None:
                 record.update(flops_per_step=flops_per_step(cfg, tokens), flops_method="analytic")
+            record.update(memory_plan.record_fields(spec))
         if res.unsupported:
             record.update(status="unsupported", error=res.unsupported)
             log.info("unsupported: %s", res.unsupported)
@@ -88,7 +89,7 @@ def run_trial(spec: TrialSpec, capability: Capability | None = None, process_tri
                 memory.release(device)
                 record.update(numerics(partners))
     except Exception as exc:  # noqa: BLE001 - every failure becomes a record
-        status = ("oom" if is_oom(exc) else
+        status = ("oom" if is_oom(exc) else "unsupported" if isinstance(exc, distributed.Unsupported) else
                   "timeout" if spec.world_size > 1 and distributed.timed_out(exc) else "error")
         record.update(status=status, error=f"{type(exc).__name__}: {exc}"[:4000],
                       error_type=type(exc).__name__)

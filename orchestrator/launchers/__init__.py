@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .base import Launcher, LaunchSettings, Outcome, TrialDied, compile_cache_dir
+from .prestart import claim
 from .process import ProcessLauncher
 from .warm import WarmLauncher
 
@@ -12,7 +13,8 @@ DEFAULT_WARM_MAX_TRIALS = 32
 
 
 def make_launcher(settings: LaunchSettings) -> Launcher:
-    return LAUNCHERS[settings.launcher](settings)
+    """The sweep's launcher, adopting the driver's prestarted trial servers (:mod:`.prestart`) when it has some."""
+    return LAUNCHERS[settings.launcher](settings, adopt=claim)
 
 
 __all__ = ["DEFAULT_LAUNCHER", "DEFAULT_WARM_MAX_TRIALS", "LAUNCHERS", "LaunchSettings", "Launcher", "Outcome",

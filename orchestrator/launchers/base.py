@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from trials.models import CWD_ENV
 from trials.server import alive
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,9 @@ class LaunchSettings:
     warm_max_trials: int
     compile_cache: str | None = None
     servers: str | None = None  # where the driver's prestarted trial servers wait to be adopted (.prestart)
+    # the driver's working directory: a relative file path in a trial's ``model`` is read from it, as the user
+    # wrote it, not from the launcher's folder the trial runs in (trials.models.CWD_ENV)
+    cwd: str | None = None
 
 
 def compile_cache_dir(configured: str | None) -> str:
@@ -70,6 +74,8 @@ def trial_env(settings: LaunchSettings) -> dict[str, str]:
     env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache, "inductor")
     env["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    if settings.cwd:
+        env[CWD_ENV] = settings.cwd
     return env
 
 
@@ -197,14 +203,21 @@ class Outcome:
     died: str | None = None
 
 
+# (servers directory, the command a launcher would spawn, its env) -> that server claimed, or None
+Adopt = Callable[[str, list[str], dict[str, str]], "TrialProcess | None"]
+
+
 class Launcher(ABC):
     """Turns specs into records on one worker, one trial at a time."""
 
     name: str = ""
     fork: bool = False  # each trial in a process forked from the server (which then serves many)
 
-    def __init__(self, settings: LaunchSettings):
+    def __init__(self, settings: LaunchSettings, adopt: Adopt | None = None):
         self.settings = settings
+        # claims a trial server the driver prestarted (:func:`.prestart.claim`, given by ``make_launcher``):
+        # this module does not import .prestart, which builds its servers' processes from this module's
+        self._adopt = adopt
         self._workdir = tempfile.TemporaryDirectory(prefix="juicytalk-")
         self._env = trial_env(settings)
         self._child: TrialProcess | None = None
@@ -270,11 +283,9 @@ class Launcher(ABC):
 
     def _spawn(self) -> TrialProcess:
         """A server the driver started for this launcher (:mod:`.prestart`) if one waits, else a new one."""
-        if self.settings.servers:
-            from .prestart import claim
-
+        if self.settings.servers and self._adopt is not None:
             command = server_command(self.trials_per_process, self._env, self.fork)
-            adopted = claim(self.settings.servers, command, self._env)
+            adopted = self._adopt(self.settings.servers, command, self._env)
             if adopted is not None:
                 return adopted
         return TrialProcess.spawn(self.trials_per_process, self._env, self._workdir.name, fork=self.fork)

@@ -3,11 +3,13 @@ plus a PNG per chart, ``results.md`` and ``results.csv``.
 
     build_report("juicytalk-results/seed")                     # writes seed/report.html etc.
     build_report(dir_a, compare_dir=dir_b)                     # adds the A/B comparison
+    build_report("s3://bucket/prefix/seed")                    # reads there, writes report.html etc. there too
 """
 
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,10 +20,11 @@ import pyarrow as pa
 
 from trials.atomic import write_text_atomic
 
-from ..store import read_results
+from ..store import Store, is_uri, read_results
 from .analysis import (DECODE_STEP, ONE_SAMPLE, TRAIN_STEP, Pairs, against_fastest_bf16, compare_runs, crossover, pair_cells,
                        prepare, ways_that_ran)
 from .headline import headline
+from . import numerics
 from .inference import inference_pairs, split
 from .why import breakdown, gap_name
 
@@ -63,7 +66,7 @@ def side_names(a: str, b: str) -> tuple[str, str]:
 
 
 def _load(path: str) -> pd.DataFrame:
-    if not Path(path).exists():
+    if not is_uri(path) and not Path(path).exists():
         raise ReportInputError(f"DIR: {path} does not exist (a sweep directory or a results.parquet)")
     try:
         table = read_results(path)
@@ -81,14 +84,24 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
     from .render import export_pngs, markdown_tables, summary_sections, write_csv, write_html
 
     t0 = time.perf_counter()
-    src = Path(path).expanduser().resolve()
-    base_dir = src if src.is_dir() else src.parent
-    df = _load(str(src))
+    remote = Store.at(path) if is_uri(path) else None  # results on object storage (s3://...)
+    if remote is not None and remote.local:  # file://: a local directory after all
+        path, remote = remote.root, None
+    src = Path(path).expanduser().resolve() if remote is None else None
+    base_dir = (src if src.is_dir() else src.parent) if src is not None else None
+    where = str(src) if src is not None else path
+    df = _load(where)
     train, infer = split(df)
     pairs = pair_cells(train)
     fastest = against_fastest_bf16(train) if ways_that_ran(train) > 1 else (pd.DataFrame(), pd.DataFrame())
-    if sweep_text is None and (base_dir / "sweep.yaml").is_file():
-        sweep_text = (base_dir / "sweep.yaml").read_text()
+
+    def beside(name: str) -> str | None:  # a file of the sweep directory, wherever it is
+        if remote is not None:
+            return remote.read_text(name)
+        return (base_dir / name).read_text() if (base_dir / name).is_file() else None
+
+    if sweep_text is None:
+        sweep_text = beside("sweep.yaml")
 
     steps, tokens = breakdown(train, TRAIN_STEP), breakdown(infer, DECODE_STEP)  # empty where nothing was profiled
     figures = [] if train.empty else [
@@ -102,6 +115,10 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
         ("mfu", charts.mfu_chart(train)),
         ("memory", charts.memory_chart(train)),
         ("loss_curves", charts.loss_chart(train)),
+        *([("loss_gap", charts.loss_gap_chart(pairs))]  # where some partner's seed noise is known (samples >= 2)
+          if not pairs.rows.empty and "loss_seed_sd" in pairs.rows and pairs.rows["loss_seed_sd"].notna().any()
+          else []),
+        *numerics.figures(train),  # per-layer FP8 SQNR and outliers, where cells read them
     ]
     inference = inference_pairs(infer)
     if inference is not None:
@@ -123,26 +140,28 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
         other = _load(compare_dir)
         comparison = compare_runs(df, other)
         if comparison.empty:
-            warnings.append(f"--compare: {src} and {compare_dir} share no cells (no cell id in both); "
+            warnings.append(f"--compare: {where} and {compare_dir} share no cells (no cell id in both); "
                             "the report has no comparison")
         unjudged = int((comparison["verdict"] == ONE_SAMPLE).sum())
         if unjudged:
             warnings.append(f"--compare: {unjudged} of {len(comparison)} cells have one sample on a side, so no change "
                             f"is called for them ({ONE_SAMPLE})")
-        figures.append(("compare", charts.compare_chart(comparison, *side_names(str(src), compare_dir))))
+        figures.append(("compare", charts.compare_chart(comparison, *side_names(where, compare_dir))))
 
     lines = headline(train, pairs) if not train.empty or infer.empty else []
-    sections = summary_sections(df, pairs, comparison, inference, fastest)
-    search = base_dir / "search.json"
-    if search.is_file():  # a sweep with a search block: its answer first, its probes as a chart
+    sections = summary_sections(df, pairs, comparison, inference, fastest) + numerics.sections(train)
+    search = beside("search.json")
+    if search is not None:  # a sweep with a search block: its answer first, its probes as a chart
         from ..crossover import Answer  # here: the search module reads the report's intervals
 
-        found = Answer.from_json(search.read_text())
+        found = Answer.from_json(search)
         lines = [f"Crossover search: {found.statement}"] + lines
         figures.insert(0, ("crossover_search", charts.search_chart(found)))
         sections.insert(0, ("Crossover search", found.statement, search_table(found)))
     md = markdown_tables(df, sections, lines)
-    out_html = out_html or str(base_dir / "report.html")
+    upload = remote is not None and out_html is None  # written here first, then beside the records
+    staging = tempfile.TemporaryDirectory(prefix="juicytalk-report-") if upload else None
+    out_html = out_html or str(Path(staging.name if staging else base_dir) / "report.html")
     out_dir = Path(out_html).resolve().parent
     out_dir.mkdir(parents=True, exist_ok=True)
     md_path, csv_path = out_dir / "results.md", out_dir / "results.csv"
@@ -151,6 +170,13 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
     write_html(out_html, figures, df, sections, sweep_text, plotlyjs, lines)
     pngs = export_pngs(figures, png_dir) if png_dir else []
     log.info("report built in %.2fs", time.perf_counter() - t0)
+    if staging is not None:
+        with staging:
+            paths = []
+            for local in (Path(out_html), md_path, csv_path):
+                remote.write_text(remote.path(local.name), local.read_text())
+                paths.append(remote.url(local.name))
+        return Report(*paths, pngs, pairs, lines, warnings)
     return Report(str(out_html), str(md_path), str(csv_path), pngs, pairs, lines, warnings)
 
 

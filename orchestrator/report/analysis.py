@@ -55,7 +55,10 @@ def variant_of(row: Any) -> str:
     values = {name: _get(row, name) for name in axis_fields("variant")}
     values.update(backend=backend, precision=precision, recipe=_get(row, "effective_recipe") or _get(row, "recipe"),
                   model=_get(row, "model"))  # whose te_layer default applies
-    return variant_name(values)
+    name = variant_name(values)
+    if _get(row, "precision") == "fp8" and precision not in ("fp8", None):  # asked FP8, ran none (trials.metrics.fp8_ran)
+        name += f"-asked-fp8-{_get(row, 'recipe')}"  # its own cell: never merged with a BF16 cell nor another recipe
+    return name
 
 
 # What variant_of, backend_of and execution_label read: rows are turned into dicts of these columns only
@@ -124,6 +127,7 @@ class CellStats:
     record: dict[str, Any] = field(default_factory=dict)
     launch_bound: bool = False  # a sample that ran ok was launch-bound: the host's pace set its time
     teacher_forced: dict[str, list[float]] = field(default_factory=dict)  # TEACHER_FORCED field -> per-sample values
+    loss_by_seed: dict[int, float] = field(default_factory=dict)  # each ok sample's final loss, by its seed
 
 
 def launch_bound_note(where: str) -> str:
@@ -227,6 +231,42 @@ def teacher_forced_columns(row: Any) -> dict[str, str]:
     return columns
 
 
+# The loss gap against seed noise (issue 46). A BF16 run at a new seed lands within 2 standard deviations of
+# BF16's mean final loss about 95% of the time: an FP8 cell whose gap over its BF16 partner is larger than that
+# differs by more than a change of seed does to BF16 itself. A run without FP8 asks the same of BF16 against FP32.
+SEED_NOISE_SDS = 2.0
+LOSS_GAP_KINDS = ("fp8_speedup", "bf16_speedup")  # the pairs whose candidate is a lower precision of its reference
+
+
+def loss_gap_stats(ref: CellStats, cand: CellStats, resamples: int, rng: np.random.Generator) -> dict[str, Any]:
+    """A lower-precision cell's final-loss gap over its reference (FP8 over its BF16 partner, BF16 over FP32),
+    beside the reference's own seed-to-seed spread.
+
+    Samples use different seeds, and a sample of the candidate shares its seed (init and batches) with the
+    reference's sample of the same index: the gap is the median over the seeds both ran of candidate - reference
+    at that seed, its 95% interval a bootstrap of that median over seeds (two or more). Without a shared seed it
+    is the difference of the medians. ``loss_seed_sd``: the standard deviation of the reference's final losses
+    across its seeds (ddof 1, two or more). ``loss_gap_verdict``: "within BF16's seed noise" when |gap| <=
+    SEED_NOISE_SDS * that spread, else "outside by X nats" (X = |gap| - the band); "... seed noise unknown"
+    with fewer than two reference seeds."""
+    shared = sorted(set(ref.loss_by_seed) & set(cand.loss_by_seed))
+    if shared:
+        diffs = [cand.loss_by_seed[s] - ref.loss_by_seed[s] for s in shared]
+        gap, (lo, hi) = _median(diffs), bootstrap_median(diffs, resamples, rng)
+    elif ref.losses and cand.losses:
+        gap, lo, hi = _median(cand.losses) - _median(ref.losses), float("nan"), float("nan")
+    else:
+        return {}
+    seeds = list(ref.loss_by_seed.values()) or ref.losses
+    sd = float(np.std(seeds, ddof=1)) if len(seeds) >= 2 else float("nan")
+    band = SEED_NOISE_SDS * sd
+    whose = (precision_of(ref) or "the reference").upper()
+    verdict = (f"{whose} seed noise unknown: samples >= 2" if not np.isfinite(sd) else
+               f"within {whose}'s seed noise" if abs(gap) <= band else f"outside by {abs(gap) - band:.3g} nats")
+    return {"loss_gap": gap, "loss_gap_ci_low": lo, "loss_gap_ci_high": hi, "loss_gap_seeds": len(shared),
+            "loss_seed_sd": sd, "loss_seed_band": band, "loss_gap_verdict": verdict}
+
+
 @dataclass(frozen=True)
 class Timing:
     """Which record fields time a cell: the per-sample median and every timed step of a sample."""
@@ -254,6 +294,7 @@ def cell_table(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> dict[tuple, dic
     steps = df[timing.steps].tolist()
     bound = df["launch_bound"].tolist() if "launch_bound" in df else [None] * len(df)
     tf = {name: df[name].tolist() if name in df else [None] * len(df) for name in TEACHER_FORCED}
+    seeds = df["seed"].tolist() if "seed" in df else [None] * len(df)
     present = lambda values, rows: [float(values[i]) for i in rows if values[i] is not None and values[i] == values[i]]
     cells = []
     for (shape, variant), rows in groups.items():
@@ -262,7 +303,9 @@ def cell_table(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> dict[tuple, dic
         cells.append((shape, variant, ok[0] if ok else rows[0], CellStats(
             variant, "ok" if ok else str(status[rows[0]]), _median(samples) if samples else None, samples,
             list(steps[ok[0]]) if ok and steps[ok[0]] is not None else [], present(losses, ok), None,
-            teacher_forced={name: present(values, ok) for name, values in tf.items()})))
+            teacher_forced={name: present(values, ok) for name, values in tf.items()},
+            loss_by_seed={int(seeds[i]): float(losses[i]) for i in ok
+                          if seeds[i] == seeds[i] and seeds[i] is not None and present(losses, [i])})))
     firsts = df.iloc[[first for _, _, first, _ in cells]].to_dict("records")  # one take for every cell's record
     for (shape, variant, _, stats), record in zip(cells, firsts):
         stats.n_params, stats.record = record.get("n_params"), record
@@ -290,6 +333,7 @@ def _pair_row(kind: str, shape: tuple, base: CellStats, other: CellStats, resamp
     # the candidate's variant settings (what a knob comparison groups by) and its final loss against the
     # reference's: the ratio of medians over samples, with an interval where both have two or more
     row.update({k: _get(other.record, k) for k in KNOBS})
+    row["fp8_flop_share"] = _get(other.record, "fp8_flop_share")  # how much of the candidate ran in FP8 GEMMs
     if base.losses and other.losses:
         loss_lo, loss_hi = bootstrap_ratio(other.losses, base.losses, resamples, rng)
         row.update(reference_loss=_median(base.losses), candidate_loss=_median(other.losses),
@@ -337,6 +381,7 @@ def pair_cells(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> Pairs:
     resamples = int(max(200, min(2000, 400_000 // max(1, n_pairs))))
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     tf_rng = np.random.default_rng(BOOTSTRAP_SEED)  # its own: the timing intervals stay as they were without it
+    gap_rng = np.random.default_rng(BOOTSTRAP_SEED)  # likewise for the loss gaps
     rows, unpaired = [], []
 
     def pair(kind: str, shape: tuple, ref_name: str, cand: CellStats, ref: CellStats | None) -> None:
@@ -356,6 +401,8 @@ def pair_cells(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> Pairs:
         rows.append(_pair_row(kind, shape, ref, cand, resamples, rng, series))
         if kind == "fp8_speedup":
             rows[-1].update(teacher_forced_stats(cand, resamples, tf_rng))
+        if kind in LOSS_GAP_KINDS:
+            rows[-1].update(loss_gap_stats(ref, cand, resamples, gap_rng))
 
     for shape, variants in cells.items():
         for name, cell in variants.items():

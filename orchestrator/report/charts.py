@@ -4,6 +4,7 @@ lines are CUDA-graphed cells; hover text carries the cell's configuration."""
 from __future__ import annotations
 
 import math
+import re
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -11,7 +12,7 @@ from plotly.subplots import make_subplots
 
 from trials.spec import PRECISIONS
 
-from .analysis import Pairs, crossover, known, size_order
+from .analysis import LOSS_GAP_KINDS, SEED_NOISE_SDS, Pairs, crossover, known, size_order
 
 COLORS = {
     "torch-fp32": "#7f7f7f",
@@ -134,6 +135,35 @@ def speedup_chart(pairs: Pairs, title: str = "FP8 speedup over BF16 of the same 
     top = max([1.6] + ([float(rows["ci_high"].max()) * 1.1] if not rows.empty and rows["ci_high"].notna().any() else []))
     fig.update_yaxes(title_text=y_title, range=[0, top])
     return note_if_empty(fig, empty)
+
+
+def loss_gap_chart(pairs: Pairs) -> go.Figure:
+    """Per FP8 cell (a run without FP8: BF16 cell; and learning rate, where it is an axis: in the series), its
+    final-loss gap over its reference with its interval over seeds, over a grey band of the reference's own seed
+    noise (+-SEED_NOISE_SDS sd)."""
+    fig = go.Figure()
+    rows = pairs.rows
+    if not rows.empty and "loss_gap" in rows:
+        rows = rows[rows["kind"].isin(LOSS_GAP_KINDS) & rows["loss_gap"].notna()]
+        labels = [" ".join(str(v) for v in (r.candidate, f"d{r.d_model}-L{r.n_layers}", r.series) if v)
+                  for r in rows.itertuples()]
+        band = rows["loss_seed_band"]
+        fig.add_trace(go.Bar(x=labels, y=2 * band, base=-band, name=f"the reference's seed noise (+-{SEED_NOISE_SDS:g} sd)",
+                             marker=dict(color="rgba(127,127,127,0.3)"), hoverinfo="skip"))
+        fig.add_trace(go.Scatter(
+            x=labels, y=rows["loss_gap"], mode="markers", name="gap: final loss - the reference's (95% interval over seeds)",
+            marker=dict(color=[color(c) for c in rows["candidate"]], size=9),
+            error_y=dict(type="data", symmetric=False, visible=True,
+                         array=(rows["loss_gap_ci_high"] - rows["loss_gap"]).clip(lower=0).fillna(0),
+                         arrayminus=(rows["loss_gap"] - rows["loss_gap_ci_low"]).clip(lower=0).fillna(0)),
+            hovertext=[f"{label}<br>gap {r.loss_gap:.4g} over {r.loss_gap_seeds} seeds<br>{r.loss_gap_verdict}"
+                       for label, r in zip(labels, rows.itertuples())], hoverinfo="text"))
+    fig.add_hline(y=0.0, line=dict(color="black", width=1, dash="dot"))
+    fig.update_layout(title="Final-loss gap over the higher-precision partner (FP8 over BF16; without FP8, BF16 over "
+                            "FP32), against the partner's seed-to-seed noise",
+                      **LAYOUT)
+    fig.update_yaxes(title_text="final-loss gap (nats)")
+    return note_if_empty(fig, "no cell with a higher-precision partner and final losses")
 
 
 def fastest_chart(rows: pd.DataFrame) -> go.Figure:
@@ -269,23 +299,48 @@ def compare_chart(cmp: pd.DataFrame, label_a: str, label_b: str) -> go.Figure:
     return note_if_empty(fig, f"{label_a} and {label_b} share no cells: nothing to compare")
 
 
+BREAKDOWN_LABEL_CHARS = 36  # a cell's label wraps at this width, between its parts ('-', '/', ':')
+
+
+def wrap_label(label: str, width: int = BREAKDOWN_LABEL_CHARS) -> str:
+    """A long cell label (``py:/path/to/model.py:build-d64-L2-torchao-fp8-tensorwise``) on lines of at most
+    ``width`` characters, broken after a '-', '/' or ':' where it can be (a longer part is cut), joined by <br>."""
+    parts = re.findall(r"[^-/:]*[-/:]?", label)[:-1] or [label]
+    lines = [""]
+    for part in parts:
+        if lines[-1] and len(lines[-1]) + len(part) > width:
+            lines.append("")
+        lines[-1] += part
+        while len(lines[-1]) > width:  # one part longer than a line: cut it
+            lines[-1:] = [lines[-1][:width], lines[-1][width:]]
+    return "<br>".join(lines)
+
+
 def breakdown_chart(table: pd.DataFrame, title: str) -> go.Figure:
     """Stacked bars: each profiled cell's ms per step by kernel class (``why.breakdown``'s columns: GEMMs by the
-    precision they ran in), and the gap on top (GPU idle on GPUs, outside operators on CPU)."""
+    precision they ran in), and the gap on top (GPU idle on GPUs, outside operators on CPU).
+
+    The bars lie along the x axis and the cells down the y axis, in the table's order, each label whole and
+    wrapped (:func:`wrap_label`): upright labels under bars overlapped each other and the legend, and the
+    margin cut them (``py:na``) when a label held a factory's path."""
     from trials.kernels import CLASSES
 
     from .why import gap_name
 
     fig = go.Figure()
     if not table.empty:
-        x = [f"{r.cell_label} b{r.batch_size}" if r.batch_size != 32 else r.cell_label for r in table.itertuples()]
+        y = [wrap_label(f"{r.cell_label} b{r.batch_size}" if r.batch_size != 32 else r.cell_label)
+             for r in table.itertuples()]
         palette = ["#aec7e8", "#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#7f7f7f"]
         for cls, col in zip(["gemm_fp32", *CLASSES], palette):
             if cls in table:
-                fig.add_bar(x=x, y=table[cls], name=cls, marker_color=col)
-        fig.add_bar(x=x, y=table["gap"].clip(lower=0), name=gap_name(table), marker_color="#dddddd")
-    fig.update_layout(**{**LAYOUT, "height": 600}, title=title, barmode="stack", yaxis_title="ms per step")
-    fig.update_xaxes(tickangle=-35, automargin=True, type="category")  # whole labels, in the table's order
+                fig.add_bar(y=y, x=table[cls], name=cls, marker_color=col, orientation="h")
+        fig.add_bar(y=y, x=table["gap"].clip(lower=0), name=gap_name(table), marker_color="#dddddd", orientation="h")
+    lines = sum(label.count("<br>") + 1 for label in fig.data[0].y) if fig.data else 0
+    fig.update_layout(**{**LAYOUT, "height": max(420, 160 + 18 * lines + 12 * len(table)),  # every line legible
+                         "legend": dict(orientation="v", x=1.01, y=1, xanchor="left", yanchor="top")},  # beside
+                      title=title, barmode="stack", xaxis_title="ms per step")
+    fig.update_yaxes(automargin=True, type="category", autorange="reversed")  # the table's order, top down
     return note_if_empty(fig, "no profiled cells (profile: false, or records from before the breakdown)")
 
 

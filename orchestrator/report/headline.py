@@ -7,11 +7,13 @@ what the cells that did run compare instead. The sweep prints the same lines aft
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from trials.numbers import fmt_sig
 
-from .analysis import Pairs, known, launch_bound_note
+from .analysis import (BOOTSTRAP_SEED, EXECUTION_KEYS, SHAPE_KEYS, CellStats, Pairs, bootstrap_ratio, cell_table,
+                       execution_label, known, launch_bound_note)
 
 
 def _reasons(frame: pd.DataFrame) -> list[str]:
@@ -43,6 +45,9 @@ def best_of_each(rows: pd.DataFrame, reference: str) -> list[str]:
                    else f"within noise of {reference}")
         line = (f"{model + ': ' if model else ''}{cand} vs {best['reference']}: best {fmt_sig(best['ratio'])}x{interval} at {_where(best)} "
                 f"({verdict}); {int((g['ratio'] > 1).sum())} of {len(g)} sizes faster")
+        share = known(best.get("fp8_flop_share"))
+        if reference == "BF16" and share is not None and share < FULL_SHARE:
+            line += f"; {share:.0%} of its step's FLOPs ran in FP8 GEMMs (fp8_flop_share), the rest in BF16"
         bound = g[g["launch_bound"].fillna(False).astype(bool)] if "launch_bound" in g else g.iloc[:0]
         if not bound.empty:
             line += "; " + launch_bound_note(" and ".join(_where(r) for _, r in bound.sort_values("n_params").iterrows()))
@@ -50,18 +55,76 @@ def best_of_each(rows: pd.DataFrame, reference: str) -> list[str]:
     return lines
 
 
+FULL_SHARE = 0.95  # an FP8 speedup whose cell ran less of its FLOPs in FP8 says how much (fp8_flop_share)
+
+
+def not_fp8(df: pd.DataFrame) -> list[str]:
+    """One sentence per model and asked FP8 variant whose cells finished ok but ran no FP8 worth the name
+    (``effective_precision`` bf16, trials.metrics.fp8_ran): they are BF16 results and are paired as nothing."""
+    asked = df[(df["precision"] == "fp8") & (df["status"] == "ok") & (df["effective_precision"] != "fp8")]
+    lines = []
+    for (model, backend, recipe), g in asked.groupby(["model", "backend", "recipe"], sort=True, dropna=False):
+        converted = {int(v) for v in g["fp8_converted_modules"].dropna()} if "fp8_converted_modules" in g else set()
+        shares = g["fp8_flop_share"].dropna() if "fp8_flop_share" in g else g.iloc[:0, 0]
+        lines.append(f"{model}: {backend} fp8 {recipe} ran no FP8 worth the name ("
+                     + (f"{'/'.join(map(str, sorted(converted)))} modules converted, " if converted else "")
+                     + (f"{shares.max():.0%} of the step's FLOPs in FP8" if len(shares) else "FP8 share unknown")
+                     + f", {len(g)} trial{'s' if len(g) > 1 else ''}): recorded as BF16, not an FP8 result, "
+                     "and paired with nothing (fp8_skipped_why says what stayed BF16 and why).")
+    return lines
+
+
+def fastest_per_model(df: pd.DataFrame) -> list[str]:
+    """With several models in the run: one sentence per model, which of its cells (variant and execution mode)
+    ran the step fastest at each of its sizes, and by how much it beat the next one (ratio of medians, 95%
+    interval over samples, else over steps). Only cells of one model and one size (every shape field) are ranked."""
+    ok = df[df["status"] == "ok"]
+    if "model" not in ok or ok["model"].nunique() < 2:
+        return []
+    size_at = [i for i, k in enumerate(SHAPE_KEYS) if k not in EXECUTION_KEYS]
+    sizes: dict[str, dict[tuple, list[tuple[tuple, CellStats]]]] = {}
+    for shape, variants in cell_table(ok).items():
+        where = dict(zip(SHAPE_KEYS, shape))
+        size = tuple(None if shape[i] != shape[i] else shape[i] for i in size_at)  # NaN never equals NaN
+        for cell in variants.values():
+            if cell.median_ms:
+                sizes.setdefault(where["model"], {}).setdefault(size, []).append((shape, cell))
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    lines = []
+    for model, by_size in sorted(sizes.items()):
+        parts = []
+        for cells in by_size.values():
+            ranked = sorted(cells, key=lambda sc: sc[1].median_ms)
+            best, where = ranked[0][1], dict(zip(SHAPE_KEYS, ranked[0][0]))
+            part = (f"{best.variant} {execution_label(where)} at "
+                    f"{_where(pd.Series({**where, 'n_params': best.n_params}))}, {fmt_sig(best.median_ms)} ms per step")
+            if len(ranked) > 1:
+                next_shape, runner = ranked[1]
+                both = len(best.samples) >= 2 and len(runner.samples) >= 2
+                lo, hi = bootstrap_ratio(*((runner.samples, best.samples) if both else (runner.steps, best.steps)),
+                                         1000, rng)
+                verdict = "beyond noise" if lo > 1 else "within noise"
+                part += (f", {fmt_sig(runner.median_ms / best.median_ms)}x [{fmt_sig(lo)}, {fmt_sig(hi)}] faster than "
+                         f"the next of its {len(ranked)} cells, {runner.variant} "
+                         f"{execution_label(dict(zip(SHAPE_KEYS, next_shape)))} ({verdict})")
+            parts.append(part)
+        lines.append(f"Fastest cell of {model}: " + "; ".join(parts) + ".")
+    return lines
+
+
 def headline(df: pd.DataFrame, pairs: Pairs) -> list[str]:
     """Sentences for the top of the report (training records; inference has its own section)."""
     if df.empty:
         return ["No training records in this result set."]
-    fp8 = df[df["precision"] == "fp8"]
     ok = df[df["status"] == "ok"]
     ran = sorted(set(ok["variant"]))
-    lines: list[str] = []
+    lines: list[str] = not_fp8(df)
+    # FP8 cells: those that asked for it, less those that ran without it (counted above)
+    fp8 = df[(df["precision"] == "fp8") & ~((df["status"] == "ok") & (df["effective_precision"] != "fp8"))]
     kinds = pairs.rows["kind"] if not pairs.rows.empty else pd.Series(dtype=str)
     rows = pairs.rows[kinds == "fp8_speedup"] if not pairs.rows.empty else pairs.rows
     if fp8.empty:
-        lines.append("This run has no FP8 cells.")
+        lines.append("No cell ran in FP8." if lines else "This run has no FP8 cells.")  # lines: not_fp8's
     elif rows.empty:
         unsupported = fp8[fp8["status"] == "unsupported"]
         if len(unsupported) == len(fp8):
@@ -78,4 +141,4 @@ def headline(df: pd.DataFrame, pairs: Pairs) -> list[str]:
         lines += best_of_each(pairs.rows[kinds == "bf16_speedup"] if not pairs.rows.empty else pairs.rows, "FP32")
     if not ran:
         lines.append("No cell finished ok.")
-    return lines
+    return lines + fastest_per_model(df)

@@ -6,16 +6,17 @@ import html
 import logging
 import math
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
 
 from trials.atomic import write_text_atomic
-from trials.numbers import round_sig
+from trials.numbers import fmt_sig, round_sig
 
 from ..efficiency import concurrent_trials, run_efficiency
-from .analysis import (DECODE_STEP, TEACHER_FORCED, TEACHER_FORCED_NOTE, TRAIN_STEP, Pairs, Timing, crossover,
-                       knob_effects, per_layer_costs, teacher_forced_columns, varying_keys)
+from .analysis import (DECODE_STEP, LOSS_GAP_KINDS, SEED_NOISE_SDS, TEACHER_FORCED, TEACHER_FORCED_NOTE, TRAIN_STEP,
+                       Pairs, Timing, crossover, knob_effects, per_layer_costs, teacher_forced_columns, varying_keys)
 from .inference import InferencePairs, inference_sections, split
 from .scaling import scaling_table
 from .why import ENERGY_FIELDS, bounds, breakdown, conditions, energy_table
@@ -79,7 +80,7 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
             x = crossover(list(g["n_params"]), list(g["ratio"]))
             cross.append({"FP8 variant": cand, **({"series": series} if series else {}),
                           "n_layers": layers, "graphs": graphs,
-                          "crossover params (M)": round(x / 1e6, 1) if x else None,
+                          "crossover params (M)": crossover_cell(x, g),
                           "note": "FP8 faster from here on" if x else
                           ("FP8 faster at every size measured" if (g["ratio"] >= 1).all() else
                            "FP8 slower at every size measured" if (g["ratio"] < 1).all() else "no upward crossing")})
@@ -151,22 +152,27 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
         sections.append(("Energy", "NVML's board energy over a window of >= 1 s of the timed step repeated (infer: whole "
                          "generations), medians over samples; " + conditions(everything),
                          energy.round({f: 2 for f in ENERGY_FIELDS})))
-    cells = df.assign(peak_gib=df["peak_mem_allocated_bytes"] / 2**30).groupby(
+    estimated = df["est_peak_mem_bytes"] if "est_peak_mem_bytes" in df else pd.Series(float("nan"), index=df.index)
+    cells = df.assign(peak_gib=df["peak_mem_allocated_bytes"] / 2**30, est_gib=estimated.astype(float) / 2**30,
+                      est_over_peak=estimated.astype(float) / df["peak_mem_allocated_bytes"].astype(float)).groupby(
         ["cell_label", "cell_id", "variant", "cuda_graphs", "d_model", "n_layers", *varying], dropna=False,
         sort=True).agg(
         samples=("status", "size"), status=("status", lambda s: ",".join(sorted(set(s)))),
         p50_ms=("step_ms_p50", "median"), tokens_per_s=("tokens_per_s", "median"),
         tflops=("model_tflops", "median"), mfu_bf16=("mfu_bf16_peak", "median"),
-        mfu_own=("mfu_precision_peak", "median"), peak_gib=("peak_gib", "max"),
+        mfu_own=("mfu_precision_peak", "median"), peak_gib=("peak_gib", "max"), est_gib=("est_gib", "max"),
+        est_over_peak=("est_over_peak", "median"),
         loss_final=("loss_final", "median"), stride_acc=("gen_stride_accuracy", "median"),
         launch_bound=("launch_bound", lambda s: ",".join(sorted({str(v) for v in s if v is not None})) or "-"),
         launcher=("launcher", lambda s: ",".join(sorted({str(v) for v in s if isinstance(v, str)})) or "-"),
     ).reset_index().sort_values(["d_model", "n_layers", *varying, "variant", "cuda_graphs"])
     for col, digits in (("p50_ms", 4), ("tokens_per_s", 4), ("tflops", 3), ("mfu_bf16", 3), ("mfu_own", 3),
-                        ("peak_gib", 3), ("loss_final", 4), ("stride_acc", 3)):  # significant figures
+                        ("peak_gib", 3), ("est_gib", 3), ("est_over_peak", 3), ("loss_final", 4),
+                        ("stride_acc", 3)):  # significant figures
         cells[col] = [round_sig(v, digits) for v in cells[col].astype(float)]
     if not df.empty:
-        sections.append(("All cells", "medians over samples; status lists every sample's status", cells))
+        sections.append(("All cells", "medians over samples; status lists every sample's status; est_gib: the memory "
+                         "plan's peak (docs/guide/memory.md), est_over_peak: it over the measured peak_gib", cells))
     eff = run_efficiency(everything).round({"wall_s": 1, "busy_s": 1, "busy_fraction": 3, "busy_per_gpu": 3,
                                      "overhead_s_median": 2, "first_step_s_median": 2, "startup_s_median": 2,
                                      "trials_per_process": 1})
@@ -184,6 +190,14 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
                          "medians over "
                          "samples, 95% interval of the ratio when both have samples >= 2 (run long enough for the "
                          "loss to flatten, e.g. train_steps 300, samples 3); " + TEACHER_FORCED_NOTE, numerics))
+    gaps = loss_gap_table(df, pairs)
+    if not gaps.empty:
+        sections.append(("Loss gap against seed noise", "gap = FP8 - BF16 (a run without FP8: BF16 - FP32) final "
+                         "training loss at the same seed (init and batches), median over the seeds both ran [95% "
+                         "bootstrap interval over seeds, seeds >= 2]; seed sd = the spread of the reference's final "
+                         f"loss across its seeds; within its seed noise when |gap| <= {SEED_NOISE_SDS:g} sd (where a "
+                         "reference run at a new seed lands about 95% of the time), else outside by the excess; per "
+                         "learning rate where lr is an axis", gaps))
     if not pairs.unpaired.empty:
         u = pairs.unpaired
         sections.append(("Unpaired cells", "cells left out of the ratios above, and why",
@@ -202,6 +216,22 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
                          "steps is not the spread between runs)",
                          c.drop(columns=["cell_id"])))
     return sections
+
+
+def crossover_cell(x: float | None, g: pd.DataFrame) -> float | str:
+    """The crossover size in M parameters, or where it lies when the sizes measured do not cross 1.0: at or below
+    the smallest (FP8 faster at every size), above the largest (slower at every size), or none (it crosses
+    downward only)."""
+    if x:
+        return round(x / 1e6, 1)
+    sizes = g["n_params"].dropna()
+    if sizes.empty:
+        return "none"
+    if (g["ratio"] >= 1).all():
+        return f"<= {fmt_sig(sizes.min() / 1e6)}"
+    if (g["ratio"] < 1).all():
+        return f"> {fmt_sig(sizes.max() / 1e6)}"
+    return "none"
 
 
 def why_sections(df: pd.DataFrame, pair_rows: pd.DataFrame, timing: Timing, what: str, title: str) -> list[Section]:
@@ -249,16 +279,27 @@ def sanity_flags(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
                            "cuda_graphs" + ("" if not getattr(r, "compile", False) else
                                             " (compiled cells: torch.compile mode reduce-overhead)")})
     neighbours = concurrent_trials(df)[ok.index]  # failed trials shared the host too
+    shared: dict[Any, dict] = {}  # record index -> its "shared host" row: one per record, every reason in it
     for r, n in zip(ok[["cell_label", "timer", "launch_bound", "cuda_graphs"]].itertuples(), neighbours):
         if n and r.timer == "perf_counter":  # timed on the host's cores, which the other trials used too
-            out.append({"cell": r.cell_label, "check": "shared host", "value": int(n),
-                        "why": f"timed on CPU while {n} other trial(s) ran on the same host: they shared its "
-                               "cores; rerun with max_concurrent: 1"})
+            shared[r.Index] = {"cell": r.cell_label, "check": "shared host", "value": int(n),
+                               "why": f"timed on CPU while {n} other trial(s) ran on the same host: they shared its "
+                                      "cores; rerun with max_concurrent: 1"}
         elif n and r.launch_bound == True and not r.cuda_graphs:  # noqa: E712 - nullable column
-            out.append({"cell": r.cell_label, "check": "shared host", "value": int(n),
-                        "why": f"launch-bound and timed while {n} other trial(s) ran on the same host: host "
-                               "contention slows such steps (1.2-1.36x on a two-H200 host); rerun with "
-                               "max_concurrent: 1 or cuda_graphs"})
+            shared[r.Index] = {"cell": r.cell_label, "check": "shared host", "value": int(n),
+                               "why": f"launch-bound and timed while {n} other trial(s) ran on the same host: host "
+                                      "contention slows such steps (1.2-1.36x on a two-H200 host); rerun with "
+                                      "max_concurrent: 1 or cuda_graphs"}
+    # what the trial itself saw while its steps were timed (trials/disturbance.py): any process, ours or not
+    for r in ok[ok["timing_disturbed"] == True].itertuples():  # noqa: E712 - nullable column
+        seen = f"timing disturbed: {r.timing_disturbed_why}"
+        if r.Index in shared:
+            shared[r.Index]["why"] += f"; {seen}"
+        else:
+            shared[r.Index] = {"cell": r.cell_label, "check": "shared host", "value": (
+                round(r.timing_wait_share, 2) if pd.notna(r.timing_wait_share) else None),
+                "why": f"{seen}; rerun when the host and GPU are free"}
+    out += [shared[i] for i in sorted(shared)]
     # a multi-rank CPU cell's ranks on one host (gloo on a laptop): each has the CPUs the file gives it
     # (runner.check_resources), and they share the host's cores, memory bandwidth and caches
     ranks = ok[(ok["world_size"].fillna(1) > 1) & (ok["interconnect"] == "same host") & (ok["timer"] == "perf_counter")]
@@ -290,6 +331,25 @@ def _loss_deltas(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
         "fp8 loss": sp["candidate_loss"].round(4), "delta %": (100 * (sp["loss_ratio"] - 1)).round(2),
         "CI low %": (100 * (sp["loss_ci_low"] - 1)).round(2), "CI high %": (100 * (sp["loss_ci_high"] - 1)).round(2),
         "n": sp["n_candidate"], **{c: tf[c] for c in tf}})
+
+
+def loss_gap_table(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
+    """One row per FP8 cell with a BF16 partner (and BF16 cell with an FP32 one): its final-loss gap over that
+    partner, beside the partner's seed spread (``analysis.loss_gap_stats``); the grid's varying axes (lr among
+    them) name the row. Empty where no partner has two seeds."""
+    rows = pairs.rows
+    if rows.empty or "loss_gap" not in rows:
+        return pd.DataFrame()
+    g = rows[rows["kind"].isin(LOSS_GAP_KINDS) & rows["loss_gap"].notna()]
+    if g.empty or g["loss_seed_sd"].isna().all():  # one sample each: no noise to judge by ("FP8 numerics" has it)
+        return pd.DataFrame()
+    return pd.DataFrame({
+        "variant": g["candidate"], "vs": g["reference"], "d_model": g["d_model"], "n_layers": g["n_layers"],
+        **{k: g[k] for k in varying_keys(df) if k not in ("d_model", "n_layers")},
+        "loss": g["candidate_loss"].round(4), "vs loss": g["reference_loss"].round(4),
+        **{name: g[col].map(round_sig) for name, col in (("gap", "loss_gap"), ("gap CI low", "loss_gap_ci_low"),
+                                                          ("gap CI high", "loss_gap_ci_high"))},
+        "seeds": g["loss_gap_seeds"], "seed sd": g["loss_seed_sd"].map(round_sig), "verdict": g["loss_gap_verdict"]})
 
 
 def _md_cell(v) -> str:

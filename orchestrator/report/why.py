@@ -115,7 +115,8 @@ def bounds(df: pd.DataFrame, pair_rows: pd.DataFrame, timing: Timing) -> pd.Data
         except KeyError:  # a side without a breakdown (profile: false, an older record)
             continue
         bound = t_ref / (t_ref - gemm_ref + gemm_cand + cast)
-        row: dict[str, Any] = {k: r[k] for k in ("d_model", "n_layers", "batch_size", "cuda_graphs") if k in r}
+        # the model first: three models' pairs at one size read alike without it
+        row: dict[str, Any] = {k: r[k] for k in ("model", "d_model", "n_layers", "batch_size", "cuda_graphs") if k in r}
         row.update({"FP8 variant": r["candidate"], "BF16 partner": r["reference"], "BF16 ms": t_ref,
                     "GEMM share of BF16": gemm_ref / t_ref, "GEMM speedup": gemm_ref / gemm_cand if gemm_cand else None,
                     "casts add ms": cast, "bound (GEMMs only)": t_ref / (t_ref - gemm_ref + gemm_cand),

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from ..models import CONVERTED_TE_LAYERS  # the ways te converts a model it did not build (te_convert.py)
+
 
 @dataclass(frozen=True)
 class Stack:
@@ -45,6 +47,10 @@ class Stack:
     # its FP8 modules keep scaling state a forward pass updates (TE's amax histories): the teacher-forced read of
     # such a model restores it (trials/workloads/training.fp8_read)
     fp8_state: bool = False
+    # bytes per GEMM weight its FP8 cells keep in FP8 beside the high-precision weight, from one step to the next
+    # (the memory plan, trials/memory_plan.py): TE caches each weight's FP8 cast and its transpose; torchao casts
+    # its weights afresh in every step
+    fp8_weight_cache_bytes: int = 0
 
     def graphs_apply(self, workload: str) -> bool:
         """``cuda_graphs: true`` is a way to run this stack's ``workload`` (every stack graphs its decode)."""
@@ -60,7 +66,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           compiles=False, needs_cuda=True, infer=True, graphs=True, fp8_state=True,
           # FP8 primary weights (quantized_model_init): TE's Float8Tensor and Float8BlockwiseTensor implement
           # FSDP2's fsdp_pre/post_all_gather, so the all-gather moves their FP8 data and scales.
-          fp8_all_gather=("delayed", "current", "block"), fp8_all_gather_masters=True),
+          fp8_all_gather=("delayed", "current", "block"), fp8_all_gather_masters=True, fp8_weight_cache_bytes=2),
     Stack("torch", {}, "torch", compiles=True, needs_cuda=False, infer=True, graphs=True),
     # torchao's recipe names (Float8LinearConfig.from_recipe_name); float8 matmuls need sm_89+ on GPUs.
     # Serving: quantize_ with Float8DynamicActivationFloat8WeightConfig, per tensor or per row
@@ -82,6 +88,26 @@ def recipe_owner(recipe: str) -> str | None:
 
 def fp8_stacks() -> list[str]:
     return [s.name for s in STACKS.values() if s.recipes]
+
+
+# config.model_type values whose decoder layers te_layer transformer_layer takes (te_convert.py converts them)
+LLAMA_FAMILY = ("llama", "mistral", "qwen2")
+
+
+def layer_refusal(te_layer: str, model_type: str | None) -> str:
+    """Why ``te_layer`` cannot convert a model of this transformers ``model_type`` (None: not a transformers
+    model), in one line; '' when it can. Here, beside the stack table, so that the spec asks it before any trial
+    starts without importing the converter (te_convert.py, which imports torch; its ``plan`` raises it too).
+    The line starts with the value, not the field: whoever shows it names the field once (a SpecError reads
+    ``te_layer: transformer_layer applies to ...``, a ConvertError and a skipped grid cell ``te_layer ...``)."""
+    if te_layer not in CONVERTED_TE_LAYERS:
+        return (f"{te_layer!r} is not one of {', '.join(CONVERTED_TE_LAYERS)} "
+                "(the ways to convert a model that is not TE's own)")
+    if te_layer == "transformer_layer" and model_type not in LLAMA_FAMILY:
+        what = f"a transformers {model_type!r} model" if model_type else "not a transformers model"
+        return (f"transformer_layer applies to transformers' {', '.join(LLAMA_FAMILY)} models; "
+                f"this one is {what}: use te_layer swap")
+    return ""
 
 
 def implementation(name: str) -> ModuleType:
@@ -107,6 +133,15 @@ class Built:
     # ``make_optimizer(model, lr)``, called once the model is wrapped or sharded, when the stack needs its own
     # optimizer (TE's FP8 primary weights: FusedAdam with fp32 master weights); None: AdamW
     make_optimizer: Any = None
+    # qualified names of the model's units (its decoder layers, as its source names them: trials/models), which
+    # the stack's in-place conversion keeps: FSDP2 shards each, activation checkpointing recomputes them
+    units: tuple[str, ...] = ()
+
+
+def numerics(name: str) -> ModuleType | None:
+    """Stack ``name``'s seam for the per-layer FP8 reads (trials/fp8_layers.py): ``<name>_numerics.py`` here says
+    how to find its FP8 modules, run one in BF16 and scale its operands. None for a stack without FP8."""
+    return importlib.import_module(f"{__name__}.{name}_numerics") if STACKS[name].recipes else None
 
 
 def build(spec: Any, backend: str, precision: str, device: str) -> Built:

@@ -40,8 +40,11 @@ def build(spec: Any, precision: str, device: str) -> Built:
     if not spec.source.te_own:
         return _converted(spec, te, recipe, precision, device, info)
     if spec.fp8_all_gather:
-        return _fp8_weights(spec, te, recipe, device, info)
-    return Built(build_model(spec, "te", precision, device, te), te=te, recipe=recipe, info=info)
+        built = _fp8_weights(spec, te, recipe, device, info)
+    else:
+        built = Built(build_model(spec, "te", precision, device, te), te=te, recipe=recipe, info=info)
+    built.units = models.units(spec, built.model)  # TE's own blocks
+    return built
 
 
 def source_model(spec: Any, precision: str, device: str) -> tuple[Any, dict[str, Any]]:
@@ -54,11 +57,12 @@ def source_model(spec: Any, precision: str, device: str) -> tuple[Any, dict[str,
 def _converted(spec: Any, te: Any, recipe: Any, precision: str, device: str, info: dict[str, Any]) -> Built:
     """A model TE did not build, converted in place (``te_layer``); the record lists what TE runs and what stays."""
     made, flops = source_model(spec, precision, device)
+    flops.pop("fp8_flop_share")  # of the model before TE converts it, whose GEMMs the counter sees and TE's it does not
     steps = te_convert.convert(made.model, te, spec.te_layer, made.logits_layer)
     made.model.backend = "te"  # generation runs it under te.autocast, as MiniGPT's te blocks
     info.update(flops)
     info.update(te_convert.record(steps))
-    return Built(made.model, te=te, recipe=recipe, info=info)
+    return Built(made.model, te=te, recipe=recipe, info=info, units=made.units)
 
 
 def load_fp8_weights(model: nn.Module, state: dict) -> None:

@@ -38,12 +38,11 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..models import CONVERTED_TE_LAYERS as TE_LAYERS  # the ways to convert a model that is not TE's own
+from . import layer_refusal  # the stack table's: the spec asks it too, before any trial (and without torch)
 from .torchao import FP8_DIM_MULTIPLE
 
 log = logging.getLogger(__name__)
 
-LLAMA_FAMILY = ("llama", "mistral", "qwen2")  # config.model_type values whose decoder layers transformer_layer takes
 HEAD_DIM_MULTIPLE = 8  # TE's fused attention kernels need the head dimension in multiples of 8
 STATIC_ROPE = ("default", "linear", "llama3")  # rope types whose angles are fixed at init (no per-call update)
 
@@ -242,20 +241,6 @@ def hf_model(model: nn.Module) -> nn.Module | None:
     """The transformers model inside ``model`` (the first submodule with a config naming its model_type)."""
     return next((m for m in model.modules() if isinstance(getattr(getattr(m, "config", None), "model_type", None), str)),
                 None)
-
-
-def layer_refusal(te_layer: str, model_type: str | None) -> str:
-    """Why ``te_layer`` cannot convert a model of this transformers ``model_type`` (None: not a transformers
-    model), in one line; '' when it can. A spec can ask before any trial starts; :func:`plan` raises it.
-    The line starts with the value, not the field: whoever shows it names the field once (a SpecError reads
-    ``te_layer: transformer_layer applies to ...``, a ConvertError and a skipped grid cell ``te_layer ...``)."""
-    if te_layer not in TE_LAYERS:
-        return f"{te_layer!r} is not one of {', '.join(TE_LAYERS)} (the ways to convert a model that is not TE's own)"
-    if te_layer == "transformer_layer" and model_type not in LLAMA_FAMILY:
-        what = f"a transformers {model_type!r} model" if model_type else "not a transformers model"
-        return (f"transformer_layer applies to transformers' {', '.join(LLAMA_FAMILY)} models; "
-                f"this one is {what}: use te_layer swap")
-    return ""
 
 
 def _decoder_layers(model: nn.Module) -> tuple[nn.Module, nn.Module, str]:

@@ -22,5 +22,5 @@ def compiled(model: nn.Module, spec: Any) -> Any:
 
 
 def build(spec: Any, precision: str, device: str) -> Built:
-    model = models.build(spec, precision, device).model
-    return Built(model, forward=compiled(model, spec))
+    made = models.build(spec, precision, device)
+    return Built(made.model, forward=compiled(made.model, spec), units=made.units)

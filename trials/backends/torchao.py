@@ -7,8 +7,14 @@ BF16 and are cast on the fly. Like torchtitan's converter, the layer that makes 
 too), and so does any Linear whose dims are not multiples of 16 (FP8 GEMMs need them); with
 ``fp8_filter: auto`` torchao's own filter for the recipe decides instead (it also keeps small Linears,
 where FP8's casts cost more than its GEMM saves). Only ``nn.Linear`` converts: GPT-2's ``Conv1D``
-GEMMs stay BF16. torchao's FP8 is slow without ``torch.compile`` (pytorch/ao#685), so its cells are
-meant to run with ``compile: true``; the record says which modules were converted and which kept.
+GEMMs stay BF16 (``convert_to_float8_training`` swaps ``nn.Linear`` modules only, and Conv1D is not one: it keeps
+its weight as (in, out) and calls ``addmm`` itself). MoE experts (a module holding a 3-D weight, one matrix per
+expert, run as grouped GEMMs ``torch._grouped_mm``) take torchao's float8 MoE training
+(``torchao.prototype.moe_training``, ``Float8TrainingOpConfig``) where torchao 0.18 has it: the rowwise recipe, on
+a CUDA GPU of compute capability 9.0+ with Triton (its casts are Triton kernels, its GEMM
+``torch._scaled_grouped_mm``); elsewhere they stay BF16 with that reason. torchao's FP8 is slow without
+``torch.compile`` (pytorch/ao#685), so its cells are meant to run with ``compile: true``; the record says which
+modules were converted, and every module holding GEMM weights that was kept, and why (``fp8_skipped_why``).
 """
 
 from __future__ import annotations
@@ -22,13 +28,14 @@ import torch
 import torch.nn as nn
 
 from .. import models
-from ..models.minigpt import LOGITS_LAYER
 from . import Built
 from .torch import compiled
 
 log = logging.getLogger(__name__)
 
 FP8_DIM_MULTIPLE = 16
+MOE_RECIPES = ("rowwise",)  # torchao 0.18's float8 grouped GEMM recipes (Float8TrainingRecipe: FP8_ROWWISE only)
+MOE_CAPABILITY = (9, 0)  # torch._scaled_grouped_mm's rowwise FP8 kernels: Hopper and later
 
 
 def version() -> str:
@@ -72,7 +79,7 @@ class _Filter:
     or those torchao's own filter for the recipe takes (``auto``: ``_auto_filter_for_recipe``, the logits
     layer kept too). Remembers which it took and which it kept, for the record."""
 
-    def __init__(self, keep: str | None = LOGITS_LAYER, auto_recipe: str | None = None) -> None:
+    def __init__(self, keep: str | None, auto_recipe: str | None = None) -> None:
         self.keep = keep
         self.auto = None
         if auto_recipe is not None:
@@ -80,25 +87,72 @@ class _Filter:
 
             self.auto = _auto_filter_for_recipe(auto_recipe, filter_fqns=[keep] if keep else [])
         self.converted: list[str] = []
-        self.skipped: list[str] = []
+        self.skipped: dict[str, str] = {}  # qualified name -> why it stays in high precision
         self.model_keeps: dict[str, str] = {}  # qualified name -> why the model needs it in high precision
 
     def __call__(self, module: nn.Module, fqn: str) -> bool:
         if not isinstance(module, nn.Linear):
             return False
-        if fqn in self.model_keeps:
-            ok = False
+        if fqn == self.keep:
+            why = "the layer that makes the logits (kept in BF16, as torchtitan and TE do)"
+        elif fqn in self.model_keeps:  # the model's own reason (trials/models: Built.keep)
+            why = self.model_keeps[fqn]
         elif self.auto is not None:
-            ok = fqn != self.keep and bool(self.auto(module, fqn))
+            why = "" if self.auto(module, fqn) else "torchao's auto filter for the recipe (too small for FP8 to pay)"
+        elif module.in_features % FP8_DIM_MULTIPLE or module.out_features % FP8_DIM_MULTIPLE:
+            why = (f"dims {module.in_features} x {module.out_features} not multiples of {FP8_DIM_MULTIPLE} "
+                   "(FP8 GEMMs need them)")
         else:
-            ok = (fqn != self.keep and module.in_features % FP8_DIM_MULTIPLE == 0
-                  and module.out_features % FP8_DIM_MULTIPLE == 0)
-        (self.converted if ok else self.skipped).append(fqn)
-        return ok
+            why = ""
+        if why:
+            self.skipped[fqn] = why
+        else:
+            self.converted.append(fqn)
+        return not why
 
     def info(self) -> dict[str, Any]:
         return {"torchao_version": version(), "fp8_converted_modules": len(self.converted),
-                "fp8_converted_names": json.dumps(self.converted), "fp8_skipped_modules": json.dumps(self.skipped)}
+                "fp8_converted_names": json.dumps(self.converted), "fp8_skipped_modules": json.dumps(list(self.skipped)),
+                "fp8_skipped_why": json.dumps(self.skipped)}
+
+
+def experts(model: nn.Module) -> list[str]:
+    """Qualified names of the modules holding a 3-D weight (one matrix per expert: MoE experts, whose forward runs
+    grouped GEMMs), found by structure, not by name."""
+    return [fqn for fqn, m in model.named_modules() if any(p.dim() == 3 for p in m.parameters(recurse=False))]
+
+
+def moe_why(recipe: str, device: str) -> str | None:
+    """None where torchao 0.18 trains MoE experts in float8 for ``recipe`` on ``device``, else why not."""
+    what = "MoE experts' grouped GEMMs (torch._grouped_mm): torchao's float8 MoE training (torchao.prototype." \
+           "moe_training, Float8TrainingOpConfig)"
+    if recipe not in MOE_RECIPES:
+        return f"{what} has a rowwise recipe only, this cell is {recipe}"
+    if device != "cuda":
+        return f"{what} runs on CUDA only (Triton casts, torch._scaled_grouped_mm)"
+    if torch.cuda.get_device_capability() < MOE_CAPABILITY:
+        return f"{what} needs compute capability {'.'.join(map(str, MOE_CAPABILITY))}+ (torch._scaled_grouped_mm)"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return f"{what} needs Triton, which is not installed"
+    return None
+
+
+def kept_gemms(model: nn.Module, done: set[str], why_experts: str | None) -> dict[str, str]:
+    """Every module holding GEMM weights (a parameter of 2 or more dims, embeddings aside) that no conversion took
+    and the Linear filter did not see, with why it stays in high precision."""
+    out = {}
+    for fqn, m in model.named_modules():
+        own = [p for p in m.parameters(recurse=False) if p.dim() >= 2]
+        if fqn in done or not own or isinstance(m, (nn.Linear, nn.Embedding)):
+            continue
+        if any(p.dim() == 3 for p in own):
+            out[fqn] = why_experts or "MoE experts not converted"
+        else:
+            out[fqn] = (f"{type(m).__name__} is not an nn.Linear, the only module convert_to_float8_training swaps "
+                        "(it does its own matmul on its weight: GPT-2's Conv1D addmm, a router's F.linear)")
+    return out
 
 
 def build(spec: Any, precision: str, device: str) -> Built:
@@ -107,7 +161,7 @@ def build(spec: Any, precision: str, device: str) -> Built:
     made = models.build(spec, "bf16" if precision == "fp8" else precision, device)
     model = made.model
     if precision != "fp8":
-        return Built(model, forward=compiled(model, spec), info={"torchao_version": version()})
+        return Built(model, forward=compiled(model, spec), info={"torchao_version": version()}, units=made.units)
     keep = _Filter(made.logits_layer, spec.recipe if spec.fp8_filter == "auto" else None)
     keep.model_keeps = made.keep  # Linears the model needs in high precision (trials/models: Built.keep)
     config = Float8LinearConfig.from_recipe_name(spec.recipe)
@@ -120,11 +174,20 @@ def build(spec: Any, precision: str, device: str) -> Built:
         def after_step() -> None:
             precompute_float8_dynamic_scale_for_fsdp(model)
     convert_to_float8_training(model, config=config, module_filter_fn=keep)
-    log.info("torchao %s: %d Linears in float8, kept %s", spec.recipe, len(keep.converted), keep.skipped)
-    return Built(model, forward=compiled(model, spec), info=keep.info(), after_step=after_step)
+    moe = experts(model)
+    why_experts = moe_why(spec.recipe, device) if moe else None
+    if moe and why_experts is None:
+        from torchao.prototype.moe_training.config import Float8TrainingOpConfig
+        from torchao.quantization import quantize_
+
+        quantize_(model, Float8TrainingOpConfig(), filter_fn=lambda m, fqn: fqn in moe)
+        keep.converted.extend(moe)
+    keep.skipped.update(kept_gemms(model, set(keep.converted), why_experts))
+    log.info("torchao %s: %d modules in float8, kept %s", spec.recipe, len(keep.converted), keep.skipped)
+    return Built(model, forward=compiled(model, spec), info=keep.info(), after_step=after_step, units=made.units)
 
 
-def quantize_for_serving(model: nn.Module, recipe: str, logits_layer: str | None = LOGITS_LAYER) -> dict[str, Any]:
+def quantize_for_serving(model: nn.Module, recipe: str, logits_layer: str | None) -> dict[str, Any]:
     """Quantize ``model``'s Linears in place for inference: FP8 (e4m3) weights, each activation cast to
     FP8 as it arrives, scales per tensor (``tensorwise``) or per row (``rowwise``), torchao's
     ``Float8DynamicActivationFloat8WeightConfig``; ``logits_layer`` (the qualified name of the layer that

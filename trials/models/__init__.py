@@ -14,7 +14,13 @@ The ``model`` trial field names the source and its target (``hf:qwen2``). Each s
                                                   building real weights (the dry run shows them)
     check(spec) -> None                           raise ModelError for a model that cannot be built (the
                                                   spec's check_model turns it into a SpecError before Ray
-                                                  or any trial starts)
+                                                  or any trial starts), or whose units a trial needs and
+                                                  cannot find
+    units(model) -> tuple[str, ...]               the qualified names of the model's units (one per decoder
+                                                  layer, in order; () where none are found): what FSDP2
+                                                  shards one by one and activation checkpointing recomputes.
+                                                  The stacks convert modules in place, so the names hold
+                                                  on the converted model; the rule is the table's ``units``
 
 ``common.py`` holds what the sources share (the Built model, the logits adapter). The table below says,
 once, what each source supports: which stacks build its models, how TE takes them (MiniGPT: TE builds
@@ -29,7 +35,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -46,7 +55,7 @@ TE_LAYER_NOT_SERVED = ("serving te_layer transformer_layer is not built (te.Tran
 class Source:
     name: str
     stacks: tuple[str, ...]  # the stacks (trials/backends) that build this source's models
-    parallel: bool  # multi-rank trials (DDP, FSDP2 over its blocks) are built for it
+    parallel: bool  # multi-rank trials (DDP, FSDP2 over its units) are built for it
     # the workloads whose ``cuda_graphs: true`` is built for it (train: forward+backward captured; infer: the
     # decode step captured and replayed)
     graphs: tuple[str, ...]
@@ -58,6 +67,8 @@ class Source:
     # network from its own modules (MiniGPT's te blocks), else it converts the module the source builds
     te_layers: tuple[str, ...] = CONVERTED_TE_LAYERS
     te_own: bool = False
+    # how the source finds its model's units (FSDP2's, activation checkpointing's): said in errors and docs
+    units: str = ""
 
     @property
     def infer(self) -> bool:
@@ -79,15 +90,49 @@ class Source:
 
 SOURCES: dict[str, Source] = {s.name: s for s in (
     Source("minigpt", ("te", "torch", "torchao"), parallel=True, graphs=("train", "infer"), server="minigpt",
-           own=True, te_layers=("transformer_layer", "modules"), te_own=True),
+           own=True, te_layers=("transformer_layer", "modules"), te_own=True, units="each of its blocks"),
     # decode graphs through transformers' StaticCache (trials/serving/hf.py); a training step is not captured
     # (transformers' mask code inspects its inputs on the host, which a capture of forward+backward cannot hold)
-    Source("hf", ("te", "torch", "torchao"), parallel=False, graphs=("infer",), server="hf"),
+    Source("hf", ("te", "torch", "torchao"), parallel=True, graphs=("infer",), server="hf",
+           units="each module of a class its _no_split_modules names (its decoder layers), else each child of its "
+                 "largest nn.ModuleList"),
     # a factory's module serves when it is a transformers causal LM (trials/serving/hf.py says why), else the
     # cell is unsupported with that reason
-    Source("py", ("te", "torch", "torchao"), parallel=False, graphs=("infer",), server="hf"),
+    Source("py", ("te", "torch", "torchao"), parallel=True, graphs=("infer",), server="hf",
+           units="the submodules its module's fsdp_units attribute names (a list of qualified names), else each "
+                 "child of its largest nn.ModuleList"),
 )}
 DEFAULT_MODEL = "minigpt"
+# The folder a relative file path in ``model`` (``py:examples/my_model.py:build``, ``hf:configs/tiny.json``) is
+# read from: the user wrote it as for ``python file.py``, relative to where they ran juicytalk. A sweep's trials
+# run in a folder of their launcher's, so the driver hands them its working directory in this variable
+# (orchestrator/launchers/base.py: trial_env); unset (``juicytalk trial``, the driver's own checks and dry run),
+# the process's working directory is that folder. The ``model`` value, the cell id and the record keep the
+# path as written.
+CWD_ENV = "JUICYTALK_CWD"
+
+
+def run_folder() -> str:
+    """The folder juicytalk was run in: :data:`CWD_ENV` in a sweep's trial, else this process's working directory."""
+    return os.environ.get(CWD_ENV) or os.getcwd()
+
+
+def user_path(text: str) -> Path:
+    """A file or folder path from ``model`` as an absolute path: ``~`` expanded, a relative one joined to
+    :func:`run_folder`."""
+    path = Path(text).expanduser()
+    return path if path.is_absolute() else Path(run_folder(), path)
+
+
+def not_found(text: str, path: Path, what: str = "file") -> str:
+    """One line: no ``what`` at ``path`` (``text`` through :func:`user_path`), which folder a relative path was
+    read from, and, in a sweep's trial, that a trial on another node of a Ray cluster opens the same path there."""
+    why = [] if Path(text).expanduser().is_absolute() else [
+        f"a relative path is read from the folder juicytalk ran in, {run_folder()}"]
+    if os.environ.get(CWD_ENV):
+        why.append(f"this trial runs on {socket.gethostname()}: on a Ray cluster every node that runs trials needs "
+                   "the file at this same absolute path (a shared filesystem, or a copy on each node)")
+    return f"no {what} at {path}" + (f" ({'; '.join(why)})" if why else "")
 
 
 class ModelError(ValueError):
@@ -170,3 +215,33 @@ def describe(spec: Any) -> Facts:
 def check(spec: Any) -> None:
     """Raise ModelError when ``spec.model`` cannot be built (transformers missing, unknown type, bad factory)."""
     parse(spec.model).module.check(spec)
+
+
+def units(spec: Any, model: Any) -> tuple[str, ...]:
+    """The qualified names of ``model``'s units (its source's rule, the table's ``units``); () where none."""
+    return tuple(parse(spec.model).module.units(model))
+
+
+def needs_units(spec: Any) -> str:
+    """The trial field that needs the model's units ('' where none does): FSDP2 shards them, checkpointing
+    recomputes them (DDP replicates the whole model)."""
+    if spec.parallel == "fsdp":
+        return "parallel"
+    return "activation_checkpointing" if spec.activation_checkpointing != "none" else ""
+
+
+def check_units(spec: Any, model: Any) -> tuple[str, ...]:
+    """``model``'s units; ModelError naming the field that needs them when the spec needs units and there are none."""
+    return require_units(spec, units(spec, model))
+
+
+def require_units(spec: Any, found: tuple[str, ...]) -> tuple[str, ...]:
+    """``found``, the model's units; ModelError naming the field that needs them where the spec does and there
+    are none."""
+    field_name = needs_units(spec)
+    if field_name and not found:
+        source = parse(spec.model).source
+        raise ModelError(f"{spec.model}: {field_name} {getattr(spec, field_name)} needs the model's units (its "
+                         f"decoder layers) and none were found; {source.name} models take {source.units}",
+                         field_name)
+    return found

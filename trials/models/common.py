@@ -20,6 +20,7 @@ class Built:
     vocab: int
     logits_layer: str | None
     info: dict[str, Any] = field(default_factory=dict)
+    units: tuple[str, ...] = ()  # qualified names of its units (decoder layers), its source's rule; () where none
     # qualified name -> why: Linears a stack must leave in high precision for the model to run (FP8 stacks skip
     # them, as they skip the logits layer)
     keep: dict[str, str] = field(default_factory=dict)
@@ -31,13 +32,18 @@ def dtype_of(precision: str) -> torch.dtype:
 
 
 def logits_of(out: Any) -> torch.Tensor:
-    """A model's output -> its logits tensor (transformers return an object with ``.logits``)."""
-    return out if isinstance(out, torch.Tensor) else out.logits
+    """A model's output -> its logits tensor: the tensor itself, the first item of a tuple (nanoGPT's
+    ``(logits, loss)``), or ``.logits`` (transformers' output objects)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)):
+        return out[0]
+    return out.logits
 
 
 class Logits(nn.Module):
-    """ids (b, t) -> logits (b, t, vocab) tensor, for a model that returns an object with ``.logits``
-    (or takes keyword arguments the harness gives: ``use_cache=False`` for transformers)."""
+    """ids (b, t) -> logits (b, t, vocab) tensor, for a model that returns ``(logits, ...)`` or an object with
+    ``.logits`` (or takes keyword arguments the harness gives: ``use_cache=False`` for transformers)."""
 
     backend = "torch"
 
@@ -48,6 +54,11 @@ class Logits(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return logits_of(self.model(idx, **self.call_kwargs))
+
+
+def inner(model: nn.Module) -> tuple[nn.Module, str]:
+    """(the module a source built, its qualified name in ``model``): through the :class:`Logits` adapter."""
+    return (model.model, "model") if isinstance(model, Logits) else (model, "")
 
 
 @torch.no_grad()
@@ -71,3 +82,17 @@ def param_count(model: nn.Module) -> int:
 
 def to_json(values: dict[str, Any]) -> str:
     return json.dumps(values, sort_keys=True, default=str)
+
+
+def largest_module_list(model: nn.Module, prefix: str = "") -> tuple[str, ...]:
+    """Qualified names of the children of ``model``'s largest ``nn.ModuleList`` (by parameters, then by length):
+    a stack of layers; () where it has none."""
+    lists = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m)]
+    if not lists:
+        return ()
+    name, best = max(lists, key=lambda nm: (sum(p.numel() for p in nm[1].parameters()), len(nm[1])))
+    return tuple(_join(prefix, name, child) for child, _ in best.named_children())
+
+
+def _join(*parts: str) -> str:
+    return ".".join(p for p in parts if p)

@@ -18,11 +18,10 @@ import functools
 import json
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from . import Facts, ModelError, parse
-from .common import Built, Logits, dtype_of, param_count, to_json
+from . import Facts, ModelError, not_found, parse, user_path
+from .common import Built, Logits, dtype_of, inner, largest_module_list, param_count, to_json
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +72,7 @@ def _causal_types() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 def _is_path(target: str) -> bool:
-    return "/" in target or "\\" in target or target.endswith(".json") or Path(target).exists()
+    return "/" in target or "\\" in target or target.endswith(".json") or user_path(target).exists()
 
 
 @functools.lru_cache(maxsize=64)
@@ -81,10 +80,11 @@ def _base(target: str) -> tuple[str, tuple[tuple[str, Any], ...]]:
     """(model type, the config file's values) for ``hf:<target>``; ModelError for what cannot be built."""
     values: dict[str, Any] = {}
     if _is_path(target):
-        path = Path(target).expanduser()
+        path = user_path(target)  # relative: to the folder juicytalk ran in, the sweep's trials too
         file = path / "config.json" if path.is_dir() else path
         if not file.is_file():
-            raise ModelError(f"hf:{target}: no config file at {file} (give a config.json or a folder holding one)")
+            raise ModelError(f"hf:{target}: {not_found(target, file, 'config file')} (give a config.json or a "
+                             "folder holding one)")
         try:
             values = json.loads(file.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -275,7 +275,7 @@ def build(spec: Any, precision: str, device: str) -> Built:
     head = model.get_output_embeddings()
     logits_layer = next((f"model.{n}" for n, m in model.named_modules() if m is head), None)
     keep = {f"model.{name}": IN_PLACE for name in _written_in_place(model, device)}
-    return Built(wrapped, cfg.vocab_size, logits_layer, keep=keep)
+    return Built(wrapped, cfg.vocab_size, logits_layer, units=units(wrapped), keep=keep)
 
 
 IN_PLACE = ("the model adds to its output in place (e.g. Falcon's mlp_output += attention_output), which a float8 "
@@ -305,6 +305,21 @@ def _written_in_place(model: Any, device: str) -> list[str]:
         for handle in handles:
             handle.remove()
     return [name for name, (out, version) in seen.items() if out._version != version]
+
+
+def units(model: Any) -> tuple[str, ...]:
+    """Each module of a class the transformers model's ``_no_split_modules`` names (its decoder layers: what
+    transformers itself keeps whole when it splits a model over devices), the outermost where they nest; else
+    each child of its largest nn.ModuleList."""
+    hf, prefix = inner(model)
+    classes = set(getattr(hf, "_no_split_modules", None) or ())
+    found: list[str] = []
+    for name, module in hf.named_modules():
+        if type(module).__name__ in classes and not any(name.startswith(f"{u}.") for u in found):
+            found.append(name)
+    if found:
+        return tuple(".".join(p for p in (prefix, n) if p) for n in found)
+    return largest_module_list(hf, prefix)
 
 
 def describe(spec: Any) -> Facts:
@@ -345,4 +360,11 @@ def _describe(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int)
 
 
 def check(spec: Any) -> None:
+    from . import check_units, needs_units
+
     describe(spec)
+    if needs_units(spec):  # the units, from the model built on the meta device (no memory, no init)
+        import torch
+
+        with torch.device("meta"):
+            check_units(spec, _from_config(config(spec), "bf16"))

@@ -27,7 +27,12 @@ def build(spec: Any, precision: str, device: str) -> Built:
     from .common import Built
 
     model = build_model(spec, "torch", precision, device)
-    return Built(model, model.cfg.vocab, LOGITS_LAYER)
+    return Built(model, model.cfg.vocab, LOGITS_LAYER, units=units(model))
+
+
+def units(model: Any) -> tuple[str, ...]:
+    """Each of MiniGPT's blocks (torch's twin and TE's own blocks alike)."""
+    return tuple(f"blocks.{name}" for name, _ in model.blocks.named_children())
 
 
 def describe(spec: Any) -> Facts:

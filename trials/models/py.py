@@ -1,35 +1,49 @@
 """Your own module: ``py:<module>:<callable>``, a factory called with the trial's spec.
 
 The module is a dotted name importable from where the trial runs (``py:examples.my_model:build``) or a
-``.py`` file path (``py:examples/my_model.py:build``). The factory gets the :class:`TrialSpec` (its shape
+``.py`` file path (``py:examples/my_model.py:build``; a relative one from the folder juicytalk ran in, in a
+sweep's trials too: :func:`trials.models.user_path`), run with its folder first on ``sys.path`` as
+``python file.py`` has it, so that its sibling imports work. The factory gets the :class:`TrialSpec` (its shape
 fields as given, None where not) and returns an ``nn.Module`` mapping token ids (batch, seq) to logits
-(batch, seq, vocab), or to an object with ``.logits``. It is called with the global seed set to the
-trial's and under ``torch.device(<the trial's device>)``; its weights are then cast to the cell's
-precision (fp32, else bf16) and moved to the device.
+(batch, seq, vocab), to a tuple whose first item they are (nanoGPT's ``(logits, loss)``), or to an object with
+``.logits``. It is called with the global seed set to the trial's and under ``torch.device(<the trial's
+device>)``; its weights are then cast to the cell's precision (fp32, else bf16) and moved to the device. A
+process builds the model more than once (on the meta device for its facts and the probe, then for real): what
+the factory prints is shown once per process.
 
-The probe (:func:`check`, before Ray or any trial starts) builds the model on the meta device, at the
-spec's own shape (no memory, no init), and runs one forward pass on (2, min(seq_len, 16)) token ids;
-where the factory or its forward cannot run on the meta device, it builds it on the CPU with the shape
-fields tiny (d_model 64, n_layers 1, n_heads 2, ffn 128) and runs the same pass there. It refuses a
-factory that cannot be imported, is not callable, raises, returns no ``nn.Module`` or whose logits are
-not (batch, seq, vocab) (vocab: the spec's, where given).
+The probe (:func:`check`, before Ray or any trial starts) builds the model on the meta device (once per process
+and spec: :func:`on_meta`), at the spec's own shape (no memory, no init), and runs one forward pass on
+(2, min(seq_len, 16)) token ids; where the factory or its forward cannot run on the meta device, it builds it on
+the CPU with the shape fields tiny (d_model 64, n_layers 1, n_heads 2, ffn 128) and runs the same pass there. It
+refuses a factory that cannot be imported, is not callable, raises, returns no ``nn.Module`` or whose logits are
+not (batch, seq, vocab) (vocab: the spec's, where given), saying what to return; and, for a trial that needs
+the model's units (``parallel: fsdp``, ``activation_checkpointing``), one whose units cannot be found.
+
+Units (FSDP2 shards each, activation checkpointing recomputes them): the module's ``fsdp_units``
+attribute, a list of qualified submodule names (``["layers.0", "layers.1"]``: one per decoder layer,
+in order), where it has one; else each child of its largest ``nn.ModuleList``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.util
+import io
 import logging
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable
 
-from . import Facts, ModelError, parse
-from .common import Built, Logits, dtype_of, logits_of, param_count, to_json
+from . import Facts, ModelError, needs_units, not_found, parse, user_path
+from .common import Built, Logits, dtype_of, inner, largest_module_list, logits_of, param_count, to_json
 
 log = logging.getLogger(__name__)
 
 PROBE_ROWS, PROBE_SEQ = 2, 16
+UNITS_ATTR = "fsdp_units"  # a factory's module names its units here (qualified submodule names)
 TINY_SHAPE = {"d_model": 64, "n_layers": 1, "n_heads": 2, "n_kv_heads": None, "ffn": 128}
 
 
@@ -37,12 +51,10 @@ def factory(target: str) -> Callable[[Any], Any]:
     module_name, _, attr = target.rpartition(":")
     try:
         if module_name.endswith(".py") or "/" in module_name:
-            path = Path(module_name).expanduser().resolve()
-            loader = importlib.util.spec_from_file_location(path.stem, path)
-            if loader is None or not path.is_file():
-                raise FileNotFoundError(f"no file {path}")
-            module = importlib.util.module_from_spec(loader)
-            loader.loader.exec_module(module)  # type: ignore[union-attr]
+            path = user_path(module_name)  # relative: to the folder juicytalk ran in, the sweep's trials too
+            if not path.is_file():
+                raise FileNotFoundError(not_found(module_name, path))
+            module = _load_file(path.resolve())
         else:
             module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - whatever the user's module raises on import
@@ -55,22 +67,68 @@ def factory(target: str) -> Callable[[Any], Any]:
     return fn
 
 
-def _make(spec: Any, device: str) -> Any:
+@functools.lru_cache(maxsize=16)
+def _load_file(path: Path) -> ModuleType:
+    """A factory's ``.py`` file, run once per process (as a module, not as ``__main__``), with its folder first on
+    ``sys.path`` as ``python file.py`` has it, so that its sibling imports (nanoGPT's ``from model import GPT``)
+    work in every process that builds it: the trial's, a Ray worker's, the driver's probe."""
+    if not path.is_file():
+        raise FileNotFoundError(f"no file {path}")
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    loader = importlib.util.spec_from_file_location(path.stem, path)
+    if loader is None:
+        raise ImportError(f"{path} is not a Python module")
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def _make(spec: Any, device: str, show: bool = True) -> Any:
+    """The factory's module for ``spec``, built under ``torch.device(device)``; what the factory prints is shown
+    once per process (``show``: False for the probe's tiny stand-in, whose output is not about the user's model)."""
     import torch
     import torch.nn as nn
 
     target = parse(spec.model).target
     make = factory(target)
+    printed = io.StringIO()
     try:
-        with torch.device(device):
+        with torch.device(device), contextlib.redirect_stdout(printed):
             module = make(spec)
     except ModelError:
         raise
     except Exception as exc:  # noqa: BLE001
         raise ModelError(f"py:{target}: the factory raised {type(exc).__name__}: {exc}") from None
+    finally:
+        if show:
+            _show_once(printed.getvalue())
+        elif printed.getvalue():
+            log.debug("py:%s printed, built tiny for the probe: %s", target, printed.getvalue().rstrip())
     if not isinstance(module, nn.Module):
         raise ModelError(f"py:{target}: the factory returned a {type(module).__name__}, not an nn.Module")
     return module
+
+
+# What factories printed and this process has shown: a trial builds its model more than once (on the meta device
+# for its facts and the probe, then for real; the dry run once per cell), and nanoGPT's parameter-count print
+# should read once, not once per build
+_shown: set[str] = set()
+
+
+def _show_once(printed: str) -> None:
+    """Write what a factory printed to stdout, unless this process has shown the same text already."""
+    if printed and printed not in _shown:
+        _shown.add(printed)
+        sys.stdout.write(printed)
+
+
+@functools.lru_cache(maxsize=16)
+def on_meta(spec: Any) -> Any:
+    """The spec's module built on the meta device (no memory, no init), once per process and spec: the facts
+    (:func:`describe`), the probe (:func:`check`) and estimates from the module share it, so that the factory runs
+    once for all of them. Read it; do not change it."""
+    return _make(spec, "meta")
 
 
 def _vocab(spec: Any, module: Any) -> int | None:
@@ -100,7 +158,32 @@ def build(spec: Any, precision: str, device: str) -> Built:
     vocab = _vocab(spec, module)
     if vocab is None:
         raise ModelError(f"{spec.model}: cannot tell the vocabulary; give vocab", "vocab")
-    return Built(Logits(module), vocab, _logits_layer(module, vocab))
+    wrapped = Logits(module)
+    try:
+        found = units(wrapped)
+    except ModelError:
+        if needs_units(spec):
+            raise
+        found = ()  # a mistaken fsdp_units stops only the trials that need the units
+    return Built(wrapped, vocab, _logits_layer(module, vocab), units=found)
+
+
+def units(model: Any) -> tuple[str, ...]:
+    """The submodules the factory's module names in ``fsdp_units``, else each child of its largest
+    nn.ModuleList; ModelError for a named unit the module does not have."""
+    module, prefix = inner(model)
+    named = getattr(module, UNITS_ATTR, None)
+    if named is None:
+        return largest_module_list(module, prefix)
+    if isinstance(named, str) or not all(isinstance(n, str) for n in named):
+        raise ModelError(f"{UNITS_ATTR} must be a list of submodule names (e.g. ['layers.0', 'layers.1']), got "
+                         f"{named!r}")
+    have = dict(module.named_modules())
+    missing = [n for n in named if n not in have or not n]
+    if missing:
+        raise ModelError(f"{UNITS_ATTR} names {', '.join(map(repr, missing))}, which {type(module).__name__} does "
+                         f"not have (its children: {', '.join(n for n, _ in module.named_children())})")
+    return tuple(".".join(p for p in (prefix, n) if p) for n in named)
 
 
 @functools.lru_cache(maxsize=64)
@@ -109,7 +192,7 @@ def describe(spec: Any) -> Facts:
     from ..model import ModelConfig
 
     try:
-        module = _make(spec, "meta")
+        module = on_meta(spec)
         n_params, name, vocab = param_count(module), type(module).__name__, _vocab(spec, module)
     except ModelError:
         n_params, name, vocab = None, parse(spec.model).target.rpartition(":")[2], spec.vocab
@@ -126,39 +209,55 @@ def describe(spec: Any) -> Facts:
 
 def check(spec: Any) -> None:
     """Probe the factory (see the module's docstring): ModelError for anything that cannot be a trial's model."""
+    from . import check_units
+
     target = parse(spec.model).target
     factory(target)  # import errors first, in their own words
     try:
-        _probe(spec, "meta")
-        return
+        module = _probe(spec, "meta")
     except Exception as exc:  # noqa: BLE001 - meta tensors are not for every module: try it small on the CPU
         log.info("py:%s does not run on the meta device (%s); probing it tiny on the CPU", target, exc)
+        try:
+            module = _probe(spec.replace(**TINY_SHAPE), "cpu")
+        except ModelError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise ModelError(f"py:{target}: its forward pass raised {type(exc).__name__}: {exc}") from None
+    if not needs_units(spec):
+        return
     try:
-        _probe(spec.replace(**TINY_SHAPE), "cpu")
-    except ModelError:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        raise ModelError(f"py:{target}: its forward pass raised {type(exc).__name__}: {exc}") from None
+        check_units(spec, module)
+    except ModelError as exc:
+        raise ModelError(f"py:{target}: {exc}" if not str(exc).startswith(spec.model) else str(exc),
+                         exc.field) from None
 
 
-def _probe(spec: Any, device: str) -> None:
+def _probe(spec: Any, device: str) -> Any:
     import torch
 
-    module = _make(spec, device)
+    module = on_meta(spec) if device == "meta" else _make(spec, device, show=False)
     t = min(spec.seq_len, PROBE_SEQ)
     vocab = _vocab(spec, module)
     ids = torch.zeros(PROBE_ROWS, t, dtype=torch.long, device=device)
     with torch.no_grad():
         out = module(ids)
-    logits = logits_of(out) if isinstance(out, torch.Tensor) or hasattr(out, "logits") else None
+    want = f"({PROBE_ROWS}, {t}, {vocab if vocab is not None else 'vocab'})"
+    logits = out[0] if isinstance(out, (tuple, list)) and out else out
+    logits = logits_of(logits) if isinstance(logits, torch.Tensor) or hasattr(logits, "logits") else None
     if not isinstance(logits, torch.Tensor):
-        raise ModelError(f"py:{target_of(spec)}: the module returned a {type(out).__name__}, not logits (a tensor "
-                         "or an object with .logits)")
-    want = (PROBE_ROWS, t, vocab)
-    if logits.dim() != 3 or tuple(logits.shape[:2]) != want[:2] or (vocab is not None and logits.shape[2] != vocab):
+        got = (f"a {type(out).__name__} whose first item is a {type(out[0]).__name__}"
+               if isinstance(out, (tuple, list)) and out else f"a {type(out).__name__}")
+        raise ModelError(f"py:{target_of(spec)}: the module returned {got}, not logits; forward(ids) must return "
+                         f"the logits tensor (batch, seq, vocab) = {want}, alone, as the first item of a tuple "
+                         "(logits, ...) or as .logits")
+    if logits.dim() != 3 or tuple(logits.shape[:2]) != (PROBE_ROWS, t) or (vocab is not None
+                                                                          and logits.shape[2] != vocab):
+        last_only = logits.dim() == 3 and tuple(logits.shape[:2]) == (PROBE_ROWS, 1) and t > 1
+        hint = ("; it gave logits for the last position only (as nanoGPT's GPT.forward does without targets): "
+                "return the logits of every position" if last_only else "")
         raise ModelError(f"py:{target_of(spec)}: ids of shape {tuple(ids.shape)} gave logits of shape "
-                         f"{tuple(logits.shape)}; want (batch, seq, vocab) = ({PROBE_ROWS}, {t}, "
-                         f"{vocab if vocab is not None else 'vocab'})")
+                         f"{tuple(logits.shape)}; want (batch, seq, vocab) = {want}{hint}")
+    return module
 
 
 def target_of(spec: Any) -> str:

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from .. import energy, kernels, memory, serving, teacher_forced, te_compat
+from .. import disturbance, energy, kernels, memory, serving, teacher_forced, te_compat
 from ..backends import STACKS
 from ..backends import te as te_backend
 from ..backends import torchao as torchao_backend
@@ -130,7 +130,8 @@ def run(spec: TrialSpec, res: Resolution, cfg: Any, record: dict[str, Any], t0: 
     if res.device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    runs: list[Generation] = [generator.generate(prompts, spec.gen_len) for _ in range(spec.bench_steps)]
+    with disturbance.watch(res.device) as seen:  # what else ran on the host and the GPU meanwhile
+        runs: list[Generation] = [generator.generate(prompts, spec.gen_len) for _ in range(spec.bench_steps)]
     peak = int(torch.cuda.max_memory_allocated()) if res.device == "cuda" else None
     record["bench_s"] = time.perf_counter() - t_bench
 
@@ -139,7 +140,7 @@ def run(spec: TrialSpec, res: Resolution, cfg: Any, record: dict[str, Any], t0: 
     decode = [ms for g in runs for ms in g.decode_ms]
     record.update(_timing(prefill, decode, spec))
     record.update(decode_rows=rows, weight_bytes=weight_bytes, kv_cache_bytes=generator.cache_bytes,
-                  peak_decode_mem_bytes=peak, timer="cuda_event" if res.device == "cuda" else "perf_counter",
+                  **seen.fields(), peak_decode_mem_bytes=peak, timer="cuda_event" if res.device == "cuda" else "perf_counter",
                   gen_tokens=torch.cat([prompts[0], tokens[0]]).tolist(),
                   gen_stride_accuracy=_stride_accuracy(prompts, tokens, stride, vocab, spec.batch_size))
     if fp8:

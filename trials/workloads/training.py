@@ -12,13 +12,13 @@ from typing import Any, Callable
 
 import torch
 
-from .. import distributed, energy, kernels, te_compat, teacher_forced
-from ..backends import STACKS
+from .. import distributed, energy, fp8_layers, kernels, te_compat, teacher_forced
+from ..backends import STACKS, numerics
 from ..bench import benchmark
 from ..capability import Resolution
 from ..data import ArithmeticSequences
 from ..generation import generation_check
-from ..metrics import count_flops, step_stats, throughput
+from ..metrics import count_flops, fp8_ran, step_stats, throughput
 from ..model import ModelConfig
 from ..models.common import output_vocab
 from ..spec import TrialSpec
@@ -47,6 +47,12 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
     vocab = record["vocab"]  # the model's (the spec's, or an hf/py model's own)
     if record["flops_method"] is None:
         record.update(count_flops(spec, model, vocab, res.device, ranks.world))
+    if res.precision == "fp8" and not fp8_ran(record["fp8_flop_share"], record["fp8_converted_modules"]):
+        record.update(effective_precision="bf16", effective_recipe=None)  # not an FP8 result: never paired as one
+        share = record["fp8_flop_share"]
+        log.warning("fp8 asked, but %s ran in FP8 (%s converted modules): this cell ran BF16 and is recorded so "
+                    "(fp8_skipped_modules, fp8_skipped_why: what was kept and why)", "none of the step's FLOPs" if not share else f"{share:.1%} of the "
+                    "step's FLOPs", record["fp8_converted_modules"])
     data: Any = ArithmeticSequences(vocab, spec.seq_len, res.device, spec.seed)
     if spec.parallel != "none":
         data = distributed.RankData(data, ranks)  # this rank's rows of the global batch
@@ -56,17 +62,23 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
 
     t_train = time.perf_counter()
     record["startup_s"] = t_train - t0
-    trained = train(step, data, spec.train_steps, spec.batch_size)
+    seam = numerics(res.backend) if reads_apply(spec, res) else None
+    layer_held = fp8_layers.held_pair(vocab, spec.seq_len, res.device, spec.seed) if seam is not None else None
+    sampler = (fp8_layers.OutlierSampler(step, seam, layer_held[0], res.device, fp8_layers.outlier_every(spec.train_steps),
+                                         spec.train_steps) if seam is not None else None)
+    trained = train(step, data, spec.train_steps, spec.batch_size, after_step=sampler)
     losses = distributed.mean(trained.losses, ranks)  # the global batch's loss
     record.update(train_s=time.perf_counter() - t_train, first_step_s=trained.first_step_s, loss_first=losses[0],
-                  loss_final=losses[-1], loss_curve=losses)
+                  loss_final=losses[-1], loss_curve=losses, saved_activation_bytes=trained.saved_bytes,
+                  model_units=len(step.built.units) or None, checkpointed_units=len(step.checkpointed.units))
     bad = next((i for i, v in enumerate(losses) if not math.isfinite(v)), None)
     if bad is not None:
         record.update(status="diverged", error=f"non-finite training loss at step {bad}")
         return
     if recipe is not None and spec.recipe == "delayed":
         record["fp8_state"] = fp8_state(model)
-    held, fp8_log_probs = fp8_read(spec, res, step, vocab)  # as trained, before the benchmark trains it on
+    # as trained, before the benchmark trains it on; a cell that ran no FP8 has no FP8 numerics to compare
+    held, fp8_log_probs = fp8_read(spec, res, step, vocab) if record["effective_precision"] == "fp8" else (None, None)
 
     t_bench = time.perf_counter()
     batches = [data.batch(spec.batch_size) for _ in range(BENCH_BATCHES)]
@@ -86,6 +98,7 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
     record.update(timer=result.timer, step_times_ms=step_ms, repeat_medians_ms=medians,
                   host_ms_per_step=result.host_ms_per_step, launch_bound=result.launch_bound,
                   bench_loss_final=result.last_loss)
+    record.update(result.disturbance.fields())
     if not math.isfinite(result.last_loss):
         record.update(status="diverged", error="non-finite loss during the benchmark")
         return
@@ -96,9 +109,31 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
         gen = generation_check(model, spec.prompt_len, spec.gen_len, spec.seed + 1, vocab, spec.seq_len, te, recipe)
     record.update(gen_s=time.perf_counter() - t_gen, gen_tokens=gen.tokens, gen_stride_accuracy=gen.stride_accuracy,
                   status="ok", error=None)
+    if seam is not None:  # after everything timed: the per-layer read runs a backward of its own
+        record.update(layer_reads(step, seam, layer_held, res.device, sampler.trend))
     if fp8_log_probs is None:
         return None
     return lambda partners: teacher_forced_fields(spec, res, vocab, held, fp8_log_probs, partners)
+
+
+def reads_apply(spec: TrialSpec, res: Resolution) -> bool:
+    """The per-layer FP8 reads (trials/fp8_layers.py) run: an FP8 cell of one rank with ``fp8_reads``."""
+    return spec.fp8_reads and res.precision == "fp8" and spec.parallel == "none"
+
+
+def layer_reads(step: Any, seam: Any, held: Any, device: str, trend: fp8_layers.OutlierTrend) -> dict[str, Any]:
+    """The per-layer SQNR and cast-health read and the outlier trend as record fields, with their cost; a failure
+    (a held length an FP8 GEMM refuses, an OOM) leaves the fields empty and the cell as it was."""
+    t = time.perf_counter()
+    try:
+        reads = fp8_layers.read_layers(step, seam, held, device)
+    except Exception as exc:  # noqa: BLE001 - the cell's own numbers stand without it
+        log.warning("per-layer FP8 read failed: %s: %s", type(exc).__name__, exc)
+        reads = []
+    fields = fp8_layers.record_fields(reads, trend)
+    log.info("per-layer FP8 read: %d modules, fwd SQNR min %s dB (%.1f s)", len(reads), fields.get("sqnr_fwd_min_db"),
+             time.perf_counter() - t)
+    return {**fields, "fp8_layers_s": time.perf_counter() - t, "outliers_s": trend.seconds}
 
 
 def fp8_read(spec: TrialSpec, res: Resolution, step: Any, vocab: int) -> tuple[Any, Any]:

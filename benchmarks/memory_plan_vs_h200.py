@@ -1,0 +1,62 @@
+"""The memory plan (trials/memory_plan.py) against the peaks the published H200 runs measured.
+
+Every ``ok`` training record under docs/results/h200 (one per cell and run) is turned back into its spec and
+planned on this machine (no GPU needed: the plan runs the module under fake tensors); the measured peak is
+``peak_mem_allocated_bytes - mem_at_start_bytes``. Prints estimate/measured per stack, precision and
+``compile``, then the cells furthest from 1. Usage:
+    python benchmarks/memory_plan_vs_h200.py [RESULTS_DIR]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from trials import memory_plan
+from trials.spec import TrialSpec
+
+INTS = ("n_kv_heads", "vocab", "d_model", "n_layers", "n_heads", "ffn", "batch_size", "seq_len", "world_size")
+
+
+def spec_of(record: pd.Series) -> TrialSpec:
+    names = {f.name for f in dataclasses.fields(TrialSpec)} - {"tokens_per_step", "cuda_graphs"}
+    kw = {k: (v.item() if hasattr(v, "item") else v) for k, v in record.items()
+          if k in names and v is not None and not (isinstance(v, float) and pd.isna(v))}
+    kw.update({k: int(kw[k]) for k in INTS if isinstance(kw.get(k), float)}, device="cuda")
+    return TrialSpec(**kw)
+
+
+def main(root: Path) -> None:
+    logging.disable(logging.WARNING)
+    frames = []
+    for path in sorted(root.glob("**/results.parquet")):
+        df = pd.read_parquet(path)
+        df = df[(df["status"] == "ok") & df["peak_mem_allocated_bytes"].notna()]
+        if "workload" in df:
+            df = df[df["workload"] == "train"]
+        frames.append(df.assign(run=path.parent.name).drop_duplicates("cell_id"))
+    rows = []
+    for _, rec in pd.concat(frames).iterrows():
+        plan = memory_plan.plan(spec_of(rec))
+        start = rec.get("mem_at_start_bytes")
+        measured = rec["peak_mem_allocated_bytes"] - (0 if start is None or pd.isna(start) else start)
+        rows.append({"run": rec["run"], "model": rec.get("model") or "minigpt", "arch": rec.get("arch"),
+                     "backend": rec["backend"], "precision": rec["precision"], "compile": bool(rec.get("compile")),
+                     "d_model": rec["d_model"], "n_layers": rec["n_layers"], "seq_len": rec["seq_len"],
+                     "est_gib": plan.total / 2**30, "measured_gib": measured / 2**30, "ratio": plan.total / measured})
+    res = pd.DataFrame(rows)
+    pd.set_option("display.width", 200)
+    print(f"{len(res)} training records; estimate / measured peak:")
+    print(res.groupby(["backend", "precision", "compile"])["ratio"].describe()[["count", "min", "50%", "max"]]
+          .round(3).to_string())
+    within = (res["ratio"] - 1).abs() <= 0.15
+    print(f"within 15%: {within.sum()} of {len(res)}")
+    print(res.loc[~within].round(3).to_string(index=False))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1] / "docs/results/h200")

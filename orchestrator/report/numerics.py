@@ -1,0 +1,164 @@
+"""Per-layer FP8 numerics in the report: SQNR per layer forward and backward with the layers under the floor
+flagged, the worst cast-health shares, and the outlier trend per layer over training.
+
+What it reads is the records' ``fp8_layers`` JSON (trials/fp8_layers.py writes it, with the floors it judges by)
+and their summary fields; what each figure means: docs/guide/numerics.md. Plotly is imported by the chart
+functions only (the headline works without it).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+
+from trials.fp8_floors import DIRECTIONS, OPERANDS, SQNR_FLOOR_DB
+
+from .analysis import known
+
+Section = tuple[str, str, pd.DataFrame]  # title, note, table (as render.Section)
+
+
+def _cell(row: Any) -> str:
+    """The cell's readable name: its label where the sweep gave one, else its variant and size."""
+    label = known(row.get("cell_label"))
+    return str(label) if label is not None else f"{row.get('variant')} {row.get('size_label')}".strip()
+
+
+def _read(df: pd.DataFrame) -> list[tuple[str, dict]]:
+    """(cell, its fp8_layers JSON) per record that has one, ok records only."""
+    if "fp8_layers" not in df or df.empty:
+        return []
+    rows = df[(df["status"] == "ok") & df["fp8_layers"].notna()]
+    return [(_cell(r), json.loads(r["fp8_layers"])) for r in rows.to_dict("records")]
+
+
+def layer_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (cell, module, direction): the SQNR in dB, the median over the cell's samples; ``index`` is
+    the module's place in the model."""
+    rows = [{"cell": cell, "index": i, "module": name, "direction": d, "sqnr_db": layers["sqnr"][d][i]}
+            for cell, layers in _read(df) for d in DIRECTIONS for i, name in enumerate(layers["modules"])]
+    if not rows:
+        return pd.DataFrame(columns=["cell", "index", "module", "direction", "sqnr_db"])
+    frame = pd.DataFrame(rows)
+    return frame.groupby(["cell", "index", "module", "direction"], as_index=False, sort=False)["sqnr_db"].median()
+
+
+def outlier_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (cell, module, training step sampled): max|x| / rms and kurtosis, medians over samples."""
+    rows = [{"cell": cell, "module": name, "step": step, "ratio": ratios[k], "kurtosis": out["kurtosis"][name][k]}
+            for cell, layers in _read(df) if (out := layers.get("outliers"))
+            for name, ratios in out["ratio"].items() for k, step in enumerate(out["steps"])]
+    if not rows:
+        return pd.DataFrame(columns=["cell", "module", "step", "ratio", "kurtosis"])
+    return pd.DataFrame(rows).groupby(["cell", "module", "step"], as_index=False, sort=False)[
+        ["ratio", "kurtosis"]].median()
+
+
+def below_floor(layers: pd.DataFrame) -> pd.DataFrame:
+    """The layers whose SQNR is under the floor of its direction (SQNR_FLOOR_DB), worst first."""
+    if layers.empty:
+        return pd.DataFrame(columns=["cell", "module", "direction", "SQNR dB", "floor dB"])
+    floor = layers["direction"].map(SQNR_FLOOR_DB)
+    low = layers[layers["sqnr_db"] < floor].assign(floor=floor)
+    return (low.sort_values("sqnr_db")
+            .rename(columns={"sqnr_db": "SQNR dB", "floor": "floor dB"})[["cell", "module", "direction", "SQNR dB",
+                                                                          "floor dB"]]
+            .round(2).reset_index(drop=True))
+
+
+def _rounded(value: Any) -> float | None:
+    value = known(value)
+    return None if value is None else round(float(value), 2)
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per FP8 cell with reads: the lowest SQNR and its module per direction, the worst cast shares per operand
+    class, the largest outlier ratio and kurtosis at the last sample, and what the reads cost."""
+    if "sqnr_fwd_min_db" not in df:
+        return pd.DataFrame()
+    rows = df[(df["status"] == "ok") & df["sqnr_fwd_min_db"].notna()]
+    out = []
+    for cell, g in rows.groupby(rows.apply(_cell, axis=1), sort=True):
+        first = g.iloc[0]
+        row: dict[str, Any] = {"cell": cell, "n": len(g)}
+        for d in DIRECTIONS:
+            row[f"{d} SQNR min dB"] = round(float(g[f"sqnr_{d}_min_db"].median()), 2)
+            row[f"{d} worst"] = first[f"sqnr_{d}_worst"]
+        for cls in OPERANDS:
+            for kind in ("underflow", "saturation"):
+                value = known(g[f"cast_{kind}_{cls}"].max())
+                row[f"{cls} {kind}"] = None if value is None else float(f"{value:.3g}")
+        row["max abs / rms"] = _rounded(g["outlier_ratio_max"].median())
+        row["worst input"] = first["outlier_ratio_worst"]
+        row["kurtosis max"] = _rounded(g["outlier_kurtosis_max"].median())
+        row["reads s"] = round(float((g["fp8_layers_s"].fillna(0) + g["outliers_s"].fillna(0)).median()), 2)
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+FLOOR_NOTE = ("floors: forward {fwd:g} dB, input and weight gradients {wgrad:g} dB, the SQNR torchao's own Float8Linear "
+              "test holds each layer's output and weight gradient to against the high-precision Linear (pytorch/ao "
+              "test/float8/test_base.py); docs/guide/numerics.md").format(**SQNR_FLOOR_DB)
+
+
+def sections(df: pd.DataFrame) -> list[Section]:
+    """The report's numerics tables: the per-cell summary, then the layers under the floor (or a line saying
+    none is)."""
+    table = summary(df)
+    if table.empty:
+        return []
+    low = below_floor(layer_frame(df))
+    out = [("FP8 numerics per layer", "every module that runs in FP8, against the same module in BF16 on the same "
+            "input and upstream gradient (one held batch, after the timed steps); SQNR in dB (higher: closer); "
+            "cast shares: elements flushed to zero / saturated under the recipe's scales, worst module; outliers: "
+            "the FP8 modules' inputs at the last sample; " + FLOOR_NOTE, table)]
+    note = (f"{len(low)} layer reads under their floor" if not low.empty else
+            "no layer under its floor")
+    out.append(("FP8 layers below the SQNR floor", note + "; " + FLOOR_NOTE, low))
+    return out
+
+
+def sqnr_chart(layers: pd.DataFrame, directions: tuple[str, ...], title: str) -> Any:
+    """SQNR per layer (x: the modules in model order), one line per cell and direction, the floors dashed."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    dashes = {"fwd": "solid", "dgrad": "solid", "wgrad": "dot"}
+    for (cell, d), g in layers[layers["direction"].isin(directions)].groupby(["cell", "direction"], sort=True):
+        g = g.sort_values("index")
+        fig.add_trace(go.Scatter(x=g["module"], y=g["sqnr_db"], mode="lines+markers", name=f"{cell} {d}",
+                                 line=dict(dash=dashes[d])))
+    for d in dict.fromkeys(SQNR_FLOOR_DB[d] for d in directions):
+        fig.add_hline(y=d, line=dict(color="#c00", dash="dash"), annotation_text=f"floor {d:g} dB")
+    fig.update_layout(title=title, xaxis_title="module (model order)", yaxis_title="SQNR vs BF16 (dB)", height=420)
+    return fig
+
+
+def outlier_chart(outliers: pd.DataFrame) -> Any:
+    """max|x| / rms of each FP8 module's input over training, one line per cell and module."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for (cell, module), g in outliers.groupby(["cell", "module"], sort=False):
+        fig.add_trace(go.Scatter(x=g["step"], y=g["ratio"], mode="lines+markers", name=f"{cell} {module}",
+                                 legendgroup=cell, hovertext=[f"kurtosis {k:.2f}" for k in g["kurtosis"]]))
+    fig.update_layout(title="Outliers over training: max|x| / rms of each FP8 module's input (the held batch; "
+                            "hover: kurtosis)", xaxis_title="training step", yaxis_title="max|x| / rms", height=420)
+    return fig
+
+
+def figures(df: pd.DataFrame) -> list[tuple[str, Any]]:
+    """The numerics charts of the records that have per-layer reads (none without)."""
+    layers = layer_frame(df)
+    if layers.empty:
+        return []
+    out = [("fp8_sqnr_forward", sqnr_chart(layers, ("fwd",), "FP8 error per layer, forward: SQNR of each module's "
+                                           "output against BF16")),
+           ("fp8_sqnr_backward", sqnr_chart(layers, ("dgrad", "wgrad"), "FP8 error per layer, backward: SQNR of the "
+                                            "input gradient (solid) and weight gradient (dotted) against BF16"))]
+    outliers = outlier_frame(df)
+    if not outliers.empty:
+        out.append(("fp8_outliers", outlier_chart(outliers)))
+    return out

@@ -1,0 +1,158 @@
+"""Results on object storage (issue 45 item 5), against a real S3 server: moto's, started here on 127.0.0.1.
+
+One sweep run (``--out s3://...``) is shared by the checks. Before it, the bucket holds what a crashed earlier run
+of the same sweep left there: one cell's record (a real trial's, so the run resumes past it), another cell's record
+file cut short (quarantined, the cell runs again) and the lock object of a driver that is gone (taken over). The
+endpoint reaches pyarrow (the store, and Ray Tune's storage_path) through ``AWS_ENDPOINT_URL``, as for any
+S3-compatible store.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pytest
+
+from .conftest import _free_port, cli_env, juicytalk, wait_for
+
+MOTO = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
+pytestmark = [pytest.mark.skipif(MOTO is None, reason="moto[server] not installed (pip install -e '.[dev]')"),
+              pytest.mark.slow]  # one sweep with Ray's start: ~30 s on 2 cores
+
+BUCKET = "juicytalk-results"
+SWEEP = """name: objs
+grid: {precision: [fp32, bf16]}
+fixed: {d_model: 32, n_layers: 1, seq_len: 16, batch_size: 4, train_steps: 3, bench_steps: 1, warmup_steps: 1,
+        repeats: 1, gen_len: 1, device: cpu, profile: false, backend: torch}
+resources: {cpu: 1, gpu: 0}
+max_concurrent: 1
+"""
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """A moto S3 server on a free port, its bucket, and the environment that points pyarrow at it (set in this
+    process for the module, and given to the CLI's)."""
+    port = _free_port()
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen([MOTO, "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return urllib.request.urlopen(endpoint, timeout=2).status == 200
+        except OSError:
+            return False
+
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": endpoint}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        wait_for(up, timeout=60)
+        pafs.S3FileSystem(endpoint_override=endpoint, allow_bucket_creation=True).create_dir(BUCKET)
+        yield env
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def s3_sweep(s3, tmp_path_factory):
+    """(sweep file, storage URI, the store, the CLI run, the keys: resumed, quarantined): one run, read by all."""
+    from orchestrator.lock import LEASE_S, object_lock_path
+    from orchestrator.store import Store
+    from orchestrator.sweep import load_sweep
+    from orchestrator.runner import work_items
+    from trials import TrialSpec
+    from trials.trial import run_trial
+
+    here = tmp_path_factory.mktemp("s3sweep")
+    (here / "objs.yaml").write_text(SWEEP)
+    storage = f"s3://{BUCKET}/sweeps"
+    store = Store(storage, "objs")
+    store.ensure()
+    kept, cut = work_items(load_sweep(here / "objs.yaml"))
+    rec = run_trial(TrialSpec.from_dict(kept.spec))  # what an earlier run of this sweep recorded for one cell
+    assert rec["status"] == "ok", rec["error"]
+    store.write_record({**rec, "cell_id": kept.cell_id, "cell_label": kept.label, "sample": kept.sample})
+    with store.fs.open_output_stream(store.path("trials", cut.key + ".parquet")) as out:
+        out.write(b"PAR1 cut short by a crash")
+    with store.fs.open_output_stream(object_lock_path(store)) as out:  # its driver died LEASE_S + 1 s ago
+        out.write(f'{{"host": "gone", "pid": 1, "heartbeat": {time.time() - LEASE_S - 1}}}'.encode())
+    run = juicytalk("sweep", str(here / "objs.yaml"), "--out", storage, "--no-progress", env=cli_env(**s3))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return here / "objs.yaml", storage, store, run, kept.key, cut.key
+
+
+def test_a_sweep_on_s3_resumes_quarantines_and_takes_over_a_gone_drivers_lock(s3_sweep):
+    from orchestrator.lock import object_lock_path
+
+    _, storage, store, run, kept, cut = s3_sweep
+    out = " ".join(run.stdout.split())
+    assert "2 trials: 1 already done, 1 run now, 0 failed, 0 missing" in out, out
+    statuses = store.statuses()
+    assert statuses == {kept: "ok", cut: "ok"}
+    assert [i.base_name for i in store._list("series", ".parquet")] == sorted([f"{kept}.parquet", f"{cut}.parquet"])
+    assert store.read_text("sweep.yaml") == SWEEP and store.exists("logs", f"{cut}.log")
+    quarantined = store.fs.get_file_info(pafs.FileSelector(store.path("quarantine")))
+    assert [i.base_name.startswith(f"{cut}.parquet.") for i in quarantined] == [True]
+    assert "took over the lock of a driver that is gone (host gone, pid 1" in run.stderr
+    assert store.fs.get_file_info(object_lock_path(store)).type == pafs.FileType.NotFound  # released: gone
+    assert f"results: {storage}/objs/results.parquet" in out and store.exists("results.parquet")
+
+
+def test_the_report_of_a_sweep_on_s3_is_written_there_and_reads_from_there(s3_sweep, tmp_path):
+    from orchestrator.report import build_report
+
+    _, storage, store, run, *_ = s3_sweep
+    assert f"report: {storage}/objs/report.html" in " ".join(run.stdout.split())
+    assert "torch-bf16 vs torch-fp32" in store.read_text("results.md")
+    assert store.read_text("report.html").startswith("<!DOCTYPE html>") or "<html" in store.read_text("report.html")
+    local = build_report(f"{storage}/objs", out_html=str(tmp_path / "r.html"))  # juicytalk report s3://... --out
+    assert Path(local.html_path).is_file() and "torch-bf16 vs torch-fp32" in Path(local.md_path).read_text()
+
+
+def test_a_second_driver_on_the_same_s3_sweep_is_refused(s3_sweep):
+    from orchestrator.lock import SweepLocked, object_lock_path, sweep_lock
+    from orchestrator.runner import run_sweep
+    from orchestrator.sweep import load_sweep
+
+    path, storage, store, *_ = s3_sweep
+    with sweep_lock(store):  # a live driver: the second is refused before Ray or any trial starts
+        with pytest.raises(SweepLocked, match=f"sweep directory {storage}/objs is in use by another juicytalk sweep"):
+            run_sweep(load_sweep(path), storage)
+    assert store.fs.get_file_info(object_lock_path(store)).type == pafs.FileType.NotFound
+
+
+def test_collect_on_s3(s3_sweep):
+    from orchestrator.cli import main
+
+    _, storage, store, *_ = s3_sweep
+    store.fs.delete_file(store.path("results.parquet"))
+    assert main(["collect", f"{storage}/objs"]) == 0
+    assert store.exists("results.parquet")
+
+
+def test_restart_of_an_s3_sweep_is_refused_in_one_line(s3_sweep):
+    from orchestrator.runner import SweepInputError, run_sweep
+    from orchestrator.sweep import load_sweep
+
+    path, storage, store, *_ = s3_sweep
+    with pytest.raises(SweepInputError, match=r"^--restart: s3://\S+/objs is on object storage, where results are "
+                                              "not moved aside; give the sweep a new --out prefix instead$"):
+        run_sweep(load_sweep(path), storage, restart=True)
+    assert store.statuses()  # nothing moved or deleted

@@ -1,0 +1,296 @@
+"""Where in the model FP8 loses precision: per-layer error forward and backward, cast health, outliers.
+
+Three reads of an FP8 training cell (``fp8_reads: true``, the default; docs/guide/numerics.md says what each
+figure means and where its floor comes from):
+
+    per-layer SQNR   after the cell's timed steps, on one held batch, for every module that runs its GEMMs in FP8:
+                     the module's FP8 output, input gradient and weight gradient against the same module computed
+                     in BF16 on the same input with the same upstream gradient, SQNR in dB
+                     (10 log10(sum ref^2 / sum (ref - x)^2), torchao's ``compute_error``)
+    cast health      per operand class (act: the GEMM's input, weight, grad: the output gradient): the share of
+                     elements the recipe's scale flushes to zero (nonzero, cast to FP8 zero) and the share it
+                     saturates (|x * scale| beyond the format's maximum by more than half a unit in the last
+                     place: the clamp, not the rounding, decides its value)
+    outliers         max|x| / rms and kurtosis (E[(x - mean)^4] / var^2; 3 for a Gaussian) of every FP8 module's
+                     input (MiniGPT llama's fc2: the SwiGLU product feeding the down projection), on the held
+                     batch, sampled every ``outlier_every(train_steps)`` training steps
+
+How a stack finds its FP8 modules, runs one in BF16 and scales its operands is the stack's seam
+(``trials/backends/<stack>_numerics.py``, loaded by :func:`trials.backends.numerics`); everything here is the
+same for every stack.
+
+None of it moves a timed number or the loss curve: the per-layer read runs after the timed steps, the profiled
+steps and the generation check; the outlier samples run between training steps (never the timed ones) as a
+forward of their own on the held batch, in eval mode and without grad, inside ``torch.random.fork_rng`` and the
+stack's ``read_context`` (TE delayed: its scaling state restored), so training sees what it would have without
+them. Their cost is recorded (``fp8_layers_s``, ``outliers_s``; the latter is inside ``train_s``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from types import ModuleType
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .data import ArithmeticSequences
+from .fp8_floors import DIRECTIONS, OPERANDS, SQNR_FLOOR_DB
+from .teacher_forced import HELD_LEN, HELD_ROWS, HELD_SEED_OFFSET
+
+log = logging.getLogger(__name__)
+
+OUTLIER_SAMPLES = 8  # outlier samples over a training run (the last step always among them)
+
+
+def sqnr_db(ref: torch.Tensor, x: torch.Tensor) -> float:
+    """Signal-to-quantization-noise ratio of ``x`` against ``ref``, dB (inf: identical; -inf: ref all zero)."""
+    ref, x = ref.double(), x.double()
+    noise = (ref - x).pow(2).sum()
+    signal = ref.pow(2).sum()
+    if noise == 0:
+        return math.inf
+    return float(10 * torch.log10(signal / noise))
+
+
+@dataclass(frozen=True)
+class CastHealth:
+    underflow: float  # share of all elements: nonzero, cast to FP8 zero under the scale
+    saturation: float  # share of all elements: |x * scale| beyond the format's maximum by more than half an ulp
+
+
+def cast_health(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> CastHealth:
+    """How ``x`` fares cast to FP8 ``dtype`` under ``scale`` (broadcastable to ``x``: one per tensor, per row),
+    as a saturating cast does it: ``x * scale`` clamped to the format's range, rounded to ``dtype``."""
+    info = torch.finfo(dtype)
+    big = info.max
+    # a round-to-nearest cast brings values up to half a unit in the last place above the maximum down to it
+    # (e4m3: 448 + 16); only beyond that does the clamp lose anything (an amax element scaled to exactly the
+    # maximum can land a rounding above it in fp32: not saturated)
+    limit = big + 2.0 ** math.floor(math.log2(big)) * info.eps / 2
+    scaled = x.float() * scale.float()
+    cast = scaled.clamp(-big, big).to(dtype)
+    n = max(1, x.numel())
+    underflow = int(((cast.float() == 0) & (x != 0)).sum()) / n
+    saturation = int((scaled.abs() > limit).sum()) / n
+    return CastHealth(underflow, saturation)
+
+
+def outlier_stats(x: torch.Tensor) -> tuple[float, float]:
+    """(max|x| / rms, kurtosis) of all of ``x``'s elements (kurtosis: E[(x - mean)^4] / var^2, 3 for a Gaussian;
+    both nan for an all-zero tensor)."""
+    x = x.detach().double().flatten()
+    rms = x.pow(2).mean().sqrt()
+    centred = x - x.mean()
+    var = centred.pow(2).mean()
+    ratio = float(x.abs().max() / rms) if rms > 0 else math.nan
+    kurtosis = float(centred.pow(4).mean() / var.pow(2)) if var > 0 else math.nan
+    return ratio, kurtosis
+
+
+def held_pair(vocab: int, seq_len: int, device: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, next ids), (HELD_ROWS, min(seq_len, HELD_LEN)): the teacher-forced read's held sequence and its
+    targets (trials/teacher_forced.held_batch), which no training step has seen."""
+    return ArithmeticSequences(vocab, min(seq_len, HELD_LEN), device, seed + HELD_SEED_OFFSET).batch(HELD_ROWS)
+
+
+def outlier_every(train_steps: int) -> int:
+    """Training steps between outlier samples: OUTLIER_SAMPLES of them over the run."""
+    return max(1, math.ceil(train_steps / OUTLIER_SAMPLES))
+
+
+@contextlib.contextmanager
+def _quiet(model: nn.Module, device: str):
+    """Eval mode (no dropout) and the RNG states kept: a read draws nothing training would have drawn."""
+    was_training = model.training
+    rng = [torch.cuda.current_device()] if device == "cuda" else []
+    model.eval()
+    try:
+        with torch.random.fork_rng(devices=rng):
+            yield
+    finally:
+        model.train(was_training)
+
+
+@dataclass
+class LayerRead:
+    """One FP8 module's read: SQNR per direction (dB) and cast health per operand class."""
+
+    name: str
+    sqnr: dict[str, float]  # direction -> dB
+    cast: dict[str, CastHealth]  # operand class -> shares
+
+
+def _module_pass(seam: ModuleType, module: nn.Module, x: torch.Tensor, dy: torch.Tensor, fp8: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(output, input gradient, weight gradients flattened and concatenated) of ``module`` alone on ``x`` with
+    upstream gradient ``dy``, in FP8 as the cell trains it or in BF16 (``seam.run``); the module's own
+    gradients are cleared after."""
+    weights = seam.weights(module)
+    for w in weights:
+        w.grad = None
+    xi = x.detach().clone().requires_grad_(True)
+    y = seam.run(module, xi, fp8)
+    y.backward(dy)
+    dw = torch.cat([w.grad.detach().flatten().float() for w in weights])
+    for w in weights:
+        w.grad = None
+    return y.detach(), xi.grad.detach(), dw
+
+
+def read_layers(step: Any, seam: ModuleType, held: tuple[torch.Tensor, torch.Tensor], device: str
+                ) -> list[LayerRead]:
+    """Every FP8 module of ``step.model``, read on the held batch (the module docstring). One forward and
+    backward of the whole model in FP8 gives each module's input and upstream gradient (the cross-entropy's on
+    the held targets); each module is then run alone on them, in FP8 and in BF16. Parameters' gradients are
+    left as they were found (cleared: a training step leaves none)."""
+    modules = seam.fp8_modules(step.model)
+    seen: dict[str, dict[str, torch.Tensor]] = {name: {} for name, _ in modules}
+
+    def keep(name: str):
+        def hook(_module: nn.Module, args: tuple, output: Any) -> None:
+            if "x" in seen[name]:  # called twice in one forward (a shared module): no one input to read it on
+                seen[name]["reused"] = args[0]
+                return
+            seen[name]["x"] = args[0].detach()
+            out = output[0] if isinstance(output, (tuple, list)) else output
+            out.register_hook(lambda g: seen[name].__setitem__("dy", g.detach()))
+        return hook
+
+    x, y = held
+    handles = [m.register_forward_hook(keep(name)) for name, m in modules]
+    reads = []
+    try:
+        with _quiet(step.model, device), seam.read_context(step):
+            with seam.fp8_context(step):
+                logits = step.model(x)
+            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))
+            loss.backward()
+            for p in step.model.parameters():
+                p.grad = None
+            for h in handles:
+                h.remove()
+            handles = []
+            for name, module in modules:
+                got = seen[name]
+                if "x" not in got or "dy" not in got or "reused" in got:
+                    log.info("fp8 layer read: %s saw no forward, no gradient or two forwards, left out", name)
+                    continue
+                with seam.fp8_context(step):
+                    out8, dx8, dw8 = _module_pass(seam, module, got["x"], got["dy"], fp8=True)
+                out16, dx16, dw16 = _module_pass(seam, module, got["x"], got["dy"], fp8=False)
+                sqnr = {"fwd": sqnr_db(out16, out8), "dgrad": sqnr_db(dx16, dx8), "wgrad": sqnr_db(dw16, dw8)}
+                cast = {cls: cast_health(t, s, dt) for cls, (t, s, dt) in seam.casts(module, got["x"], got["dy"],
+                                                                                      step).items()}
+                reads.append(LayerRead(name, sqnr, cast))
+    finally:
+        for h in handles:
+            h.remove()
+        for p in step.model.parameters():
+            p.grad = None
+    return reads
+
+
+@dataclass
+class OutlierTrend:
+    """Outlier samples over training: the training step after which each was taken, and per module one value
+    per sample."""
+
+    steps: list[int] = field(default_factory=list)
+    ratio: dict[str, list[float]] = field(default_factory=dict)  # module -> max|x| / rms per sample
+    kurtosis: dict[str, list[float]] = field(default_factory=dict)  # module -> kurtosis per sample
+    seconds: float = 0.0  # what the samples cost, s (inside train_s)
+
+
+class OutlierSampler:
+    """``train``'s ``after_step``: every ``every`` training steps (and after the last), a forward of the FP8
+    model on the held batch with hooks on each FP8 module's input, outside the training step (the module
+    docstring)."""
+
+    def __init__(self, step: Any, seam: ModuleType, held: torch.Tensor, device: str, every: int, steps: int):
+        self.step, self.seam, self.held, self.device = step, seam, held, device
+        self.every, self.last = every, steps - 1
+        self.trend = OutlierTrend()
+        self.failed = False
+
+    def __call__(self, i: int) -> None:
+        if self.failed or ((i + 1) % self.every and i != self.last):
+            return
+        t = time.perf_counter()
+        try:
+            self._sample(i)
+        except Exception as exc:  # noqa: BLE001 - training goes on without the samples
+            log.warning("outlier sample after step %d failed, no more taken: %s: %s", i, type(exc).__name__, exc)
+            self.failed = True
+        self.trend.seconds += time.perf_counter() - t
+
+    def _sample(self, i: int) -> None:
+        modules = self.seam.fp8_modules(self.step.model)
+        got: dict[str, tuple[float, float]] = {}
+
+        def keep(name: str):
+            def hook(_module: nn.Module, args: tuple) -> None:
+                got[name] = outlier_stats(args[0])
+            return hook
+
+        handles = [m.register_forward_pre_hook(keep(name)) for name, m in modules]
+        try:
+            with torch.no_grad(), _quiet(self.step.model, self.device), self.seam.read_context(self.step), \
+                    self.seam.fp8_context(self.step):
+                self.step.model(self.held)
+        finally:
+            for h in handles:
+                h.remove()
+        self.trend.steps.append(i)
+        for name, (ratio, kurt) in got.items():
+            self.trend.ratio.setdefault(name, []).append(ratio)
+            self.trend.kurtosis.setdefault(name, []).append(kurt)
+
+
+def _finite(values: list[tuple[str, float]]) -> list[tuple[str, float]]:
+    return [(n, v) for n, v in values if not math.isnan(v)]
+
+
+def record_fields(reads: list[LayerRead], trend: OutlierTrend | None) -> dict[str, Any]:
+    """The record's fields (trials/record.py) from the reads: min, median and worst module per direction,
+    worst share and module per operand class, the last outlier sample's largest values, and every per-layer
+    value as JSON (``fp8_layers``) for the report."""
+    out: dict[str, Any] = {}
+    for d in DIRECTIONS:
+        values = _finite([(r.name, r.sqnr[d]) for r in reads])
+        if values:
+            worst = min(values, key=lambda nv: nv[1])
+            out.update({f"sqnr_{d}_min_db": worst[1], f"sqnr_{d}_median_db": statistics.median(v for _, v in values),
+                        f"sqnr_{d}_worst": worst[0]})
+    for cls in OPERANDS:
+        for kind in ("underflow", "saturation"):
+            values = [(r.name, getattr(r.cast[cls], kind)) for r in reads if cls in r.cast]
+            if values:
+                worst = max(values, key=lambda nv: nv[1])
+                out.update({f"cast_{kind}_{cls}": worst[1],  # no module is worst where none loses anything
+                            f"cast_{kind}_{cls}_worst": worst[0] if worst[1] > 0 else None})
+    if trend is not None and trend.steps:
+        last = _finite([(n, v[-1]) for n, v in trend.ratio.items()])
+        if last:
+            worst = max(last, key=lambda nv: nv[1])
+            out.update(outlier_ratio_max=worst[1], outlier_ratio_worst=worst[0])
+        kurt = _finite([(n, v[-1]) for n, v in trend.kurtosis.items()])
+        if kurt:
+            out["outlier_kurtosis_max"] = max(v for _, v in kurt)
+    layers = {"floors_db": SQNR_FLOOR_DB,
+              "modules": [r.name for r in reads],
+              "sqnr": {d: [r.sqnr[d] for r in reads] for d in DIRECTIONS},
+              "cast": {cls: {kind: [asdict(r.cast[cls])[kind] if cls in r.cast else None for r in reads]
+                             for kind in ("underflow", "saturation")} for cls in OPERANDS}}
+    if trend is not None:
+        layers["outliers"] = {"steps": trend.steps, "ratio": trend.ratio, "kurtosis": trend.kurtosis}
+    out["fp8_layers"] = json.dumps(layers)  # inf (a module FP8 leaves exact) is written as Infinity, read back
+    return out

@@ -1,0 +1,359 @@
+"""The memory plan: what one rank of a training cell needs, derived from the module the model source builds.
+
+The module is built and run once under torch's FakeTensorMode (shapes, dtypes and storages, no memory, no
+arithmetic: an 8B model at seq 4096 takes about half a second), at the cell's own batch and sequence, with
+``torch.autograd.graph.saved_tensors_hooks`` summing the bytes of the unique storages autograd keeps for
+backward (parameters excluded: they are the weights). A forward hook on each unit (the children of the
+model's largest ``nn.ModuleList``: MiniGPT's blocks, transformers' decoder layers, nanoGPT's ``h``) says
+which unit saved what, so each activation-checkpointing setting follows from the same one pass:
+
+    none       every unit's saved bytes
+    full       every unit keeps only its input; one unit's saved bytes come back while it is recomputed
+    selective  every SELECTIVE_EVERY-th unit (1-based, as torchtitan counts) as under full, the rest as none
+
+The parts of one rank, in the cell's weight dtype (fp32 for fp32 cells, bf16 otherwise, trials/models):
+
+    weights      parameters; FSDP2 keeps 1/world_size of them, plus two units gathered whole (the one
+                 running and the one prefetched); FP8 cells of a stack that keeps FP8 copies of its GEMM
+                 weights between steps add them (``fp8_weight_cache_bytes`` in the stack table: TE's weight
+                 and its transpose)
+    grads        one per parameter, the parameter's dtype (FSDP2: sharded; DDP adds its buckets' copy)
+    optimizer    AdamW's two moments, in the parameter's dtype (torch's AdamW keeps its state like the
+                 parameter); where a stack keeps FP8 weights only (``fp8_all_gather_masters``: TE), an
+                 fp32 master weight and two fp32 moments per parameter (FusedAdam)
+    activations  the saved bytes above, for the checkpointing setting
+    logits       (batch, seq, vocab): the logits in the weight dtype (alive through the step), the loss's
+                 fp32 log-softmax (saved), and in its backward the fp32 gradient of it and of its input
+
+The peak is weights + optimizer + max(activations + logits, grads): at the start of backward every
+activation and the logits' gradients are held; by its end the activations are freed and every gradient
+exists. The plan is of the module the source builds (the torch twin): an FP8 stack's own saved casts are
+not in it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+log = logging.getLogger(__name__)
+
+CHECKPOINTING = ("none", "full", "selective")  # torchtitan's names
+SELECTIVE_EVERY = 2  # selective: every 2nd unit is recomputed (torchtitan's selective_ac_option "2")
+LOGITS_BYTES = 12  # per logit beyond the weight dtype's: fp32 log-softmax (saved), its grad, its input's grad
+FP8_MASTER_STATE_BYTES = 12  # per parameter: an fp32 master weight and two fp32 moments
+GATHERED_UNITS = 2  # FSDP2: the unit running and the one prefetched are whole at once
+
+
+class SavedBytes:
+    """Context manager: the bytes autograd keeps for backward inside it, unique storages, parameters excluded.
+
+    ``units``: modules whose forward's saved bytes are also told apart (``per_unit``), with the bytes of
+    each one's input (``unit_inputs``: what a checkpointed unit keeps). Works on real and fake tensors.
+    """
+
+    def __init__(self, exclude: Iterator[Any] = (), units: tuple[Any, ...] = ()):
+        self.exclude = {_storage_key(t) for t in exclude}
+        self.units = units
+        self.seen: set[int] = set()
+        self.outside = 0
+        self.per_unit = [0] * len(units)
+        self.unit_inputs = [0] * len(units)
+        self._current: int | None = None
+        self._handles: list[Any] = []
+        self._hooks: Any = None
+
+    @property
+    def total(self) -> int:
+        return self.outside + sum(self.per_unit)
+
+    def _pack(self, t: Any) -> Any:
+        key = _storage_key(t)
+        if key not in self.seen and key not in self.exclude:
+            self.seen.add(key)
+            nbytes = t.untyped_storage().nbytes()
+            if self._current is None:
+                self.outside += nbytes
+            else:
+                self.per_unit[self._current] += nbytes
+        return t
+
+    def _enter_unit(self, i: int) -> Callable[..., None]:
+        def hook(module: Any, args: tuple[Any, ...]) -> None:
+            self._current = i
+            first = next((a for a in args if hasattr(a, "untyped_storage")), None)
+            self.unit_inputs[i] = first.untyped_storage().nbytes() if first is not None else 0
+        return hook
+
+    def _leave_unit(self, module: Any, args: Any, out: Any) -> None:
+        self._current = None
+
+    def __enter__(self) -> "SavedBytes":
+        import torch
+
+        for i, unit in enumerate(self.units):
+            self._handles.append(unit.register_forward_pre_hook(self._enter_unit(i)))
+            self._handles.append(unit.register_forward_hook(self._leave_unit))
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._hooks.__exit__(*exc)
+        for handle in self._handles:
+            handle.remove()
+
+
+def _storage_key(t: Any) -> int:
+    return t.untyped_storage()._cdata  # the StorageImpl's address: one per storage, also for fake tensors
+
+
+def units_of(model: Any) -> tuple[Any, ...]:
+    """The repeated units: the children of the model's largest ``nn.ModuleList`` (none: one unit, no list)."""
+    import torch.nn as nn
+
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+    if not lists:
+        return ()
+    biggest = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+    return tuple(biggest)
+
+
+@dataclass(frozen=True)
+class Activations:
+    """Saved-for-backward bytes of one forward at the cell's batch and seq, told apart by unit."""
+
+    outside: int  # saved outside every unit (embeddings, final norm, the head's input)
+    units: tuple[int, ...]  # saved inside each unit
+    unit_inputs: tuple[int, ...]  # each unit's input: what a checkpointed unit keeps
+
+    def checkpointed(self, setting: str, every: int = SELECTIVE_EVERY) -> tuple[bool, ...]:
+        if setting not in CHECKPOINTING:
+            raise ValueError(f"activation_checkpointing must be one of {', '.join(CHECKPOINTING)}; got {setting!r}")
+        n = len(self.units)
+        if setting == "none":
+            return (False,) * n
+        if setting == "full":
+            return (True,) * n
+        return tuple((i + 1) % every == 0 for i in range(n))
+
+    def held(self, setting: str = "none") -> int:
+        """Bytes held for backward once the forward is done."""
+        return self.outside + sum(i if c else u for u, i, c in zip(self.units, self.unit_inputs,
+                                                                   self.checkpointed(setting)))
+
+    def peak(self, setting: str = "none") -> int:
+        """Held bytes plus, under checkpointing, the largest recomputed unit's saved bytes during its backward."""
+        again = [u for u, c in zip(self.units, self.checkpointed(setting)) if c]
+        return self.held(setting) + (max(again) if again else 0)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What one fake-tensor forward of a cell's module tells: its size, units, saved bytes and GEMM FLOPs."""
+
+    n_params: int
+    weight_bytes: int  # the parameters in the cell's weight dtype
+    largest_unit_params: int
+    activations: Activations
+    forward_flops: float  # counted by FlopCounterMode (attention kernels not counted: trials/metrics.py)
+    gemm_params: int = 0  # weights of the Linears a stack may run in FP8 (the logits layer stays high precision)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """One rank's bytes for a training step of a cell; ``guess``: the module could not be run under fake
+    tensors, so weights come from the parameter count only (activations unknown: 0)."""
+
+    weights: int
+    grads: int
+    optimizer: int
+    activations: int
+    logits: int
+    checkpointing: str
+    parallel: str
+    world_size: int
+    batch_size: int  # rows per rank
+    guess: bool = False
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.optimizer + max(self.activations + self.logits, self.grads)
+
+    def setting(self) -> str:
+        """The knobs this plan is for, as sweep fields."""
+        where = (f"parallel {self.parallel}, world_size {self.world_size}, batch_size {self.batch_size} per rank"
+                 if self.parallel != "none" else "1 GPU")
+        return f"activation_checkpointing {self.checkpointing}, {where}"
+
+
+@dataclass(frozen=True)
+class _Key:
+    """A spec reduced to what shapes its module (the shape fields and the weight dtype): cells that differ
+    only in stack, recipe or schedule share one probe."""
+
+    key: tuple[Any, ...]
+    batch: int
+    spec: Any = field(compare=False, hash=False)
+
+
+def _key(spec: Any, batch: int) -> _Key:
+    import dataclasses
+
+    shape = tuple((f.name, getattr(spec, f.name)) for f in dataclasses.fields(spec)
+                  if f.metadata.get("axis") == "shape" and f.name not in ("batch_size", "tokens_per_step"))
+    return _Key((*shape, spec.precision == "fp32"), batch, spec)
+
+
+def probe(spec: Any, batch_size: int | None = None) -> Probe | None:
+    """The cell's module run once under fake tensors at ``batch_size`` rows (default the spec's); None where it
+    cannot be run so (then the plan is a guess)."""
+    return _probe(_key(spec, batch_size or spec.batch_size))
+
+
+@functools.lru_cache(maxsize=64)
+def _probe(key: _Key) -> Probe | None:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from . import models
+    from .metrics import gemm_flop_counter
+
+    spec = key.spec
+    precision = "fp32" if spec.precision == "fp32" else "bf16"
+    try:
+        with torch.random.fork_rng(devices=[]):  # the build seeds torch's RNG: leave the trial's as it was
+            built = models.build(spec, precision, "meta")  # no memory, no init
+        model = built.model
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode, _unpacked_positions():
+            _to_fake(model, mode)
+            units = units_of(model)
+            ids = torch.zeros(key.batch, spec.seq_len, dtype=torch.long)
+            with gemm_flop_counter() as counter, SavedBytes(model.parameters(), units) as saved:
+                model(ids)
+        params = list(model.parameters())
+        n_params = sum(p.numel() for p in params)
+        weight_bytes = sum(p.numel() * p.element_size() for p in params)
+        largest = max((sum(p.numel() for p in u.parameters()) for u in units), default=n_params)
+        head = model.get_submodule(built.logits_layer) if built.logits_layer else None
+        gemm = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head)
+    except Exception as exc:  # noqa: BLE001 - a module fake tensors cannot run (data-dependent code, ...)
+        log.info("%s: not planned from the module (%s: %s); the memory plan is a guess", spec.model,
+                 type(exc).__name__, exc)
+        return None
+    acts = Activations(saved.outside, tuple(saved.per_unit), tuple(saved.unit_inputs))
+    return Probe(n_params, weight_bytes, largest, acts, float(counter.get_total_flops()), gemm)
+
+
+@contextlib.contextmanager
+def _unpacked_positions() -> Iterator[None]:
+    """transformers looks for packed sequences by reading the position ids' values, which fake tensors do not
+    have; it then builds an explicit (b, 1, t, t) mask, which SDPA saves in every layer, where the real run
+    (contiguous positions, as in every trial) finds none and takes SDPA's is_causal path with no mask. Tell
+    it, for the probe, what the real run finds."""
+    masking = sys.modules.get("transformers.masking_utils")
+    find = getattr(masking, "find_packed_sequence_indices", None)
+    if find is None:
+        yield
+        return
+    masking.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking.find_packed_sequence_indices = find
+
+
+def _to_fake(model: Any, mode: Any) -> None:
+    """Swap a meta-device module's parameters and buffers for fake CPU tensors of the same shape and dtype, in
+    place, tied ones staying tied (the CPU kernels' choices, e.g. SDPA's, are then the ones a CPU run makes;
+    ``Module.to`` under fake tensors cannot move tied weights)."""
+    import torch
+    import torch.nn as nn
+
+    fakes: dict[int, Any] = {}
+
+    def fake(t: Any) -> Any:
+        if id(t) not in fakes:
+            empty = torch.empty(t.shape, dtype=t.dtype, device="cpu")
+            fakes[id(t)] = nn.Parameter(empty, t.requires_grad) if isinstance(t, nn.Parameter) else empty
+        return fakes[id(t)]
+
+    with mode:
+        for module in model.modules():
+            for table in (module._parameters, module._buffers):
+                for name, t in table.items():
+                    if t is not None:
+                        table[name] = fake(t)
+
+
+def checkpointing_of(spec: Any) -> str:
+    """The spec's ``activation_checkpointing`` where the spec has that field, else none."""
+    return getattr(spec, "activation_checkpointing", "none")
+
+
+def plan(spec: Any, checkpointing: str | None = None, parallel: str | None = None,
+         world_size: int | None = None, batch_size: int | None = None) -> MemoryPlan:
+    """One rank's memory for a training step of ``spec`` (or of it with the given settings changed;
+    ``batch_size``: rows per rank)."""
+    from . import models
+    from .backends import STACKS, recipe_owner
+
+    setting = checkpointing or checkpointing_of(spec)
+    parallel = parallel or spec.parallel
+    world = world_size or spec.world_size
+    width = 4 if spec.precision == "fp32" else 2
+    batch = batch_size or spec.batch_size
+    got = probe(spec, batch)
+    if got is None:
+        n = models.describe(spec).n_params or 0
+        weights, largest, acts, guess = n * width, n, 0, True
+    else:
+        n, weights, largest, guess = got.n_params, got.weight_bytes, got.largest_unit_params, False
+        acts = got.activations.peak(setting)
+    stack = STACKS.get(recipe_owner(spec.recipe) or "")
+    masters = spec.precision == "fp8" and spec.fp8_all_gather and stack is not None and stack.fp8_all_gather_masters
+    grads = weights
+    optimizer = n * FP8_MASTER_STATE_BYTES if masters else 2 * weights
+    if spec.precision == "fp8" and stack is not None and not masters and got is not None:
+        weights += got.gemm_params * stack.fp8_weight_cache_bytes  # TE's FP8 weight copies, kept between steps
+    if parallel == "fsdp":
+        weights = weights // world + GATHERED_UNITS * largest * width
+        grads, optimizer = grads // world, optimizer // world
+    elif parallel == "ddp":
+        grads = 2 * grads  # DDP's buckets hold a copy of the gradients (gradient_as_bucket_view is off)
+    vocab = models.describe(spec).shape.get("vocab") or spec.vocab or 0
+    logits = batch * spec.seq_len * vocab * (width + LOGITS_BYTES)
+    return MemoryPlan(weights, grads, optimizer, acts, logits, setting, parallel, world, batch, guess)
+
+
+def record_fields(spec: Any) -> dict[str, int | None]:
+    """The record's estimate (beside the measured peak); nothing where planning itself fails: an estimate
+    never fails a trial."""
+    try:
+        got = plan(spec)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("memory plan failed: %s: %s", type(exc).__name__, exc)
+        return {}
+    return {"est_peak_mem_bytes": got.total, "est_activation_bytes": None if got.guess else got.activations}
+
+
+# Settings tried, cheapest first, for a cell that does not fit: recompute before more GPUs
+FIT_CHECKPOINTING = ("none", "selective", "full")
+FIT_RANKS = (1, 2, 4, 8)
+
+
+def cheapest_fit(spec: Any, limit_bytes: int) -> MemoryPlan | None:
+    """The first plan, in the order above (checkpointing on the cell's ranks, then FSDP2 over more, the global
+    batch kept: fewer rows per rank), under ``limit_bytes``; None where nothing up to 8 ranks fits."""
+    rows = spec.batch_size * spec.world_size  # the global batch
+    for world in (w for w in FIT_RANKS if w >= spec.world_size and rows % w == 0):
+        parallel = spec.parallel if world == spec.world_size else "fsdp"
+        for setting in FIT_CHECKPOINTING:
+            got = plan(spec, setting, parallel, world, rows // world)
+            if got.total <= limit_bytes:
+                return got
+    return None
