@@ -69,7 +69,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         from trials.record import FINAL_STATUSES
 
         from .tables import print_table
-        from .plan import (cpu_matmul_flops_per_s, expected_ooms, host_memory_bytes, local_gpu_memory_bytes,
+        from .plan import (config_defaults, cpu_matmul_flops_per_s, expected_ooms, host_memory_bytes, local_gpu_memory_bytes,
                            plan_rows, plan_table, slow_on_cpu, unsupported_here)
 
         local_gpu = local_gpu_memory_bytes()
@@ -82,6 +82,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             if row["unsupported"]:
                 console.print(f"[cyan]unsupported here[/] {row['label']}: {row['unsupported']} (it is recorded "
                               "as unsupported with this reason)", soft_wrap=True)
+        for line in config_defaults(sweep):
+            console.print(f"[yellow]config defaults[/] {line}", soft_wrap=True)
         for line in expected_ooms(rows, gpu_memory, host_memory):
             console.print(f"[yellow]expected OOM[/] {line}", soft_wrap=True)
         if any(row["on_cpu"] and not row["unsupported"] for row in rows):
@@ -130,6 +132,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print_table(console, summary_table(outcome.items, outcome.statuses, records))
     for line in reasons_below(outcome.items, outcome.statuses, records):
         console.print(Text(line), soft_wrap=True)  # an error's text, never markup
+    from .plan import config_defaults
+
+    for line in config_defaults(sweep):  # the sizes nobody set, beside what the sweep set
+        console.print(f"[yellow]config defaults[/] {line}", soft_wrap=True)
     console.print(f"{outcome.total} trials: {outcome.already_done} already done, {outcome.ran} run now, "
                   f"{len(outcome.failed)} failed, {len(outcome.missing)} missing"
                   + (" (interrupted)" if outcome.interrupted else "")

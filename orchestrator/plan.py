@@ -157,6 +157,21 @@ def plan_table(sweep: Sweep, rows: list[dict[str, Any]], gpu_memory_bytes: int |
     return table
 
 
+def config_defaults(sweep: Sweep) -> list[str]:
+    """One line per model and shape of the sweep whose size values came from transformers' config defaults (a bare
+    ``hf:llama`` keeps Llama-2-7B's 11008-wide MLP at any d_model): what the sweep set, beside those defaults."""
+    from trials.models.hf import SHAPE_NAMES  # the shape fields a transformers model takes
+
+    out: dict[str, None] = {}
+    for cell in sweep.cells:
+        defaults = models.describe(cell.spec).defaults
+        if defaults:
+            given = " ".join(f"{f}={getattr(cell.spec, f)}" for f in SHAPE_NAMES if getattr(cell.spec, f) is not None)
+            out[f"{cell.spec.model}: the sweep set {given or 'no shape field'}; transformers' defaults: "
+                f"{' '.join(f'{k}={v}' for k, v in defaults.items())}"] = None
+    return list(out)
+
+
 def expected_ooms(rows: list[dict[str, Any]], gpu_memory_bytes: int | None,
                   host_memory_bytes: int | None = None) -> list[str]:
     """One line per ``plan_rows`` cell whose estimate exceeds the memory where it runs: the GPU's, or the

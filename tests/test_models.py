@@ -111,8 +111,8 @@ def test_the_shape_fields_override_the_config_and_the_rest_is_the_configs(tmp_pa
                 cfg.max_position_embeddings) == ("qwen2", 64, 2, 2, 32)
         built = models.build(spec, "fp32", "cpu")
         assert built.vocab == 128 and built.model(torch.zeros(2, 32, dtype=torch.long)).shape == (2, 32, 128)
-    with pytest.raises(SpecError, match="GPT2Config has no intermediate_size") as exc:  # GPT-2 names its MLP n_inner
-        check_model(TrialSpec(model="hf:gpt2", backend="torch", ffn=128))
+    with pytest.raises(SpecError, match="BloomConfig has no intermediate_size or ffn_dim") as exc:  # 4 x hidden, fixed
+        check_model(TrialSpec(model="hf:bloom", backend="torch", ffn=128))
     assert exc.value.field == "ffn"
 
 

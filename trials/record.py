@@ -48,7 +48,8 @@ FIELDS: list[Field] = [
     _f("d_model", "int", "Hidden size (hf: hidden_size; the config's where the spec left it unset)."),
     _f("n_layers", "int", "Transformer blocks (hf: num_hidden_layers)."),
     _f("n_heads", "int", "Attention heads (MiniGPT default d_model/64; hf: num_attention_heads)."),
-    _f("ffn", "int", "MLP hidden size (MiniGPT default 4*d_model; hf: intermediate_size)."),
+    _f("ffn", "int", "MLP hidden size (MiniGPT default 4*d_model; hf: the type's own name for it, intermediate_size, "
+       "ffn_dim, n_inner, ...; MoE types: every expert's and the shared expert's too), read back from the model."),
     _f("seq_len", "int", "Tokens per sequence."),
     _f("batch_size", "int", "Sequences per step."),
     _f("arch", "str", "Architecture: gpt (the tutorial's MiniGPT) or llama (RMSNorm, SwiGLU, GQA, RoPE, no biases)."),
@@ -128,6 +129,13 @@ FIELDS: list[Field] = [
     _f("model_class", "str", "The model's class (MiniGPT, LlamaForCausalLM, your factory's module)."),
     _f("model_config", "str", "JSON: the model's resolved config (transformers' to_json_string for hf models, the "
        "shape fields everywhere else), the values the trial built."),
+    _f("head_dim", "int", "The model's attention head width (hf: the config's head_dim where its type has one, "
+       "which follows d_model / n_heads when the spec sets either; else d_model / n_heads)."),
+    _f("config_defaults", "str", "JSON {config name: value}: the model's size values that came from transformers' "
+       "config defaults, neither the sweep nor the config file (a bare hf:llama's intermediate_size 11008, a "
+       "config.json without vocab_size's 32000); {} when none did; null for MiniGPT and py: factories."),
+    _f("attn_implementation", "str", "hf: the attention transformers built the model with: sdpa, or eager for a type "
+       "without an SDPA path (gemma2, bloom); null for MiniGPT and py: factories."),
     _f("n_params", "int", "All parameters (embeddings included; tied ones once)."),
     _f("n_matmul_params", "int", "Weights in matrix products (blocks + LM head), N in the FLOP formula (MiniGPT)."),
     _f("tokens_per_step", "int", "batch_size * seq_len * world_size (the global batch). As a spec field (requested), "

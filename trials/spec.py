@@ -368,6 +368,14 @@ def check_model(spec: TrialSpec) -> None:
         check(spec)
     except ModelError as exc:
         raise SpecError(exc.field, str(exc)) from None
+    if not spec.source.own:  # the head-dim rule on the head dim the model has (a type may keep its own head_dim)
+        from .models import describe
+
+        head_dim = describe(spec).shape.get("head_dim")
+        if isinstance(head_dim, int) and head_dim % HEAD_DIM_MULTIPLE:
+            raise SpecError("n_heads" if spec.n_heads is not None else "d_model" if spec.d_model is not None
+                            else "model", f"the model's head dim must be a multiple of {HEAD_DIM_MULTIPLE}, got "
+                            f"{head_dim}")
     if why := te_layer_refusal(spec):
         raise SpecError("te_layer", why)
 

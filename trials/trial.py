@@ -64,7 +64,8 @@ def run_trial(spec: TrialSpec, capability: Capability | None = None, process_tri
         facts = models.describe(spec)  # the model's class, resolved config and size (trials/models)
         cfg = facts.analytic  # MiniGPT's ModelConfig where the closed forms apply, else None (FLOPs are counted)
         record.update(effective_device=device, **facts.record())
-        record.update({name: value for name, value in facts.shape.items() if record[name] is None})  # the model's own
+        # the shape fields the model has, read back from what was built (a type may name or derive them its own way)
+        record.update({name: value for name, value in facts.shape.items() if value is not None or record[name] is None})
         if cfg is not None:
             record["n_matmul_params"] = matmul_param_count(cfg)
         if spec.workload == "train":  # the global batch: every rank's rows

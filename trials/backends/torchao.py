@@ -88,12 +88,15 @@ class _Filter:
             self.auto = _auto_filter_for_recipe(auto_recipe, filter_fqns=[keep] if keep else [])
         self.converted: list[str] = []
         self.skipped: dict[str, str] = {}  # qualified name -> why it stays in high precision
+        self.model_keeps: dict[str, str] = {}  # qualified name -> why the model needs it in high precision
 
     def __call__(self, module: nn.Module, fqn: str) -> bool:
         if not isinstance(module, nn.Linear):
             return False
         if fqn == self.keep:
             why = "the layer that makes the logits (kept in BF16, as torchtitan and TE do)"
+        elif fqn in self.model_keeps:  # the model's own reason (trials/models: Built.keep)
+            why = self.model_keeps[fqn]
         elif self.auto is not None:
             why = "" if self.auto(module, fqn) else "torchao's auto filter for the recipe (too small for FP8 to pay)"
         elif module.in_features % FP8_DIM_MULTIPLE or module.out_features % FP8_DIM_MULTIPLE:
@@ -160,6 +163,7 @@ def build(spec: Any, precision: str, device: str) -> Built:
     if precision != "fp8":
         return Built(model, forward=compiled(model, spec), info={"torchao_version": version()}, units=made.units)
     keep = _Filter(made.logits_layer, spec.recipe if spec.fp8_filter == "auto" else None)
+    keep.model_keeps = made.keep  # Linears the model needs in high precision (trials/models: Built.keep)
     config = Float8LinearConfig.from_recipe_name(spec.recipe)
     after_step = None
     if spec.fp8_all_gather:  # FSDP2 all-gathers the FP8 weights; their scales are made once per step for it

@@ -184,13 +184,19 @@ class Facts:
     analytic: Any = None
     attn_width: int | None = None  # heads x head dim: the causal attention term of counted FLOPs
     model_type: str | None = None  # transformers' config.model_type (hf); None for MiniGPT and py: factories
+    # hf: the size values transformers' config class supplied, config name -> value (neither the sweep nor the
+    # config file gave them); None where the source has no such defaults (MiniGPT's are the spec's, py: the factory's)
+    defaults: dict[str, Any] | None = None
+    attn_implementation: str | None = None  # hf: transformers' attention the model was built with (sdpa, eager)
 
     @property
     def n_layers(self) -> int | None:
         return self.shape.get("n_layers")
 
     def record(self) -> dict[str, Any]:
-        return {"model_class": self.model_class, "model_config": self.config_json, "n_params": self.n_params}
+        return {"model_class": self.model_class, "model_config": self.config_json, "n_params": self.n_params,
+                "config_defaults": None if self.defaults is None else json.dumps(self.defaults, sort_keys=True),
+                "attn_implementation": self.attn_implementation}
 
 
 def build(spec: Any, precision: str, device: str) -> Any:

@@ -14,13 +14,16 @@ import torch.nn as nn
 class Built:
     """A source's seeded model for one cell: ``model`` maps ids (b, t) -> logits (b, t, vocab) (a tensor);
     ``logits_layer`` is the qualified name of the Linear that makes the logits (stacks keep it in high
-    precision); ``info``: record fields (model_class, model_config, n_params)."""
+    precision); ``info``: record fields (model_class, model_config, n_params); ``keep``: see below."""
 
     model: nn.Module
     vocab: int
     logits_layer: str | None
     info: dict[str, Any] = field(default_factory=dict)
     units: tuple[str, ...] = ()  # qualified names of its units (decoder layers), its source's rule; () where none
+    # qualified name -> why: Linears a stack must leave in high precision for the model to run (FP8 stacks skip
+    # them, as they skip the logits layer)
+    keep: dict[str, str] = field(default_factory=dict)
 
 
 def dtype_of(precision: str) -> torch.dtype:

@@ -3,7 +3,7 @@
 ``hf:<model_type>`` takes transformers' own config class for the type (``AutoConfig.for_model``: its
 defaults are the full-size model, e.g. Llama-2-7B's shape for ``llama``); ``hf:<path>`` reads a local
 ``config.json`` (or the folder holding one), as published beside a model on the Hub. The spec's shape
-fields override the config's values where given (SHAPE_TO_HF), and ``max_position_embeddings`` is raised
+fields override the config's values where given (SHAPE_NAMES), and ``max_position_embeddings`` is raised
 to ``seq_len`` where it is shorter; every other value is the config's and the resolved config is
 recorded. The model is ``AutoModelForCausalLM.from_config`` with SDPA attention, ``use_cache=False``
 (training keeps no KV cache) and every dropout at 0 (MiniGPT has none; a benchmark step should not
@@ -17,6 +17,7 @@ import difflib
 import functools
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from . import Facts, ModelError, not_found, parse, user_path
@@ -24,10 +25,28 @@ from .common import Built, Logits, dtype_of, inner, largest_module_list, param_c
 
 log = logging.getLogger(__name__)
 
-# trial shape field -> transformers' config attribute (configs map their own names, e.g. GPT-2's n_embd,
-# through ``attribute_map``)
-SHAPE_TO_HF = {"vocab": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers",
-               "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "ffn": "intermediate_size"}
+# trial shape field -> the config attributes that hold it, by the names transformers' types use (configs also map
+# their own names through ``attribute_map``, e.g. GPT-2's n_embd). A spec value sets every name the type has (ffn:
+# its dense MLP, each expert and the shared expert alike); the first name the type has is read back for the record.
+# A field none of whose names the type has is refused (BLOOM's MLP is 4 x hidden_size, no knob).
+SHAPE_NAMES = {
+    "vocab": ("vocab_size",),
+    "d_model": ("hidden_size",),
+    "n_layers": ("decoder_layers", "num_hidden_layers"),  # encoder-decoder types' causal LM is their decoder
+    "n_heads": ("decoder_attention_heads", "num_attention_heads"),
+    "n_kv_heads": ("num_key_value_heads", "num_kv_heads"),  # Falcon derives the first from the second
+    "ffn": ("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", "decoder_ffn_dim", "d_ff", "dim_ff",
+            "moe_intermediate_size", "shared_expert_intermediate_size"),
+}
+# a config that derives the first name from the second (Falcon's KV heads from num_kv_heads and multi_query): a
+# spec value sets the second, and the first is read back
+DERIVED_FROM = {"num_key_value_heads": "num_kv_heads"}
+# types whose FFN width may be None in the config: the MLP is then 4 x hidden_size (GPT-2's n_inner, GPT-Neo's)
+FFN_UNSET_IS = 4
+# other config values that set the model's size: shown beside the shape fields where transformers' defaults
+# supplied them (a bare ``hf:qwen2_moe`` keeps its 60 experts of 1408)
+SIZE_NAMES = ("head_dim", "num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts",
+              "num_experts_per_tok", "n_shared_experts", "num_shared_experts")
 POSITIONS = ("max_position_embeddings",)  # raised to seq_len where shorter
 NOT_CONFIG = ("model_type", "transformers_version", "architectures", "torch_dtype", "dtype", "auto_map",
               "_name_or_path", "quantization_config")  # a config.json's keys that describe a checkpoint, not a shape
@@ -85,35 +104,88 @@ def _base(target: str) -> tuple[str, tuple[tuple[str, Any], ...]]:
 
 
 def _overrides(spec: Any) -> tuple[tuple[str, int], ...]:
-    return tuple((f, getattr(spec, f)) for f in SHAPE_TO_HF if getattr(spec, f) is not None)
+    return tuple((f, getattr(spec, f)) for f in SHAPE_NAMES if getattr(spec, f) is not None)
+
+
+def _has(cfg: Any, name: str) -> bool:
+    """``cfg`` has attribute ``name`` (a per-layer attribute of a heterogeneous config raises on access: no)."""
+    try:
+        return hasattr(cfg, name)
+    except Exception:  # noqa: BLE001 - transformers' per-layer attributes refuse a global read
+        return False
+
+
+def _names(cfg: Any, field_name: str) -> tuple[str, ...]:
+    """The config attributes of ``cfg``'s type that hold the trial field ``field_name`` (SHAPE_NAMES)."""
+    return tuple(n for n in SHAPE_NAMES[field_name] if _has(cfg, n))
+
+
+def _settable(cfg: Any, names: tuple[str, ...]) -> tuple[str, ...]:
+    """Of ``names``, those a value is written to: not one the config derives from another it has (DERIVED_FROM)."""
+    return tuple(n for n in names if not (n in DERIVED_FROM and _has(cfg, DERIVED_FROM[n])))
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A spec's transformers config and where its size values came from: ``given`` the config names the sweep's
+    shape fields set, ``derived`` those that follow from them (head_dim from d_model / n_heads, KV heads at the
+    config's ratio), ``defaults`` the size values transformers' config class supplied (neither the sweep nor the
+    config file gave them: a bare type's full-size model, a config.json without vocab_size)."""
+
+    cfg: Any
+    given: tuple[str, ...]
+    derived: tuple[str, ...]
+    defaults: tuple[tuple[str, Any], ...]
 
 
 def config(spec: Any) -> Any:
     """The resolved transformers config of ``spec``: the type's defaults or the file's values, the spec's shape
     fields over them, positions at least ``seq_len``, no KV cache, no dropout."""
-    return _config(parse(spec.model).target, _overrides(spec), spec.seq_len)
+    return _config(parse(spec.model).target, _overrides(spec), spec.seq_len).cfg
 
 
 @functools.lru_cache(maxsize=64)
-def _config(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int) -> Any:
+def _config(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int) -> Resolved:
     _transformers()
     from transformers import AutoConfig
 
     model_type, items = _base(target)
     values = dict(items)
-    defaults = AutoConfig.for_model(model_type)
+    try:
+        base = AutoConfig.for_model(model_type, **values)  # the file's values over the type's defaults
+    except Exception as exc:  # noqa: BLE001 - a config class's own validation, in its words
+        raise ModelError(f"hf:{target}: transformers refuses the config: {type(exc).__name__}: {exc}") from None
+    aliases = getattr(base, "attribute_map", {}) or {}
+    in_file = {n for n in values} | {n for n, alias in aliases.items() if alias in values}
     given = dict(overrides)
+    set_names: list[str] = []
     for field_name, value in given.items():
-        name = SHAPE_TO_HF[field_name]
-        if not hasattr(defaults, name):
-            raise ModelError(f"hf:{target}: {type(defaults).__name__} has no {name}, so {field_name} cannot set it",
-                             field_name)
-        values[name] = value
-    if {"d_model", "n_heads"} & set(given):  # a head_dim written for the file's own shape would no longer fit
-        values.pop("head_dim", None)
+        names = _names(base, field_name)
+        if not names:
+            raise ModelError(f"hf:{target}: {type(base).__name__} has no {' or '.join(SHAPE_NAMES[field_name])}, "
+                             f"so {field_name} cannot set it; leave {field_name} unset", field_name)
+        for name in _settable(base, names):
+            values[name] = value
+        set_names += names
+    derived: list[str] = []
+    hidden = given.get("d_model", getattr(base, "hidden_size", None))
+    heads = given.get("n_heads", _first(base, "n_heads"))
+    if {"d_model", "n_heads"} & set(given) and "head_dim" in base.to_dict() and isinstance(hidden, int) \
+            and isinstance(heads, int) and heads:  # the type's head_dim was for its own shape: it follows
+        # (a type that computes head_dim, as Falcon does, follows by itself)
+        values["head_dim"] = hidden // heads
+        derived.append("head_dim")
+    kv_names = _names(base, "n_kv_heads")
+    if "n_heads" in given and "n_kv_heads" not in given and kv_names:  # keep the config's query/KV head ratio
+        kv0, heads0 = getattr(base, _settable(base, kv_names)[0], None), _first(base, "n_heads")
+        if isinstance(kv0, int) and isinstance(heads0, int) and heads0:
+            kv = given["n_heads"] * kv0 // heads0
+            for name in _settable(base, kv_names):
+                values[name] = kv if kv >= 1 and given["n_heads"] % kv == 0 else given["n_heads"]
+            derived += kv_names
     if "vocab" in given:  # special token ids past a smaller vocabulary mean nothing here (the data has none)
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            token = values.get(key, getattr(defaults, key, None))
+            token = values.get(key, getattr(base, key, None))
             if isinstance(token, int) and token >= given["vocab"]:
                 values[key] = None
     try:
@@ -127,21 +199,69 @@ def _config(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int) -
     for key, value in cfg.to_dict().items():
         if ("dropout" in key or "pdrop" in key) and isinstance(value, float) and value:
             setattr(cfg, key, 0.0)
-    return cfg
+    for field_name, value in given.items():  # a value the type's own logic overrides never reached the model
+        kept = {n: getattr(cfg, n) for n in _names(cfg, field_name)}
+        if field_name == "ffn":
+            kept = {n: FFN_UNSET_IS * cfg.hidden_size if v is None else v for n, v in kept.items()}
+        if any(v != value for v in kept.values()):
+            wrong = ", ".join(f"{n}={v}" for n, v in kept.items() if v != value)
+            raise ModelError(f"hf:{target}: {field_name}={value} does not reach the model: {type(cfg).__name__} "
+                             f"keeps {wrong}; leave {field_name} unset or set the config's own flags in a "
+                             "config.json", field_name)
+    sizes = [n for f in SHAPE_NAMES for n in _names(cfg, f)] + [n for n in SIZE_NAMES if _has(cfg, n)]
+    # a default is a value nobody gave that is the bare type's own (one the config computes from the given
+    # shape, as llama's KV heads from its heads or Falcon's head_dim property, is not a default; nor is None, a
+    # rule such as GPT-2's 4 x hidden MLP)
+    stored, bare = cfg.to_dict(), _bare(model_type)
+    defaults = tuple((n, stored[n]) for n in dict.fromkeys(sizes)
+                     if n in stored and stored[n] is not None and stored[n] == bare.get(n)
+                     and n not in set_names and n not in derived and n not in in_file)
+    if defaults and in_file:
+        log.warning("hf:%s: %s from transformers' defaults (neither the sweep nor the config file gives them)",
+                    target, ", ".join(f"{n}={v}" for n, v in defaults))
+    return Resolved(cfg, tuple(set_names), tuple(derived), defaults)
+
+
+@functools.lru_cache(maxsize=None)
+def _bare(model_type: str) -> dict[str, Any]:
+    """transformers' default config of ``model_type``, as a dict."""
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(model_type).to_dict()
+
+
+def _first(cfg: Any, field_name: str) -> Any:
+    """The value of ``field_name`` as ``cfg`` holds it: its type's first name for it (None where it has none)."""
+    names = _names(cfg, field_name)
+    return getattr(cfg, names[0]) if names else None
 
 
 def _shape(cfg: Any) -> dict[str, Any]:
-    heads = getattr(cfg, "num_attention_heads", None)
-    return {"vocab": cfg.vocab_size, "d_model": cfg.hidden_size, "n_layers": cfg.num_hidden_layers,
-            "n_heads": heads, "n_kv_heads": getattr(cfg, "num_key_value_heads", heads),
-            "ffn": getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None) or 4 * cfg.hidden_size}
+    """The trial's shape fields read back from the built config (what the model has, not what was asked)."""
+    hidden = cfg.hidden_size
+    heads = _first(cfg, "n_heads")
+    kv = _first(cfg, "n_kv_heads")
+    ffn = _first(cfg, "ffn")
+    return {"vocab": cfg.vocab_size, "d_model": hidden, "n_layers": _first(cfg, "n_layers"), "n_heads": heads,
+            "n_kv_heads": heads if kv is None else kv,
+            "ffn": FFN_UNSET_IS * hidden if ffn is None else ffn}
+
+
+def _attention(cfg: Any) -> str:
+    """The attention implementation the type's model class has: SDPA where it has it, else eager (Gemma 2's
+    soft-capped logits and BLOOM's ALiBi have no SDPA path in transformers)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(cfg)]
+    return "sdpa" if getattr(cls, "_supports_sdpa", False) else "eager"
 
 
 def _from_config(cfg: Any, precision: str) -> Any:
     """The model of ``cfg`` (a copy: transformers writes the dtype and attention choice into the config it gets)."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_config(copy.deepcopy(cfg), dtype=dtype_of(precision), attn_implementation="sdpa")
+    return AutoModelForCausalLM.from_config(copy.deepcopy(cfg), dtype=dtype_of(precision),
+                                            attn_implementation=_attention(cfg))
 
 
 def build(spec: Any, precision: str, device: str) -> Built:
@@ -154,7 +274,42 @@ def build(spec: Any, precision: str, device: str) -> Built:
     wrapped = Logits(model, use_cache=False)
     head = model.get_output_embeddings()
     logits_layer = next((f"model.{n}" for n, m in model.named_modules() if m is head), None)
-    return Built(wrapped, cfg.vocab_size, logits_layer, units=units(wrapped))
+    keep = {f"model.{name}": IN_PLACE for name in _written_in_place(model, device)}
+    return Built(wrapped, cfg.vocab_size, logits_layer, units=units(wrapped), keep=keep)
+
+
+IN_PLACE = ("the model adds to its output in place (e.g. Falcon's mlp_output += attention_output), which a float8 "
+            "matmul's output (a view made inside torchao's autograd Function) cannot take")
+
+
+def _written_in_place(model: Any, device: str) -> list[str]:
+    """The Linears whose output the model's own code modifies in place, seen on one 2-token forward (the output's
+    version counter moves after the Linear returned it). An FP8 stack's matmul output may be a view that
+    autograd forbids modifying so; these stay in high precision. The RNG is left as it was."""
+    import torch
+
+    if torch.device(device).type == "meta":  # nothing runs there (the memory plan's probe, the dry run)
+        return []
+    seen: dict[str, tuple[Any, int]] = {}
+
+    def hook(name: str) -> Any:
+        def record(_module: Any, _inputs: Any, out: Any) -> None:
+            if isinstance(out, torch.Tensor):
+                seen.setdefault(name, (out, out._version))
+        return record
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    devices = [torch.device(device)] if torch.device(device).type == "cuda" else []
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            model(torch.zeros(1, 2, dtype=torch.long, device=device), use_cache=False)
+    except Exception as exc:  # noqa: BLE001 - a look, not the trial: the step itself says what fails
+        log.info("no in-place check of the model's Linears (%s: %s)", type(exc).__name__, exc)
+        return []
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [name for name, (out, version) in seen.items() if out._version != version]
 
 
 def units(model: Any) -> tuple[str, ...]:
@@ -181,18 +336,28 @@ def _describe(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int)
     """Built on the meta device (no memory, no init): the class and the exact parameter count of the full model."""
     import torch
 
-    cfg = _config(target, overrides, seq_len)
+    resolved = _config(target, overrides, seq_len)
+    cfg = resolved.cfg
     try:
         with torch.device("meta"):
             model = _from_config(cfg, "bf16")
     except Exception as exc:  # noqa: BLE001 - the modelling code's own checks (heads dividing hidden, ...)
         raise ModelError(f"hf:{target}: transformers cannot build it: {type(exc).__name__}: {exc}") from None
     shape = _shape(cfg)
+    head = model.get_output_embeddings()
+    width = head.weight.shape[0] if head is not None and getattr(head, "weight", None) is not None else None
+    if width is not None and width != shape["vocab"]:  # the logits are the head's, whatever vocab_size says
+        if "vocab" in dict(overrides):
+            raise ModelError(f"hf:{target}: vocab={shape['vocab']} does not reach the model: its LM head "
+                             f"({type(model).__name__}) makes {width} logits; leave vocab unset", "vocab")
+        shape["vocab"] = width
     heads = shape["n_heads"] or 1
-    head_dim = getattr(cfg, "head_dim", None) or shape["d_model"] // heads
+    head_dim = (getattr(cfg, "head_dim", None) if _has(cfg, "head_dim") else None) or shape["d_model"] // heads
+    shape["head_dim"] = head_dim
     values = {k: v for k, v in cfg.to_dict().items() if k not in ("dtype", "torch_dtype", "transformers_version")}
     return Facts(type(model).__name__, to_json(values), param_count(model), shape,
-                 attn_width=heads * head_dim, model_type=cfg.model_type)
+                 attn_width=heads * head_dim, model_type=cfg.model_type,
+                 defaults=dict(resolved.defaults), attn_implementation=model.config._attn_implementation)
 
 
 def check(spec: Any) -> None:

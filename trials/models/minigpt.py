@@ -41,7 +41,7 @@ def describe(spec: Any) -> Facts:
 
     cfg = ModelConfig.from_spec(spec)
     shape = {"vocab": cfg.vocab, "d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
-             "n_kv_heads": spec.n_kv_heads, "ffn": cfg.ffn}
+             "n_kv_heads": spec.n_kv_heads, "ffn": cfg.ffn, "head_dim": cfg.d_model // cfg.n_heads}
     return Facts(MiniGPT.__name__, to_json(dataclasses.asdict(cfg)), param_count(cfg), shape, analytic=cfg,
                  attn_width=cfg.d_model)
 

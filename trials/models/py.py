@@ -196,6 +196,7 @@ def describe(spec: Any) -> Facts:
         n_params, name, vocab = None, parse(spec.model).target.rpartition(":")[2], spec.vocab
     shape = {f: getattr(spec, f) for f in ("d_model", "n_layers", "n_heads", "n_kv_heads", "ffn")}
     shape["vocab"] = vocab
+    shape["head_dim"] = spec.d_model // spec.n_heads if spec.d_model and spec.n_heads else None
     return Facts(name, to_json({"factory": spec.model, **shape}), n_params, shape, attn_width=spec.d_model)
 
 

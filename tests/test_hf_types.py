@@ -1,0 +1,154 @@
+"""Issue 45 item 4: every causal LM type transformers builds from a config runs one training step through the hf:
+model source (tiny shape, torch fp32, CPU), with the attention implementation the type has (gemma2 and bloom have no
+SDPA path: eager, recorded). A type that breaks fails here. Types that cannot be a trial's model are skipped with the
+reason; types that break today at the tiny shape are listed with what breaks (strict xfail: a fix shows up as a
+failure to update the list). A few representative types run in the default suite; the long tail (about 190 types,
+~2-3 minutes on 2 cores) is marked slow and runs with ``JUICYTALK_HF_TYPES=1 pytest tests/test_hf_types.py`` (this
+suite runs its ``slow`` tests by default, so the tail is opt-in)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from trials import TrialSpec, models
+from trials.spec import check_model
+
+pytest.importorskip("transformers")
+
+from trials.models.hf import _causal_types  # noqa: E402 - after the importorskip
+
+SHAPE = dict(d_model=64, n_layers=2, n_heads=4, vocab=96, seq_len=16, batch_size=2, device="cpu", backend="torch",
+             precision="fp32")
+# run in the default suite: the Llama family, the two without SDPA, Falcon's own names, GPT-2 / OPT's MLP names,
+# MoE, head_dim-carrying types
+FAST = ("llama", "gemma2", "bloom", "falcon", "gpt2", "opt", "mixtral", "qwen2_moe", "qwen3", "gemma3_text")
+ALL_TYPES = "JUICYTALK_HF_TYPES"  # set: every type runs (the suite's `slow` marker still runs, so opt in here)
+# cannot be a trial's model (a JuicyTalk trial feeds token ids and reads logits)
+SKIP: dict[str, str] = {}
+# break today at the tiny shape (d_model 64, 4 heads, 2 layers, transformers 5.25): what breaks. "crashes": the
+# config builds but the step fails (a trial would end in an error record); "refused": check_model says why in one
+# line, exit 2 (a size of the type's own that does not follow d_model / n_heads / n_layers)
+_CRASH = 'crashes in the step (an error record, not a one-line refusal): '
+_REFUSED = 'refused in one line at the tiny shape: '
+_MLA = "multi-head latent attention's qk_rope_head_dim / v_head_dim / qk_nope_head_dim do not follow n_heads"
+BROKEN: dict[str, str] = {
+    "axk1": _CRASH + _MLA, "deepseek_v3": _CRASH + _MLA, "longcat_flash": _CRASH + _MLA, "youtu": _CRASH + _MLA,
+    "deepseek_v2": _CRASH + "topk k is None (its default topk_group / num_experts_per_tok at the tiny shape)",
+    "codegen": _CRASH + "rotary_dim 64 is wider than the 16-wide head", "gptj": _CRASH + "rotary_dim 64 > head dim 16",
+    "mimo_v2_flash": _CRASH + "its own head split gives 0 heads at n_heads 4",
+    "xmod": _CRASH + "needs a language id (XmodPreTrainedModel.set_default_language)",
+    "cohere_compass_text": _REFUSED + "transformers cannot build it: KeyError 'full_attention'",
+    "cwm": _REFUSED + "bos_token_id must be an int (a vocab of 96 drops the type's 128000)",
+    "modernbert-decoder": _REFUSED + "pad_token_id must be an int (a vocab of 96 drops the type's)",
+    "dbrx": _REFUSED + "DbrxAttentionConfig has no rope_theta (its sizes live in attn_config / ffn_config)",
+    "dots1": _REFUSED + "transformers cannot build its default MoE (num_local_experts None)",
+    "lfm2_moe": _REFUSED + "transformers cannot build it: 'NoneType' object is not subscriptable",
+    "nemotron": _REFUSED + "transformers cannot build it: head_dim None",
+    "gemma3n_text": _REFUSED + "its per-layer KV-sharing layers do not fit 2 layers",
+    "gemma4_assistant": _REFUSED + "hidden_size_per_layer_input does not follow d_model",
+    "gpt_neo": _REFUSED + "attention_layers (24 entries) does not follow n_layers",
+    "hrm_text": _REFUSED + "n_layers=2 does not reach the model (num_hidden_layers is derived, 16)",
+    "nemotron_h": _REFUSED + "n_layers=2 does not reach the model (layers come from its hybrid pattern)",
+    "zamba": _REFUSED + "layers_block_type does not follow n_layers", "zamba2": _REFUSED + "layers_block_type does "
+    "not follow n_layers",
+    "kolibri1_1": _REFUSED + "index_num_heads does not follow n_heads", "xlnet": _REFUSED + "d_head does not follow "
+    "d_model / n_heads",
+    "mamba2": _REFUSED + "num_heads * head_dim must equal hidden_size * expand (its heads are not n_heads)",
+    "prophetnet": _REFUSED + "num_hidden_layers cannot be set (num_encoder_layers / num_decoder_layers)",
+    "reformer": _REFUSED + "ReformerModelWithLMHead needs is_decoder=True",
+    "inkling2_text": _REFUSED + "vocab=96 does not reach the model (its LM head makes 200058 logits)",
+    "inkling2_loop_text": _REFUSED + "vocab=96 does not reach the model (its LM head makes 200058 logits)",
+}
+
+
+def _config(model_type: str) -> object:
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(model_type)
+
+
+def _tiny(model_type: str) -> dict:
+    """The tiny shape, the fields the type has a knob for (an attention-free Mamba has no heads, BLOOM no ffn)."""
+    from trials.models.hf import _names
+
+    cfg = _config(model_type)
+    shape = {**SHAPE, "ffn": 128}
+    return {k: v for k, v in shape.items() if k not in ("d_model", "vocab", "n_layers", "n_heads", "ffn")
+            or _names(cfg, k)}
+
+
+def _composite(model_type: str) -> str:
+    """Why a type's config is a multimodal wrapper ('' where it is not): its sizes live in sub-configs."""
+    try:
+        cfg = _config(model_type)
+    except Exception:  # noqa: BLE001 - transformers refuses its own default config: the test says so
+        return ""
+    subs = sorted(getattr(cfg, "sub_configs", {}) or {})
+    if subs and not (_has(cfg, "vocab_size") and _has(cfg, "hidden_size")):
+        return f"a composite config (sub-configs {', '.join(subs)}): its text model is a type of its own"
+    return ""
+
+
+def _has(cfg: object, name: str) -> bool:
+    from trials.models.hf import _has as has
+
+    return has(cfg, name)
+
+
+def _param(model_type: str) -> object:
+    marks = [] if model_type in FAST else [pytest.mark.slow, pytest.mark.skipif(
+        not os.environ.get(ALL_TYPES), reason=f"the long tail of the causal LM types (~2-3 min on 2 cores): "
+        f"{ALL_TYPES}=1 pytest tests/test_hf_types.py")]
+    why = SKIP.get(model_type) or _composite(model_type)
+    if why:
+        marks.append(pytest.mark.skip(reason=why))
+    elif model_type in BROKEN:
+        marks.append(pytest.mark.xfail(reason=BROKEN[model_type], strict=True))
+    return pytest.param(model_type, marks=marks, id=model_type)
+
+
+@pytest.mark.parametrize("model_type", [_param(t) for t in _causal_types()[1]])
+def test_every_causal_lm_type_trains_one_step(model_type):
+    shape = _tiny(model_type)
+    spec = TrialSpec(model=f"hf:{model_type}", **shape)
+    check_model(spec)
+    built = models.build(spec, "fp32", "cpu")
+    ids = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(0))
+    logits = built.model(ids)  # (2, 16, 96)
+    assert logits.shape == (2, 16, 96)
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 96).float(), ids.reshape(-1))
+    loss.backward()
+    assert torch.isfinite(loss)
+    facts = models.describe(spec)
+    assert facts.shape["vocab"] == 96 and all(facts.shape[k] == v for k, v in shape.items() if k in facts.shape)
+    assert facts.attn_implementation in ("sdpa", "eager", "flash_attention_2", "flex_attention") or \
+        facts.attn_implementation is None
+
+
+def test_gemma2_and_bloom_build_with_eager_attention_and_record_it():
+    """transformers has no SDPA path for them: built with eager (main refused them), recorded as a field."""
+    for model_type in ("gemma2", "bloom"):
+        assert models.describe(TrialSpec(model=f"hf:{model_type}", **SHAPE)).attn_implementation == "eager"
+    assert models.describe(TrialSpec(model="hf:llama", **SHAPE)).attn_implementation == "sdpa"
+
+
+def test_falcon_keeps_the_linear_it_adds_to_in_place_out_of_fp8():
+    """Falcon's decoder does mlp_output += attention_output; a torchao float8 matmul's output is a view autograd
+    will not let it modify (main: RuntimeError in the step, an error record). The model source finds that Linear,
+    torchao leaves it in BF16 and converts the rest; one step runs."""
+    import json
+
+    from trials import backends
+
+    spec = TrialSpec(model="hf:falcon", **{**SHAPE, "ffn": 128, "precision": "fp8", "backend": "torchao",
+                                           "recipe": "tensorwise"})
+    built = backends.build(spec, "torchao", "fp8", "cpu")
+    skipped = json.loads(built.info["fp8_skipped_modules"])
+    assert skipped == ["model.transformer.h.0.mlp.dense_4h_to_h", "model.transformer.h.1.mlp.dense_4h_to_h",
+                       "model.lm_head"] and built.info["fp8_converted_modules"] == 6
+    ids = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(0))
+    logits = built.model(ids)
+    torch.nn.functional.cross_entropy(logits.reshape(-1, 96).float(), ids.reshape(-1)).backward()
