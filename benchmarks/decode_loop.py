@@ -17,8 +17,8 @@ import torch
 
 from plain_check import graphed_ms_per_step  # benchmarks/ is this script's directory
 from trials import TrialSpec
-from trials.decode import Generator, TwinCache
-from trials.model import MiniGPT, ModelConfig
+from trials.workloads.decode import Generator, TwinCache
+from trials.models.minigpt_net import MiniGPT, ModelConfig
 
 
 def bare_ms_per_token(model: MiniGPT, rows: int, max_len: int, start: int, steps: int, repeats: int) -> list[float]:

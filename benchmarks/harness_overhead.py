@@ -1,13 +1,13 @@
 """How much does the harness cost? Our step timing vs a bare loop, and a trial vs the tutorial's loop.
 
 All in one process, on one config (default: the tutorial's 768x4, batch 32, seq 256, TE BF16):
-  harness   - the trial's timing code (``trials.bench.benchmark``: per-step CUDA event pairs, no host
+  harness   - the trial's timing code (``trials.measure.bench.benchmark``: per-step CUDA event pairs, no host
               sync inside a block) against a bare loop of the *same* step object (one event pair
               around all steps), interleaved round by round: the cost of measuring per step.
   trial     - ``run_trial``'s reported step_ms_mean (fresh model, fused AdamW, no per-step sync)
   tutorial  - the tutorial's loop on the same model: default AdamW, ``loss.item()`` every step,
               host clock around the loop
-  plain     - (torch and torchao backends) the same computation written here without trials.train or
+  plain     - (torch and torchao backends) the same computation written here without trials.workloads.train_step or
               trials.backends: the twin, torchao's convert_to_float8_training called directly (block
               Linears, the head kept in BF16), torch.compile, fused AdamW, one event pair around the
               steps: what a user's own loop would time
@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 
 from trials import TrialSpec, run_trial
-from trials import te_compat
-from trials.data import ArithmeticSequences
-from trials.bench import benchmark
-from trials.train import build_train_step
+from trials.backends import te_compat
+from trials.workloads.data import ArithmeticSequences
+from trials.measure.bench import benchmark
+from trials.workloads.train_step import build_train_step
 
 
 def _fresh_step(spec: TrialSpec, tutorial: bool = False):
@@ -88,7 +88,7 @@ def _median(values):
 
 def plain_ms(spec: TrialSpec, steps: int) -> float:
     """The twin's step as a user writes it, converted and compiled here, timed with one event pair."""
-    from trials.model import MiniGPT, ModelConfig
+    from trials.models.minigpt_net import MiniGPT, ModelConfig
 
     torch.manual_seed(spec.seed)
     model = MiniGPT(ModelConfig.from_spec(spec), torch.bfloat16, "cuda")

@@ -2,7 +2,7 @@
 
 For every graphed ``hf:`` serving cell of a sweep file (default ``examples/your-model-infer.yaml``) on the torch,
 torchao and TE BF16 stacks, in one process on one GPU, interleaved round by round:
-  trial  - ``run_trial``'s decode_ms_per_token_p50 (the harness: trials/serving/hf.py's StaticGenerator, the
+  trial  - ``run_trial``'s decode_ms_per_token_p50 (the harness: trials/workloads/serving/hf.py's StaticGenerator, the
            decode step captured with the token copy, position fill and per-step CUDA events outside the graph)
   plain  - the same model written here without the harness: ``AutoModelForCausalLM.from_config`` (BF16, SDPA;
            benchmarks/hf_loop.py's ``plain_model``), torchao's ``quantize_`` called directly for FP8 cells
@@ -31,7 +31,8 @@ import torch.nn as nn
 from hf_loop import fp8_layer, plain_model  # benchmarks/ is this script's directory
 from orchestrator.sweep import load_sweep
 from plain_check import compare, graphed_ms_per_step
-from trials import TrialSpec, te_compat
+from trials import TrialSpec
+from trials.backends import te_compat
 
 STACKS = ("torch", "torchao", "te")
 

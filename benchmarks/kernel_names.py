@@ -1,9 +1,9 @@
-"""Kernel names from real records, with the class trials/kernels.py gives each: the fixture's source.
+"""Kernel names from real records, with the class trials/measure/kernels.py gives each: the fixture's source.
 
 Reads the ``kernel_table`` of every record under the given result directories (sweeps run on a GPU)
 and prints one line per distinct kernel name: class, ms per step summed over the records, the name.
 With ``--write FILE``, writes ``{name: class}`` for review: a wrong class is corrected by changing a
-rule in trials/kernels.py, never by editing the file (tests/test_why.py checks every name against it).
+rule in trials/measure/kernels.py, never by editing the file (tests/test_why.py checks every name against it).
 Usage: python benchmarks/kernel_names.py DIR [DIR ...] [--write tests/fixtures/h200_kernels.json]
 """
 
@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from orchestrator.store import read_results
-from trials.kernels import classify
+from trials.measure.kernels import classify
 
 
 def main() -> None:

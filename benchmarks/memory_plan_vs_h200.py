@@ -1,4 +1,4 @@
-"""The memory plan (trials/memory_plan.py) against the peaks the published H200 runs measured.
+"""The memory plan (trials/measure/memory_plan.py) against the peaks the published H200 runs measured.
 
 Every ``ok`` training record under docs/results/h200 (one per cell and run) is turned back into its spec and
 planned on this machine (no GPU needed: the plan runs the module under fake tensors); the measured peak is
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from trials import memory_plan
+from trials.measure import memory_plan
 from trials.spec import TrialSpec
 
 INTS = ("n_kv_heads", "vocab", "d_model", "n_layers", "n_heads", "ffn", "batch_size", "seq_len", "world_size")

@@ -1,7 +1,7 @@
 """What the kernel breakdown costs a trial, and whether tracing host operators changes what it finds.
 
 Builds one cell's training step, times nothing, and profiles the same steps twice with
-trials/kernels.py: kernels only (what trials do) and kernels plus host operators. Prints each
+trials/measure/kernels.py: kernels only (what trials do) and kernels plus host operators. Prints each
 profile's wall time and per-class ms per step.
 Usage: python benchmarks/profile_cost.py [--backend te] [--precision bf16] [--d-model 4096] [--steps 3]
 """
@@ -13,9 +13,9 @@ import argparse
 import torch
 
 from trials import TrialSpec
-from trials.data import ArithmeticSequences
-from trials.kernels import profile
-from trials.train import build_train_step
+from trials.workloads.data import ArithmeticSequences
+from trials.measure.kernels import profile
+from trials.workloads.train_step import build_train_step
 
 
 def main() -> None:

@@ -18,9 +18,10 @@ torch_import_s = time.perf_counter() - t_import
 
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from trials import TrialSpec, te_compat  # noqa: E402
-from trials.data import ArithmeticSequences  # noqa: E402
-from trials.train import build_train_step  # noqa: E402
+from trials import TrialSpec  # noqa: E402
+from trials.backends import te_compat
+from trials.workloads.data import ArithmeticSequences  # noqa: E402
+from trials.workloads.train_step import build_train_step  # noqa: E402
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Does profiling one trial slow the trials after it in the same process? (trials/kernels.py profiles
+"""Does profiling one trial slow the trials after it in the same process? (trials/measure/kernels.py profiles
 every trial after its timed steps, and the warm launcher runs many trials in one process.)
 
 Runs each cell three times in this one process: profile off, profile on, profile off again, and

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from orchestrator.report import build_report
 from orchestrator.store import RECORD_SCHEMA
-from trials.record import empty_record
+from trials.record.fields import empty_record
 
 VARIANTS = [("te", "bf16", None), ("te", "fp8", "delayed"), ("te", "fp8", "current"), ("torch", "bf16", None),
             ("torch", "fp32", None)]

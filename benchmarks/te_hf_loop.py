@@ -5,7 +5,7 @@ converted model, on the same GPU, in one call. This is that loop: the model is t
 ``AutoModelForCausalLM.from_config`` (random seeded init, SDPA, BF16, no KV cache), converted by
 ``trials/backends/te_convert.py`` (``swap`` or ``transformer_layer``; ``none`` times the HF model itself), and
 each step is the harness's step without the harness: forward under ``te.autocast`` with the cell's recipe (none
-for BF16), FP32 cross-entropy on the next tokens, backward, fused AdamW (``trials.train.make_optimizer``),
+for BF16), FP32 cross-entropy on the next tokens, backward, fused AdamW (``trials.workloads.train_step.make_optimizer``),
 ``zero_grad(set_to_none=True)``. After ``--warmup`` untimed steps, each of ``--steps`` steps is timed with its
 own pair of CUDA events, as the harness times its steps, and the median is taken.
 
@@ -37,9 +37,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trials import TrialSpec, te_compat
+from trials import TrialSpec
+from trials.backends import te_compat
 from trials.backends import te_convert
-from trials.train import make_optimizer
+from trials.workloads.train_step import make_optimizer
 
 SHAPE_TO_HF = {"vocab": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers",
                "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "ffn": "intermediate_size"}

@@ -41,7 +41,7 @@ def main() -> None:
         os.environ["TRITON_CACHE_DIR"] = os.path.join(args.cache, "triton")
     t0 = time.perf_counter()
     from trials import TrialSpec
-    from trials.teacher_forced import Partners
+    from trials.workloads.teacher_forced import Partners
     from trials.trial import run_trial
 
     print(f"import trials {time.perf_counter() - t0:.1f} s", flush=True)

@@ -36,7 +36,7 @@ def _console() -> Console:
 def _quiet_ray_logs(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    from trials.noise import quiet_third_party
+    from trials.runtime.noise import quiet_third_party
 
     quiet_third_party(verbose)
     if not verbose:
@@ -66,7 +66,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     storage = args.out or sweep.storage or DEFAULT_OUT
     console = _console()
     if args.dry_run:
-        from trials.record import FINAL_STATUSES
+        from trials.record.fields import FINAL_STATUSES
 
         from .tables import print_table
         from .plan import (config_defaults, cpu_matmul_flops_per_s, expected_ooms, host_memory_bytes, local_gpu_memory_bytes,
@@ -142,8 +142,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                   + f"; driver wall {outcome.wall_s:.1f}s (Ray's start included)", soft_wrap=True)
     if note := resources_note(sweep.resources, outcome.resources):
         console.print(note, soft_wrap=True)
-    if outcome.ran and args.address is None:  # trials ran here: their start is this Python's (trials/bytecode.py)
-        from trials.bytecode import advice
+    if outcome.ran and args.address is None:  # trials ran here: their start is this Python's (trials/runtime/bytecode.py)
+        from trials.runtime.bytecode import advice
 
         if slow := advice():
             console.print(f"[yellow]slow start[/] {slow}", soft_wrap=True)
@@ -230,18 +230,18 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from trials.noise import quiet_third_party
+    from trials.runtime.noise import quiet_third_party
 
     quiet_third_party()
-    from trials.capability import probe
-    from trials.fingerprint import fingerprint
-    from trials.metrics import peak_tflops
-    from trials.nvml import power_and_clocks
+    from trials.backends.capability import probe
+    from trials.measure.fingerprint import fingerprint
+    from trials.measure.metrics import peak_tflops
+    from trials.measure.nvml import power_and_clocks
 
     cap = probe("auto", want_te=True, want_torchao=True)
     info = {"capability": cap.as_dict(), "fingerprint": fingerprint(cap.device_type), "power": power_and_clocks()}
     info["peaks_tflops"] = {p: peak_tflops(cap.gpu_name, p) for p in ("bf16", "fp8", "fp32")}
-    from trials.bytecode import advice
+    from trials.runtime.bytecode import advice
 
     info["bytecode"] = advice()
     from importlib import metadata
@@ -324,7 +324,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_fields(args: argparse.Namespace) -> int:
-    from trials.record import field_table
+    from trials.record.fields import field_table
 
     print(field_table(), end="")
     return 0

@@ -179,7 +179,7 @@ class Outcome:
     wall_s: float = 0.0
     error: str = ""
     gpu_name: str = ""
-    launch_bound: bool = False  # the record's: issuing a step took the host >= 80% of its GPU time (trials.bench)
+    launch_bound: bool = False  # the record's: issuing a step took the host >= 80% of its GPU time (trials.measure.bench)
 
 
 @dataclass

@@ -13,8 +13,9 @@ from typing import Any
 
 from rich.table import Table
 
-from trials import memory_plan, models
-from trials.metrics import flops_per_step
+from trials.measure import memory_plan
+from trials import models
+from trials.measure.metrics import flops_per_step
 from trials.spec import TrialSpec
 
 from .store import Store, trial_key
@@ -26,14 +27,14 @@ CPU_SLOW_S = 3600.0  # a CPU cell whose steps need longer than this, at the host
 
 def estimate_memory_bytes(spec: TrialSpec) -> int:
     """One rank's peak for a training step (an estimate for planning, not a promise): the memory plan of
-    trials/memory_plan.py, from the module the model source builds, run once under fake tensors."""
+    trials/measure/memory_plan.py, from the module the model source builds, run once under fake tensors."""
     return memory_plan.plan(spec).total
 
 
 def unsupported_here(sweep: Sweep) -> dict[str, str]:
     """cell id -> why the cell would be recorded ``unsupported`` on this machine (what a trial here would
-    resolve: the same probe and rules, ``trials.capability``). A cluster's GPU nodes may differ."""
-    from trials.capability import probe, resolve, wants_torchao
+    resolve: the same probe and rules, ``trials.backends.capability``). A cluster's GPU nodes may differ."""
+    from trials.backends.capability import probe, resolve, wants_torchao
 
     want_te = any(cell.spec.backend in ("te", "auto") for cell in sweep.cells)
     want_torchao = any(wants_torchao(cell.spec) for cell in sweep.cells)
@@ -176,7 +177,7 @@ def expected_ooms(rows: list[dict[str, Any]], gpu_memory_bytes: int | None,
                   host_memory_bytes: int | None = None) -> list[str]:
     """One line per ``plan_rows`` cell whose estimate exceeds the memory where it runs: the GPU's, or the
     host's for a CPU cell (it still runs, and records oom if it does); a GPU training cell's line names the
-    cheapest setting that would fit (trials/memory_plan.py: checkpointing first, then FSDP2 ranks)."""
+    cheapest setting that would fit (trials/measure/memory_plan.py: checkpointing first, then FSDP2 ranks)."""
     out = []
     for row in rows:
         limit = _limit(row, gpu_memory_bytes, host_memory_bytes)

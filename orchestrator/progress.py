@@ -15,7 +15,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from trials.record import FINAL_STATUSES
+from trials.record.fields import FINAL_STATUSES
 
 from .store import Store
 from .work import WorkItem
@@ -86,7 +86,7 @@ class SweepProgress:
 
 def _reasons(records: Any) -> tuple[dict[str, str | None], dict[str, str]]:
     """(key -> p50 text, key -> the first line of its record's error, or for a trial that ran ok but whose timed
-    steps something else slowed, what did (trials/disturbance.py), or that asked FP8 and ran none, so) from the
+    steps something else slowed, what did (trials/measure/disturbance.py), or that asked FP8 and ran none, so) from the
     records."""
     p50, why = {}, {}
     if records is not None and records.num_rows:
@@ -96,7 +96,7 @@ def _reasons(records: Any) -> tuple[dict[str, str | None], dict[str, str]]:
                    for n in names)
         for cid, s, step, decode, error, disturbed, asked, ran, share in zip(*columns):
             p50[f"{cid}-s{s}"] = f"{step:.2f}" if step is not None else f"{decode:.2f}/tok" if decode is not None else None
-            # an ok FP8 trial that ran no FP8 worth the name (trials.metrics.fp8_ran) is not an FP8 result
+            # an ok FP8 trial that ran no FP8 worth the name (trials.measure.metrics.fp8_ran) is not an FP8 result
             not_fp8 = (f"ran {ran}, not an FP8 result: " + (f"{share:.0%} of its FLOPs in FP8" if share is not None
                                                             else "no FP8") + " (fp8_skipped_why)"
                        if asked == "fp8" and ran not in ("fp8", None) else "")

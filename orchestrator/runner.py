@@ -23,8 +23,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
-from trials.environ import environ
-from trials.record import FINAL_STATUSES
+from trials.runtime.environ import environ
+from trials.record.fields import FINAL_STATUSES
 
 from . import embedded_ray
 from .launchers import LAUNCHERS, LaunchSettings, prestart

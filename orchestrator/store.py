@@ -32,8 +32,8 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from trials.atomic import temporary_name, write_atomic
-from trials.record import ALL_FIELDS, FINAL_STATUSES, SCHEMA_VERSION, validate
+from trials.record.atomic import temporary_name, write_atomic
+from trials.record.fields import ALL_FIELDS, FINAL_STATUSES, SCHEMA_VERSION, validate
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def trial_key(cell_id: str, sample: int) -> str:
 
 def commit(fs: pafs.FileSystem, final: str, write) -> None:
     """``write(path)`` a file that appears at ``final`` whole or not at all: locally fsynced and renamed
-    (``trials.atomic``), elsewhere written beside it and moved; a full disk is :class:`StorageFull`."""
+    (``trials.record.atomic``), elsewhere written beside it and moved; a full disk is :class:`StorageFull`."""
     try:
         if isinstance(fs, pafs.LocalFileSystem):
             write_atomic(final, write)

@@ -18,7 +18,7 @@ from typing import Any
 import ray
 from ray import tune
 
-from trials import nvml
+from trials.measure import nvml
 from trials.models import CWD_ENV
 
 from .launchers import LaunchSettings, TrialDied, make_launcher

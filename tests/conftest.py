@@ -225,7 +225,7 @@ def te():
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from trials.te_compat import import_te
+    from trials.backends.te_compat import import_te
 
     try:
         return import_te()
@@ -257,6 +257,6 @@ def running_trial(running: Path, min_age_s: float = 0.0):
 
 def tf_compared() -> list[str]:
     """The teacher-forced fields a BF16 partner's read decides (not its timing, nor whether it was kept)."""
-    from trials.record import FIELD_NAMES
+    from trials.record.fields import FIELD_NAMES
 
     return [name for name in FIELD_NAMES if name.startswith("tf_") and name not in ("tf_s", "tf_partner_reused")]

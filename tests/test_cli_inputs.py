@@ -49,7 +49,7 @@ def test_export_to_an_mlflow_server_that_does_not_answer_is_one_line(capsys, tmp
 def test_dry_run_of_a_finished_sweep_says_none_would_run(capsys, tmp_path):
     from orchestrator.store import Store
     from orchestrator.sweep import load_sweep
-    from trials.record import empty_record
+    from trials.record.fields import empty_record
 
     path = tmp_path / "done.yaml"
     path.write_text("name: done\ngrid: {d_model: [32, 64]}\nfixed: {device: cpu}\n")

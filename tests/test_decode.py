@@ -1,10 +1,10 @@
-"""KV-cached generation (trials.decode) against recomputing the whole prefix, on the CPU twin."""
+"""KV-cached generation (trials.workloads.decode) against recomputing the whole prefix, on the CPU twin."""
 
 import pytest
 import torch
 
-from trials.decode import Generator
-from trials.model import MiniGPT, ModelConfig
+from trials.workloads.decode import Generator
+from trials.models.minigpt_net import MiniGPT, ModelConfig
 
 CONFIGS = [ModelConfig(vocab=96, d_model=64, n_layers=2, n_heads=4, ffn=128, seq_len=48),
            ModelConfig(vocab=96, d_model=64, n_layers=2, n_heads=8, ffn=96, seq_len=48, arch="llama", n_kv_heads=2)]

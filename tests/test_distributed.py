@@ -73,7 +73,7 @@ def test_multi_rank_settings_that_cannot_run_name_their_field(values, field):
 SHARD_CHECK = """
 import torch, torch.distributed as dist, torch.nn as nn
 from torch.distributed.fsdp import fully_shard
-from trials.distributed import local_shard
+from trials.parallel.ranks import local_shard
 dist.init_process_group("gloo")
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(8, 5), nn.Linear(5, 7))  # 5 and 7 rows: uneven shards over 2 ranks

@@ -1,4 +1,4 @@
-"""Timing that knows when it was disturbed (trials/disturbance.py): a real CPU cell timed beside busy processes on
+"""Timing that knows when it was disturbed (trials/measure/disturbance.py): a real CPU cell timed beside busy processes on
 its own core is flagged, one timed alone is not.
 
 The CI machine has 2 cores and the suite runs 3 xdist workers on them (tests/conftest.py), at niceness 15: no
@@ -7,7 +7,7 @@ suite's other processes (15, or Ray's daemons at 0) get ~1% of that core at most
 1024 and 36; where the kernel groups sessions (autogroup), this session's group is raised the same way):
 "alone" is made, not hoped for. The busy case adds two busy processes on that core at the same
 niceness: the scheduler gives each of the three a third, so the timed thread waits ~2/3 of the time it wants the
-core, against a 20% limit (trials.disturbance.WAIT_SHARE_LIMIT); alone it waits ~0-1%. Raising a priority needs
+core, against a 20% limit (trials.measure.disturbance.WAIT_SHARE_LIMIT); alone it waits ~0-1%. Raising a priority needs
 CAP_SYS_NICE (root on CI): without it, the tests skip and say so.
 """
 
@@ -29,7 +29,7 @@ from orchestrator.report import build_report
 from orchestrator.store import Store
 from orchestrator.work import WorkItem
 from trials import TrialSpec, run_trial
-from trials.disturbance import WAIT_SHARE_LIMIT
+from trials.measure.disturbance import WAIT_SHARE_LIMIT
 
 from .conftest import wait_for
 

@@ -1,4 +1,4 @@
-"""The per-layer FP8 reads (trials/fp8_layers.py): cast health on tensors built to a known share, SQNR and outlier
+"""The per-layer FP8 reads (trials/measure/fp8_layers.py): cast health on tensors built to a known share, SQNR and outlier
 statistics on known signals, and a tiny torchao tensorwise model read twice from one seed."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trials import TrialSpec
-from trials.fp8_layers import cast_health, outlier_stats, sqnr_db
+from trials.measure.fp8_layers import cast_health, outlier_stats, sqnr_db
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
@@ -52,9 +52,9 @@ def test_a_tiny_torchao_tensorwise_model_reads_every_fp8_layer_finite_and_the_sa
     above torchao's own floors at this size, cast shares in [0, 1], each direction; built twice from one seed, the
     same values bit for bit, and the model's gradients left empty."""
     pytest.importorskip("torchao")
-    from trials import fp8_floors, fp8_layers
+    from trials.measure import fp8_floors, fp8_layers
     from trials.backends import numerics
-    from trials.train import build_train_step
+    from trials.workloads.train_step import build_train_step
 
     spec = TrialSpec(backend="torchao", precision="fp8", recipe="tensorwise", arch="llama", d_model=32, n_layers=2,
                      seq_len=16, device="cpu")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trials import TrialSpec, run_trial
-from trials.model import MiniGPT, ModelConfig, param_count, twin_state_from_te
+from trials.models.minigpt_net import MiniGPT, ModelConfig, param_count, twin_state_from_te
 
 from .conftest import tf_compared
 
@@ -130,9 +130,10 @@ def _fp8_meta(model) -> list[torch.Tensor]:
 def test_the_teacher_forced_read_leaves_te_delayed_scaling_state_exactly_as_it_was(te):
     """The FP8 read of a trained delayed-scaling model (te_compat.fp8_meta_kept around it) leaves every scale and
     amax history bit for bit as they were; the same read without it changes them (so the guard is needed)."""
-    from trials import te_compat, teacher_forced
-    from trials.data import ArithmeticSequences
-    from trials.train import build_train_step, train
+    from trials.backends import te_compat
+    from trials.workloads import teacher_forced
+    from trials.workloads.data import ArithmeticSequences
+    from trials.workloads.train_step import build_train_step, train
 
     spec = _small(backend="te", precision="fp8", recipe="delayed", train_steps=5)
     step = build_train_step(spec, "te", "fp8", "cuda")
@@ -261,7 +262,7 @@ def test_warm_server_trials_report_their_own_memory_and_retire_after_oom(te, tmp
 @pytest.mark.parametrize("cfg", [CFG, LLAMA], ids=["gpt", "llama"])
 def test_fused_qkv_model_loads_the_split_model_and_computes_the_same(te, cfg):
     """The layout FP8-weight inference models use (one QKV parameter) holds the same function."""
-    from trials.model import fused_qkv_state
+    from trials.models.minigpt_net import fused_qkv_state
 
     torch.manual_seed(0)
     split = MiniGPT(cfg, torch.bfloat16, "cuda", te).eval()
@@ -285,7 +286,7 @@ def _greedy_by_recompute(model, prompts, gen_len):
 def test_te_kv_cache_generation_matches_recompute_and_its_cuda_graph(te, cfg):
     """TE's InferenceParams cache gives the tokens that recomputing the prefix gives; the graphed decode
     gives exactly the eager decode's tokens."""
-    from trials.decode import Generator
+    from trials.workloads.decode import Generator
 
     torch.manual_seed(0)
     model = MiniGPT(cfg, torch.bfloat16, "cuda", te).eval()
@@ -353,7 +354,7 @@ def test_compiled_and_torchao_trials(extra):
                                    dict(backend="torchao", precision="fp8", recipe="rowwise", weights="fp8")],
                          ids=["torch-bf16", "torchao-tensorwise", "torchao-rowwise"])
 def test_a_transformers_model_serves_on_the_gpu(extra):
-    """trials/serving/hf.py with CUDA events: an hf:llama trained in BF16 serves through transformers' cache;
+    """trials/workloads/serving/hf.py with CUDA events: an hf:llama trained in BF16 serves through transformers' cache;
     torchao quantizes its Linears for serving (lm_head kept), decodes 16 rows, agrees with BF16 teacher-forced."""
     if extra["backend"] == "torchao":
         pytest.importorskip("torchao")
@@ -382,7 +383,7 @@ HF_INFER = dict(model="hf:llama", workload="infer", d_model=256, n_layers=2, n_h
                                    dict(backend="te", precision="fp8", recipe="delayed")],
                          ids=["torch-bf16", "torchao-tensorwise", "te-delayed"])
 def test_a_transformers_models_decode_graphed_through_a_static_cache_serves_as_eager_does(request, extra):
-    """cuda_graphs on an hf:llama infer cell (trials/serving/hf.py's StaticGenerator, its decode step replayed):
+    """cuda_graphs on an hf:llama infer cell (trials/workloads/serving/hf.py's StaticGenerator, its decode step replayed):
     the same cell eager and graphed; the graphed one continues its prompts, agrees with the eager trial's tokens
     and (fp8) with its own eager BF16 reference as the eager neighbour test requires; its KV cache is the
     preallocated static one (prompt_len + gen_len positions)."""
@@ -415,8 +416,9 @@ def test_a_transformers_models_decode_graphed_through_a_static_cache_serves_as_e
 def test_the_replayed_decode_graph_gives_the_uncaptured_static_caches_tokens_bit_for_bit(serve):
     """One model, no training: StaticGenerator captured and replayed against the same cache run uncaptured; a
     second generation (other rows first) shows the reset forgets the first and the capture's warm-up."""
-    from trials import backends, serving
-    from trials.serving.hf import StaticGenerator
+    from trials import backends
+    from trials.workloads import serving
+    from trials.workloads.serving.hf import StaticGenerator
 
     if serve is not None:
         pytest.importorskip("torchao")

@@ -1,4 +1,4 @@
-"""The per-layer FP8 reads (trials/fp8_layers.py) on a GPU: Transformer Engine's delayed and current scaling,
+"""The per-layer FP8 reads (trials/measure/fp8_layers.py) on a GPU: Transformer Engine's delayed and current scaling,
 MiniGPT (te.TransformerLayer) and hf:llama (converted), and torchao on CUDA. Run with ``-m gpu``."""
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ def test_te_fp8_cells_read_every_layer_the_same_twice_and_train_the_same_without
 def test_the_te_layer_read_leaves_delayed_scaling_state_exactly_as_it_was(te):
     """The per-layer read of a trained delayed-scaling model (FP8 forwards and backwards of every module) leaves
     every scale and amax history bit for bit as they were."""
-    from trials import fp8_layers
+    from trials.measure import fp8_layers
     from trials.backends import numerics
-    from trials.data import ArithmeticSequences
-    from trials.train import build_train_step, train
+    from trials.workloads.data import ArithmeticSequences
+    from trials.workloads.train_step import build_train_step, train
 
     spec = _small(backend="te", precision="fp8", recipe="delayed", train_steps=5)
     step = build_train_step(spec, "te", "fp8", "cuda")
@@ -69,7 +69,7 @@ def test_torchao_fp8_cells_on_cuda_read_every_layer():
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from trials.fp8_floors import SQNR_FLOOR_DB
+    from trials.measure.fp8_floors import SQNR_FLOOR_DB
 
     for recipe in ("tensorwise", "rowwise"):
         rec = run_trial(_small(backend="torchao", precision="fp8", recipe=recipe, train_steps=16))

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from trials.backends import te_convert as tc
-from trials.te_compat import make_recipe
+from trials.backends.te_compat import make_recipe
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.gpu
@@ -150,7 +150,7 @@ INFER = dict(d_model=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn=512, vocab=51
     ("hf:mistral", dict(precision="fp8", recipe="current")),
 ], ids=["llama-bf16", "llama-delayed", "llama-current-fp8w", "llama-delayed-fp8w", "mistral-current"])
 def test_a_te_swapped_transformers_model_serves_through_transformers_cache(te, model, extra):
-    """trials/serving/hf.py on TE: the swapped model (te.Linear / te.RMSNorm inside transformers' attention) trains
+    """trials/workloads/serving/hf.py on TE: the swapped model (te.Linear / te.RMSNorm inside transformers' attention) trains
     in BF16, then serves through transformers' DynamicCache under te.autocast; FP8 cells decode 8 rows (TE's
     minimum), agree with the BF16 reference teacher-forced, and FP8 weights take under 60% of BF16's bytes."""
     import json

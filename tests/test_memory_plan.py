@@ -1,4 +1,4 @@
-"""The memory plan (trials/memory_plan.py) against what a CPU step measures, and the dry run's estimates from the
+"""The memory plan (trials/measure/memory_plan.py) against what a CPU step measures, and the dry run's estimates from the
 module (issue 45 item 3, issue 44 item 5). Tiny shapes: a plan is one forward under fake tensors."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trials import TrialSpec, memory_plan
-from trials.checkpointing import SavedBytes
+from trials import TrialSpec
+from trials.measure import memory_plan
+from trials.parallel.checkpointing import SavedBytes
 
 pytest.importorskip("transformers")
 
@@ -24,7 +25,7 @@ TOLERANCE = 0.02
 
 def _step_saved_bytes(spec: TrialSpec) -> int:
     """Bytes autograd keeps for backward over one real training step on CPU: forward, the fp32 loss, backward."""
-    from trials.train import build_train_step
+    from trials.workloads.train_step import build_train_step
 
     step = build_train_step(spec, "torch", spec.precision, "cpu")
     x = torch.randint(0, spec.vocab, (spec.batch_size, spec.seq_len))

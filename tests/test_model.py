@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from trials.data import ArithmeticSequences
-from trials.model import MiniGPT, ModelConfig, apply_rope, matmul_param_count, param_count, rope_freqs
+from trials.workloads.data import ArithmeticSequences
+from trials.models.minigpt_net import MiniGPT, ModelConfig, apply_rope, matmul_param_count, param_count, rope_freqs
 
 LLAMA = ModelConfig(vocab=96, d_model=64, n_layers=2, n_heads=8, ffn=96, seq_len=32, arch="llama", n_kv_heads=2)
 

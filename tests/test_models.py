@@ -58,7 +58,7 @@ def test_a_transformers_model_trains_on_each_stack_and_says_what_it_is(model, ba
         assert 0 < rec["tf_top1_agreement"] <= 1 and rec["tf_kl_mean"] > 0 and rec["tf_s"] > 0
         assert 1 / 96 < rec["tf_bf16_top1_prob"] < 1 and 0 <= rec["tf_decided_share"] <= 1
         assert (rec["tf_top1_agreement_decided"] is None) == (rec["tf_decided_share"] == 0)
-        # the per-layer FP8 reads (trials/fp8_layers.py) read every converted Linear, the down projections too
+        # the per-layer FP8 reads (trials/measure/fp8_layers.py) read every converted Linear, the down projections too
         layers = json.loads(rec["fp8_layers"])
         assert layers["modules"] == json.loads(rec["fp8_converted_names"])
         assert all(math.isfinite(v) for d in ("fwd", "dgrad", "wgrad") for v in layers["sqnr"][d])
@@ -140,7 +140,7 @@ def test_teacher_forced_fp8_against_bf16_disagrees_somewhere_and_bf16_against_it
     """The same seeded init, as BF16 and as torchao FP8 (tensorwise): at init the next-token distributions are
     nearly flat, so FP8's rounding flips some argmaxes; BF16 read twice agrees everywhere with KL 0. Flat also
     means BF16 is decided nowhere: the agreement then measures rounding noise, and the fields say so."""
-    from trials import teacher_forced
+    from trials.workloads import teacher_forced
 
     spec = tiny("hf:llama", backend="torchao", precision="fp8", recipe="tensorwise", seq_len=64)
     held = teacher_forced.held_batch(96, 64, "cpu", spec.seed)
@@ -158,9 +158,9 @@ def test_a_trained_bf16_partner_is_decided_and_agreement_there_is_fp8s_own():
     """Trained on the arithmetic sequences, BF16 predicts the next term with a clear margin at some positions:
     there the agreement is FP8's, and higher than over all positions, where near-ties flip (what the report
     reads instead of the all-position number when BF16 is undecided at most positions)."""
-    from trials import teacher_forced
-    from trials.data import ArithmeticSequences
-    from trials.train import build_train_step, train
+    from trials.workloads import teacher_forced
+    from trials.workloads.data import ArithmeticSequences
+    from trials.workloads.train_step import build_train_step, train
 
     # one layer of 32 (emulated FP8 on CPU costs per GEMM): after 60 steps BF16 is decided at half the positions,
     # agreement 1.0 there and 0.875 over all (2 layers of 64: 0.375 decided, 1.0 and 0.812, at ~6x the CPU)
@@ -183,8 +183,8 @@ def test_counted_flops_equal_the_minigpt_formula(arch):
     both count the same multiply-adds and neither counts norms, softmax or element-wise work. Attention is the
     formula's causal term in both (the counter's own attention figure depends on the kernel, so it is left out),
     so the tolerance is float rounding only (1e-9 relative)."""
-    from trials.metrics import counted_flops_per_step, flops_per_step
-    from trials.model import MiniGPT, ModelConfig
+    from trials.measure.metrics import counted_flops_per_step, flops_per_step
+    from trials.models.minigpt_net import MiniGPT, ModelConfig
 
     spec = TrialSpec(d_model=64, n_layers=2, n_heads=4, seq_len=16, arch=arch, vocab=96)
     cfg = ModelConfig.from_spec(spec)
@@ -200,7 +200,7 @@ def test_the_flop_count_survives_grouped_query_attention_kernels():
     every hf:llama cell on the H200 failed so); the count leaves attention to the formula, so the attention
     kernels count 0 and are never measured. CUDA's flash/efficient kernels, run on the meta device (the CPU
     kernel is not in the counter's registry; torch 2.13's formulas accept these shapes and count them)."""
-    from trials.metrics import gemm_flop_counter
+    from trials.measure.metrics import gemm_flop_counter
 
     q, kv = torch.empty(2, 8, 64, 32, device="meta"), torch.empty(2, 2, 64, 32, device="meta")
     w = torch.empty(32, 32, device="meta")
@@ -313,7 +313,7 @@ def test_moe_experts_grouped_gemms_are_counted_and_listed_as_kept_with_why():
     them (2*t*k*n forward, as much again for each of dgrad and wgrad), torchao tensorwise keeps them in BF16 and
     says why (its float8 MoE training is rowwise and CUDA only), the routers too, and the share of FLOPs in FP8 is
     the attention projections' alone."""
-    from trials.metrics import count_flops
+    from trials.measure.metrics import count_flops
 
     spec = tiny("hf:mixtral", n_heads=4, n_kv_heads=2, ffn=256, backend="torchao", precision="fp8",
                 recipe="tensorwise")
@@ -334,8 +334,8 @@ def test_moe_experts_grouped_gemms_are_counted_and_listed_as_kept_with_why():
 def test_grouped_gemms_count_as_gemms():
     """aten._grouped_mm (2D x 3D forward, 2D x 3D dgrad, 2D x 2D wgrad into 3D) is a GEMM for the counter and the
     kernel table alike; its FP8 form counts as an FP8 GEMM."""
-    from trials.kernels import classify
-    from trials.metrics import gemm_flop_counter
+    from trials.measure.kernels import classify
+    from trials.measure.metrics import gemm_flop_counter
 
     x = torch.randn(32, 16, requires_grad=True)
     w = torch.randn(4, 16, 8, requires_grad=True)

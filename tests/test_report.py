@@ -12,8 +12,8 @@ from orchestrator.report.charts import compare_chart
 from orchestrator.report.render import export_pngs
 from orchestrator.store import Store
 from trials import TrialSpec
-from trials.model import ModelConfig, param_count
-from trials.record import empty_record
+from trials.models.minigpt_net import ModelConfig, param_count
+from trials.record.fields import empty_record
 
 JITTER = [1.00, 1.02, 0.99, 1.05, 0.97, 1.01, 1.03, 0.98, 1.00, 1.04]
 FP8_SPEEDUP = {("delayed", 256): 0.8, ("delayed", 512): 1.1, ("delayed", 1024): 1.4,
@@ -631,14 +631,14 @@ def test_an_fp8_cell_that_ran_no_fp8_is_never_paired_as_fp8():
     from orchestrator.report.headline import headline
     from orchestrator.report.why import bounds
     from orchestrator.report.analysis import TRAIN_STEP
-    from trials.kernels import CLASSES
+    from trials.measure.kernels import CLASSES
 
     kernels = {f"kernel_ms_{c}": 1.0 for c in CLASSES}
     recs = []
     for d, share, converted in ((256, 0.0, 0), (512, 0.4, 6)):
         fp8 = _rec(d, "torchao", "fp8", "tensorwise", 9.9)
         fp8.update(kernels, fp8_flop_share=share, fp8_converted_modules=converted)
-        if not converted:  # as trials/workloads/training.py records it (trials.metrics.fp8_ran)
+        if not converted:  # as trials/workloads/training.py records it (trials.measure.metrics.fp8_ran)
             fp8.update(effective_precision="bf16", effective_recipe=None)
         bf16 = _rec(d, "torch", "bf16", None, 10.0)
         bf16.update(kernels, fp8_flop_share=0.0)
@@ -664,7 +664,7 @@ def test_per_layer_fp8_reads_are_stored_charted_and_a_layer_under_its_floor_is_f
     the report draws SQNR per layer forward and backward and the outlier trend, tabulates each cell's worst, and
     lists exactly the layer read under its floor (delayed's blocks.1.fc2 input gradient, 12 dB < 17 dB), with a
     layer FP8 left exact (inf dB) stored and read back as such."""
-    from trials.fp8_layers import CastHealth, LayerRead, OutlierTrend, record_fields
+    from trials.measure.fp8_layers import CastHealth, LayerRead, OutlierTrend, record_fields
 
     store = Store(str(tmp_path), "numerics")
     store.ensure()
@@ -714,7 +714,7 @@ def test_loss_gap_per_learning_rate_against_the_references_seed_noise(tmp_path):
     tiny = dict(d_model=32, n_layers=1, seq_len=16, batch_size=4, train_steps=3, warmup_steps=1, bench_steps=1,
                 repeats=1, gen_len=1, device="cpu", profile=False, backend="torch")
     losses = {}
-    gc.freeze()  # each trial ends in gc.collect (trials/memory.py): of the trials' objects, not this process's 300k
+    gc.freeze()  # each trial ends in gc.collect (trials/measure/memory.py): of the trials' objects, not this process's 300k
     try:
         for lr in (1e-3, 1e-2):
             for precision in ("fp32", "bf16"):

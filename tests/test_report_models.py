@@ -16,8 +16,8 @@ from orchestrator.report.why import breakdown
 from orchestrator.store import Store
 from orchestrator.sweep import cell_id, distinct_labels
 from trials import TrialSpec
-from trials.kernels import CLASSES
-from trials.record import empty_record
+from trials.measure.kernels import CLASSES
+from trials.record.fields import empty_record
 
 # model -> its BF16 step in ms; FP8 takes 0.7 of it (GEMMs halved, casts added), two samples 1% apart
 MODELS = {"minigpt": 100.0, "hf:llama": 110.0, "py:/home/me/src/nanogpt/model.py:build": 90.0}

@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
-from trials.environ import environ
+from trials.runtime.environ import environ
 
 from .conftest import _free_port, cli_env, juicytalk, wait_for
 

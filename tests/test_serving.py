@@ -1,4 +1,4 @@
-"""Serving models JuicyTalk did not build (trials/serving): transformers' own KV cache on CPU at one tiny shape, the
+"""Serving models JuicyTalk did not build (trials/workloads/serving): transformers' own KV cache on CPU at one tiny shape, the
 teacher-forced read through the cache, the static cache the graphed decode runs (here uncaptured), and a py:
 module that cannot be served."""
 
@@ -9,11 +9,12 @@ import json
 import pytest
 import torch
 
-from trials import TrialSpec, run_trial, serving, teacher_forced
+from trials import TrialSpec, run_trial
+from trials.workloads import serving, teacher_forced
 from trials import backends, models
-from trials.decode import Generator
-from trials.model import MiniGPT, ModelConfig
-from trials.serving.hf import StaticGenerator
+from trials.workloads.decode import Generator
+from trials.models.minigpt_net import MiniGPT, ModelConfig
+from trials.workloads.serving.hf import StaticGenerator
 from trials.spec import SpecError
 
 pytest.importorskip("transformers")

@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from orchestrator.store import RECORD_SCHEMA, Store
-from trials.record import empty_record
+from trials.record.fields import empty_record
 
 
 def _record(cell: str, sample: int, status: str = "ok", **extra):
@@ -56,7 +56,7 @@ def test_results_read_in_pandas_polars_duckdb(tmp_path):
 
 
 def test_undeclared_fields_and_wrong_types_are_refused(tmp_path):
-    from trials.record import RecordError
+    from trials.record.fields import RecordError
 
     store = Store(str(tmp_path), "v")
     store.ensure()

@@ -109,7 +109,7 @@ def test_a_package_compiled_from_source_by_every_process_is_found_and_the_fix_na
     """The lent H200 host sets PYTHONDONTWRITEBYTECODE and its torch has no .pyc: every process compiled torch and
     TE from source (11 s + 15.6 s per process; 3 s + 5.9 s with bytecode). doctor and the sweep say so, with the
     fix; where bytecode exists, or the first import can write it, they say nothing."""
-    from trials import bytecode
+    from trials.runtime import bytecode
 
     package = tmp_path / "jt_bytecode_probe"
     package.mkdir()

@@ -244,7 +244,7 @@ def test_te_counts_the_flops_of_the_source_module_before_converting_it():
     before the conversion: the same figure as the torch cell's (same module, same math), so MFU compares."""
     from trials import TrialSpec, models
     from trials.backends.te import source_model
-    from trials.metrics import count_flops
+    from trials.measure.metrics import count_flops
 
     spec = TrialSpec(model="hf:llama", backend="te", **WIRED)
     made, flops = source_model(spec, "fp32", "cpu")
@@ -306,7 +306,7 @@ fixed: {backend: te, te_layer: transformer_layer, d_model: 64, n_layers: 2, n_he
 def test_te_unpickling_guard_is_lifted_only_around_the_load(monkeypatch):
     """NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE is 1 inside own_extra_state only; after it, as it was: unset, or the
     user's own value (a warm server runs many trials in one process)."""
-    from trials import te_compat
+    from trials.backends import te_compat
 
     name = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
     monkeypatch.delenv(name, raising=False)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trials import FIELDS, TrialSpec, run_trial
-from trials.record import FIELD_NAMES
+from trials.record.fields import FIELD_NAMES
 
 from .conftest import OOM_VOCAB, tf_compared
 
@@ -74,7 +74,7 @@ def test_profile_false_leaves_the_breakdown_out_and_says_so():
 def test_llama_trial_at_a_large_vocabulary_learns_and_counts_its_flops():
     """The llama twin on CPU at an 8k vocabulary, sized by tokens_per_step: the full-vocabulary head is in
     the FLOP count, the task (over the first 128 ids) is learned, generation stays in those ids."""
-    from trials.model import ModelConfig, matmul_param_count
+    from trials.models.minigpt_net import ModelConfig, matmul_param_count
 
     # 512 tokens a step (16 rows of 32): the 8k head's logits are most of a step's CPU (was 1024 tokens of 64, 16
     # CPU-s; the loss fell the same way)
@@ -122,7 +122,7 @@ def test_fp8_on_cpu_is_unsupported_with_reason():
     assert rec["effective_backend"] is None and rec["loss_curve"] is None
     assert rec["n_params"] > 0  # the cell's size is still known
     # it says which FP8 path does run here (torchao's float8 matmul runs on CPU where this torch has one)
-    from trials.capability import Capability, resolve
+    from trials.backends.capability import Capability, resolve
 
     assert "FP8 that runs here: backend torchao" in rec["error"] or "no FP8 path runs here" in rec["error"], rec["error"]
     from trials.cli import summary
@@ -204,7 +204,7 @@ def test_cli_writes_record_and_exit_0_for_unsupported(tmp_path):
 def test_the_guides_field_table_is_the_generated_one():
     from pathlib import Path
 
-    from trials.record import ALL_FIELDS, LAYERS, field_table
+    from trials.record.fields import ALL_FIELDS, LAYERS, field_table
 
     assert len({f.name for f in ALL_FIELDS}) == len(ALL_FIELDS) and all(f.layer in LAYERS for f in ALL_FIELDS)
     page = (Path(__file__).resolve().parent.parent / "docs" / "guide" / "record-fields.md").read_text()
@@ -213,7 +213,7 @@ def test_the_guides_field_table_is_the_generated_one():
 
 
 def test_git_revision_marks_an_edited_tree_dirty(tmp_path):
-    from trials.fingerprint import git_revision
+    from trials.measure.fingerprint import git_revision
 
     def git(*args):
         subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
@@ -236,7 +236,7 @@ def test_source_identity_is_juicytalks_own_never_an_enclosing_repositorys(tmp_pa
     own checkout gives its sha, and anything else the version and a hash of the sources."""
     import shutil
 
-    from trials.fingerprint import source_hash, source_identity
+    from trials.measure.fingerprint import source_hash, source_identity
 
     def git(where, *args):
         return subprocess.run(["git", "-C", str(where), *args], check=True, capture_output=True, text=True).stdout.strip()
@@ -275,7 +275,7 @@ def test_torchao_float8_trial_converts_the_block_linears_and_keeps_the_head():
                                                                                              "tensorwise")
     assert rec["fp8_converted_modules"] == 4 and json.loads(rec["fp8_skipped_modules"]) == ["head"]  # qkv proj fc1 fc2
     assert rec["torchao_version"] and all(math.isfinite(v) for v in rec["loss_curve"])
-    # the per-layer FP8 reads ran (trials/fp8_layers.py), after the timed steps and between training steps...
+    # the per-layer FP8 reads ran (trials/measure/fp8_layers.py), after the timed steps and between training steps...
     assert math.isfinite(rec["sqnr_fwd_min_db"]) and rec["fp8_layers_s"] > 0 and rec["outliers_s"] > 0
     assert json.loads(rec["fp8_layers"])["outliers"]["steps"] == [0, 1, 2]  # every ceil(3 / 8) = 1 steps
     # ...and a cell without them trained and timed the same steps to the same losses, bit for bit
@@ -294,7 +294,7 @@ def test_a_trial_server_trains_the_bf16_partner_its_fp8_cells_share_once(tmp_pat
     import io
 
     from trials import server
-    from trials.compile_guard import RecompileWatch
+    from trials.runtime.compile_guard import RecompileWatch
 
     # the smallest cell torchao converts (dims and rows in 16s), few steps: emulated FP8 on CPU is ~1 s a step here,
     # and what is under test (which cell trains its partner, the same fields either way) does not depend on size

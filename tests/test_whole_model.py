@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from trials import SpecError, TrialSpec, run_trial
-from trials.data import ArithmeticSequences
+from trials.workloads.data import ArithmeticSequences
 from trials.spec import check_model
-from trials.train import build_train_step, train
+from trials.workloads.train_step import build_train_step, train
 
 from .conftest import REPO, _free_port, cli_env
 

@@ -13,10 +13,10 @@ from orchestrator.report import build_report
 from orchestrator.report.analysis import compare_runs, prepare
 from orchestrator.store import Store
 from trials import TrialSpec
-from trials.kernels import CLASSES, classify
-from trials.model import ModelConfig, param_count
-from trials.nvml import clock_event_names
-from trials.record import empty_record
+from trials.measure.kernels import CLASSES, classify
+from trials.models.minigpt_net import ModelConfig, param_count
+from trials.measure.nvml import clock_event_names
+from trials.record.fields import empty_record
 
 FIXTURE = Path(__file__).parent / "fixtures" / "h200_kernels.json"
 
@@ -114,7 +114,7 @@ def test_cpu_breakdown_adds_up_to_the_wall_clock_step():
     never exceed it (was: 15.85 ms of operators on a 12.79 ms step, a gap of -3.06 ms)."""
     import torch
 
-    from trials.kernels import Breakdown, Kernel, profile
+    from trials.measure.kernels import Breakdown, Kernel, profile
 
     found = Breakdown(3, 0.1, [Kernel("aten::mm", "gemm_bf16", 10.0, 4), Kernel("aten::add", "elementwise", 5.85, 9)],
                       wall_ms=17.0)  # the profiled step's own wall clock, profiler included

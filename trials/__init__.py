@@ -1,6 +1,6 @@
 """One MiniGPT trial on one device: no Ray, no Parquet. See :func:`run_trial`."""
 
-from .record import FIELDS, FINAL_STATUSES, SCHEMA_VERSION, STATUSES
+from .record.fields import FIELDS, FINAL_STATUSES, SCHEMA_VERSION, STATUSES
 from .spec import SpecError, TrialSpec
 
 __all__ = ["FIELDS", "FINAL_STATUSES", "SCHEMA_VERSION", "STATUSES", "SpecError", "TrialSpec", "run_trial"]

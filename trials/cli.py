@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .atomic import write_text_atomic
+from .record.atomic import write_text_atomic
 from .models import DEFAULT_MODEL, SOURCES
-from .noise import quiet_third_party
+from .runtime.noise import quiet_third_party
 from .numbers import DIGITS, fmt_sig
 from .spec import SOURCE_DEFAULTS, SpecError, TrialSpec, check_model, spec_field_types
 
@@ -160,7 +160,7 @@ def run_from_args(args: argparse.Namespace, prog: str) -> int:
     from .trial import run_trial  # torch-heavy import only once the input is known good
 
     record = run_trial(spec)
-    from .distributed import Ranks
+    from .parallel.ranks import Ranks
 
     if not Ranks.from_env().lead:  # under torchrun: one record per trial, rank 0's
         return 0 if record["status"] in EXIT_OK_STATUSES else 1

@@ -91,7 +91,7 @@ def preload(te: bool) -> None:
     from . import trial  # noqa: F401  (model, train, bench, metrics...)
 
     if te:
-        from . import te_compat
+        from .backends import te_compat
 
         try:
             te_compat.import_te()
@@ -147,9 +147,9 @@ def _run_forked(request: dict[str, Any], reply, watch) -> dict[str, Any]:
 
 
 def guard_recompiles() -> Any:
-    """Raise Dynamo's recompile limit and watch for hits (:mod:`trials.compile_guard`); imports TorchDynamo
+    """Raise Dynamo's recompile limit and watch for hits (:mod:`trials.runtime.compile_guard`); imports TorchDynamo
     (seconds where TE did not import it already), so it is done before the first request is read."""
-    from . import compile_guard
+    from .runtime import compile_guard
 
     compile_guard.raise_recompile_limit(RECOMPILE_LIMIT)
     return compile_guard.watch()
@@ -164,7 +164,7 @@ def serve(requests, reply, max_trials: int, watch: Any, fork: bool = False) -> i
     """
     import torch
 
-    from .teacher_forced import Partners
+    from .workloads.teacher_forced import Partners
 
     if fork and torch.cuda.is_initialized():
         logging.getLogger(__name__).warning("CUDA was initialised while importing: trials run in this process")
@@ -205,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fork", action="store_true", help="run each trial in a fresh process forked from this one")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from .noise import quiet_third_party
+    from .runtime.noise import quiet_third_party
 
     quiet_third_party()
     _exit_with_parent(os.getppid())

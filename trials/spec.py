@@ -27,11 +27,11 @@ ARCHS = ("gpt", "llama")  # gpt: the tutorial's MiniGPT; llama: RMSNorm, SwiGLU,
 TE_LAYERS = tuple(dict.fromkeys(layer for source in SOURCES.values() for layer in source.te_layers))
 WORKLOADS = ("train", "infer")  # what a trial measures: training steps, or prefill + KV-cached decode
 WEIGHTS = ("bf16", "fp8")  # how an inference model stores its weights (fp8: TE's quantized_model_init, torchao's quantize_)
-PARALLEL = ("none", "ddp", "fsdp")  # how a trial's ranks split the model: not at all, DDP, FSDP2 (trials/distributed.py)
+PARALLEL = ("none", "ddp", "fsdp")  # how a trial's ranks split the model: not at all, DDP, FSDP2 (trials/parallel/ranks.py)
 # torchtitan's names: full recomputes every unit (decoder layer) in backward, selective every ac_every-th
-# (trials/checkpointing.py); the units are FSDP2's (the model source says what they are, trials/models)
+# (trials/parallel/checkpointing.py); the units are FSDP2's (the model source says what they are, trials/models)
 ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
-# a rank that stops makes the others' collectives fail after this, not hang (trials/distributed.py); here, not
+# a rank that stops makes the others' collectives fail after this, not hang (trials/parallel/ranks.py); here, not
 # there, so that a multi-rank trial's launcher reads it without importing torch
 COLLECTIVE_TIMEOUT_S = 300
 HEAD_DIM_MULTIPLE = 8  # fused attention kernels (and TE) need head dims in multiples of 8
@@ -104,7 +104,7 @@ class TrialSpec:
     activation_checkpointing: str = _on("execution", "none")  # none | full | selective (recompute units in backward)
     ac_every: int = _on("execution", 2, only="selective-ac")  # selective: every ac_every-th unit (torchtitan's 2)
     profile: bool = _on("run", True)  # a few steps under torch.profiler after timing: the kernel breakdown
-    # fp8 training cells: per-layer SQNR, cast health and outlier samples (trials/fp8_layers.py); false: none of them
+    # fp8 training cells: per-layer SQNR, cast health and outlier samples (trials/measure/fp8_layers.py); false: none of them
     fp8_reads: bool = _on("run", True, only="fp8")
     workload: str = _on("schedule", "train")
     train_steps: int = _on("schedule", 60)

@@ -13,14 +13,17 @@ from typing import Any
 
 import torch
 
-from . import distributed, memory, memory_plan, models, te_compat
-from .capability import Capability, probe, resolve, wants_torchao
-from .fingerprint import fingerprint
-from .metrics import flops_per_step
-from .model import matmul_param_count
-from .record import empty_record
+from .parallel import ranks as distributed
+from .measure import memory, memory_plan
+from . import models
+from .backends import te_compat
+from .backends.capability import Capability, probe, resolve, wants_torchao
+from .measure.fingerprint import fingerprint
+from .measure.metrics import flops_per_step
+from .models.minigpt_net import matmul_param_count
+from .record.fields import empty_record
 from .spec import TrialSpec
-from .teacher_forced import Partners
+from .workloads.teacher_forced import Partners
 from .workloads import WORKLOADS
 
 log = logging.getLogger(__name__)
@@ -44,7 +47,7 @@ def run_trial(spec: TrialSpec, capability: Capability | None = None, process_tri
 
     ``process_trial_index`` says how many trials this process ran before (0: a fresh process). ``partners``:
     what a process running trials one after another keeps of the BF16 partners its FP8 cells trained
-    (trials/teacher_forced.py), so that cells sharing one train it once; None: each trains its own.
+    (trials/workloads/teacher_forced.py), so that cells sharing one train it once; None: each trains its own.
     """
     t0 = time.perf_counter()
     record = empty_record()

@@ -298,7 +298,7 @@ class Launcher(ABC):
 
 
 def failure_record(spec: dict[str, Any], status: str, error: str) -> dict[str, Any]:
-    from trials.record import empty_record
+    from trials.record.fields import empty_record
 
     record = empty_record()
     record.update(spec)

@@ -7,7 +7,7 @@ through Ray, accounts for every GPU they hold. The ``fit`` runs in a child proce
 Ray driver of its own, so that ending the child ends the whole Train run (see :func:`run_ranks`). Ray
 Train makes the process group (NCCL on GPUs, gloo on CPU) and sets torchrun's variables (RANK,
 WORLD_SIZE, LOCAL_RANK); each worker then runs the ordinary trial (``trials.run_trial``), whose rank seam
-(``trials/distributed.py``) finds the group made.
+(``trials/parallel/ranks.py``) finds the group made.
 
 Records and faults. Rank 0 writes its record as a JSON file beside the run's directory on the sweep's
 storage; a rank whose trial did not end ``ok`` writes its own too, then raises, so that Ray Train fails
@@ -94,7 +94,7 @@ def _rank_main(config: dict[str, Any]) -> None:
     os.environ.update(config["env"])
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     from trials import TrialSpec, run_trial
-    from trials.distributed import Ranks
+    from trials.parallel.ranks import Ranks
 
     ranks = Ranks.from_env()
     where = config["storage_path"], config["name"]

@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from trials.atomic import write_text_atomic
+from trials.record.atomic import write_text_atomic
 
 from ..store import Store, is_uri, read_results
 from .analysis import (DECODE_STEP, ONE_SAMPLE, TRAIN_STEP, Pairs, against_fastest_bf16, compare_runs, crossover, pair_cells,

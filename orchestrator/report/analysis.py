@@ -56,7 +56,7 @@ def variant_of(row: Any) -> str:
     values.update(backend=backend, precision=precision, recipe=_get(row, "effective_recipe") or _get(row, "recipe"),
                   model=_get(row, "model"))  # whose te_layer default applies
     name = variant_name(values)
-    if _get(row, "precision") == "fp8" and precision not in ("fp8", None):  # asked FP8, ran none (trials.metrics.fp8_ran)
+    if _get(row, "precision") == "fp8" and precision not in ("fp8", None):  # asked FP8, ran none (trials.measure.metrics.fp8_ran)
         name += f"-asked-fp8-{_get(row, 'recipe')}"  # its own cell: never merged with a BF16 cell nor another recipe
     return name
 
@@ -184,7 +184,7 @@ def bootstrap_median(values: list[float], resamples: int, rng: np.random.Generat
     return float(lo), float(hi)
 
 
-# Teacher-forced FP8 numerics (trials/teacher_forced.py): record field -> the pair-row column prefix of its
+# Teacher-forced FP8 numerics (trials/workloads/teacher_forced.py): record field -> the pair-row column prefix of its
 # median over the FP8 cell's samples and 95% interval (``<prefix>_ci_low``/``_ci_high``), and its table label.
 TEACHER_FORCED = {"tf_top1_agreement": ("tf_top1", "tf top-1 agreement"),
                   "tf_top1_agreement_decided": ("tf_top1_decided", "tf top-1 agreement where BF16 decided"),
@@ -197,7 +197,7 @@ TEACHER_FORCED = {"tf_top1_agreement": ("tf_top1", "tf top-1 agreement"),
 MEANINGFUL_DECIDED_SHARE = 0.5
 TEACHER_FORCED_NOTE = ("tf = teacher-forced on one held sequence, every position, against the BF16 partner: top-1 "
                        "agreement of the next-token prediction (over all positions, and over those where BF16 is "
-                       "decided: its top-1 clearly ahead of the runner-up, trials/teacher_forced.py) and mean "
+                       "decided: its top-1 clearly ahead of the runner-up, trials/workloads/teacher_forced.py) and mean "
                        "KL(FP8 || BF16); BF16 top-1 p = the partner's mean probability of its own argmax, decided "
                        f"share = where it is decided; where that share is under {MEANINGFUL_DECIDED_SHARE:.0%}, "
                        "agreement is noise and the table says so; median over samples [95% bootstrap interval over "

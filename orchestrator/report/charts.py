@@ -323,7 +323,7 @@ def breakdown_chart(table: pd.DataFrame, title: str) -> go.Figure:
     The bars lie along the x axis and the cells down the y axis, in the table's order, each label whole and
     wrapped (:func:`wrap_label`): upright labels under bars overlapped each other and the legend, and the
     margin cut them (``py:na``) when a label held a factory's path."""
-    from trials.kernels import CLASSES
+    from trials.measure.kernels import CLASSES
 
     from .why import gap_name
 

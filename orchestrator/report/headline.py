@@ -60,7 +60,7 @@ FULL_SHARE = 0.95  # an FP8 speedup whose cell ran less of its FLOPs in FP8 says
 
 def not_fp8(df: pd.DataFrame) -> list[str]:
     """One sentence per model and asked FP8 variant whose cells finished ok but ran no FP8 worth the name
-    (``effective_precision`` bf16, trials.metrics.fp8_ran): they are BF16 results and are paired as nothing."""
+    (``effective_precision`` bf16, trials.measure.metrics.fp8_ran): they are BF16 results and are paired as nothing."""
     asked = df[(df["precision"] == "fp8") & (df["status"] == "ok") & (df["effective_precision"] != "fp8")]
     lines = []
     for (model, backend, recipe), g in asked.groupby(["model", "backend", "recipe"], sort=True, dropna=False):

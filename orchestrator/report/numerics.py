@@ -1,7 +1,7 @@
 """Per-layer FP8 numerics in the report: SQNR per layer forward and backward with the layers under the floor
 flagged, the worst cast-health shares, and the outlier trend per layer over training.
 
-What it reads is the records' ``fp8_layers`` JSON (trials/fp8_layers.py writes it, with the floors it judges by)
+What it reads is the records' ``fp8_layers`` JSON (trials/measure/fp8_layers.py writes it, with the floors it judges by)
 and their summary fields; what each figure means: docs/guide/numerics.md. Plotly is imported by the chart
 functions only (the headline works without it).
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from trials.fp8_floors import DIRECTIONS, OPERANDS, SQNR_FLOOR_DB
+from trials.measure.fp8_floors import DIRECTIONS, OPERANDS, SQNR_FLOOR_DB
 
 from .analysis import known
 

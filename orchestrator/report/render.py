@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from trials.atomic import write_text_atomic
+from trials.record.atomic import write_text_atomic
 from trials.numbers import fmt_sig, round_sig
 
 from ..efficiency import concurrent_trials, run_efficiency
@@ -290,7 +290,7 @@ def sanity_flags(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
                                "why": f"launch-bound and timed while {n} other trial(s) ran on the same host: host "
                                       "contention slows such steps (1.2-1.36x on a two-H200 host); rerun with "
                                       "max_concurrent: 1 or cuda_graphs"}
-    # what the trial itself saw while its steps were timed (trials/disturbance.py): any process, ours or not
+    # what the trial itself saw while its steps were timed (trials/measure/disturbance.py): any process, ours or not
     for r in ok[ok["timing_disturbed"] == True].itertuples():  # noqa: E712 - nullable column
         seen = f"timing disturbed: {r.timing_disturbed_why}"
         if r.Index in shared:

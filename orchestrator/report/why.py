@@ -1,8 +1,8 @@
 """Why a number is what it is: where each step's GPU time goes, what bound that sets on FP8, and the
 energy, clock and power cap behind it.
 
-From the records' kernel breakdown (``kernel_ms_<class>``, trials/kernels.py) and energy window
-(trials/energy.py):
+From the records' kernel breakdown (``kernel_ms_<class>``, trials/measure/kernels.py) and energy window
+(trials/measure/energy.py):
 
 - *Where the step goes*: per cell, the medians over samples of each class's ms per step, their sum,
   and the gap to the timed p50 (the GPU idle inside a step: waiting on the host).
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from trials.kernels import CLASSES
+from trials.measure.kernels import CLASSES
 
 from .analysis import BOOTSTRAP_SEED, Timing, _median, bootstrap_ratio, shape_keys
 

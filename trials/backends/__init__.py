@@ -48,7 +48,7 @@ class Stack:
     # such a model restores it (trials/workloads/training.fp8_read)
     fp8_state: bool = False
     # bytes per GEMM weight its FP8 cells keep in FP8 beside the high-precision weight, from one step to the next
-    # (the memory plan, trials/memory_plan.py): TE caches each weight's FP8 cast and its transpose; torchao casts
+    # (the memory plan, trials/measure/memory_plan.py): TE caches each weight's FP8 cast and its transpose; torchao casts
     # its weights afresh in every step
     fp8_weight_cache_bytes: int = 0
 
@@ -139,7 +139,7 @@ class Built:
 
 
 def numerics(name: str) -> ModuleType | None:
-    """Stack ``name``'s seam for the per-layer FP8 reads (trials/fp8_layers.py): ``<name>_numerics.py`` here says
+    """Stack ``name``'s seam for the per-layer FP8 reads (trials/measure/fp8_layers.py): ``<name>_numerics.py`` here says
     how to find its FP8 modules, run one in BF16 and scale its operands. None for a stack without FP8."""
     return importlib.import_module(f"{__name__}.{name}_numerics") if STACKS[name].recipes else None
 

@@ -20,9 +20,11 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .. import distributed, models, te_compat
-from ..metrics import count_flops
-from ..model import MiniGPT, ModelConfig, build_model, fused_qkv_state
+from ..parallel import ranks as distributed
+from .. import models
+from . import te_compat
+from ..measure.metrics import count_flops
+from ..models.minigpt_net import MiniGPT, ModelConfig, build_model, fused_qkv_state
 from . import Built, te_convert
 
 def fp8_recipe(spec: Any) -> Any:
@@ -91,7 +93,7 @@ def _fp8_weights(spec: Any, te: Any, recipe: Any, device: str, info: dict[str, A
     info["optimizer"] = "te FusedAdam, fp32 master weights"
 
     def make_optimizer(wrapped: nn.Module, lr: float) -> torch.optim.Optimizer:
-        from ..train import WEIGHT_DECAY  # the BF16-weight cells' AdamW decay (train imports this package)
+        from ..workloads.train_step import WEIGHT_DECAY  # the BF16-weight cells' AdamW decay (train imports this package)
 
         opt = te.optimizers.FusedAdam(wrapped.parameters(), lr=lr, weight_decay=WEIGHT_DECAY, master_weights=True,
                                       master_weight_dtype=torch.float32)

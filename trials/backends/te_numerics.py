@@ -1,4 +1,4 @@
-"""Transformer Engine's seam for the per-layer FP8 reads (trials/fp8_layers.py): its FP8 modules are te.Linear,
+"""Transformer Engine's seam for the per-layer FP8 reads (trials/measure/fp8_layers.py): its FP8 modules are te.Linear,
 te.LayerNormLinear and te.LayerNormMLP (inside te.TransformerLayer too); the same module in BF16 is the module
 called outside ``te.autocast`` (its BF16 GEMMs, the same weights); the FP8 side runs under the cell's own recipe
 (``step.recipe``) through ``te_compat.read_autocast`` inside ``te_compat.fp8_meta_kept``, so delayed scaling's
@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .. import te_compat
+from . import te_compat
 
 FWD_INPUT, FWD_WEIGHT, BWD_GRAD_OUTPUT = 0, 1, 0  # TE's FP8FwdTensors.GEMM1_INPUT/GEMM1_WEIGHT, FP8BwdTensors.GRAD_OUTPUT1
 

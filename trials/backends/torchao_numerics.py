@@ -1,4 +1,4 @@
-"""torchao's seam for the per-layer FP8 reads (trials/fp8_layers.py): its FP8 modules are ``Float8Linear``s;
+"""torchao's seam for the per-layer FP8 reads (trials/measure/fp8_layers.py): its FP8 modules are ``Float8Linear``s;
 the same module in BF16 is ``F.linear`` on the same BF16 weight; its operands are scaled as the module's own
 ``Float8LinearConfig`` says (tensorwise: one scale per tensor; rowwise: one per row along the GEMM's reduction
 dim, powers of two), with torchao's own ``tensor_to_scale``.

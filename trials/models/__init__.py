@@ -1,6 +1,6 @@
 """Model sources: where a trial's network comes from, declared once; how each builds, one module each.
 
-    minigpt  JuicyTalk's own MiniGPT (``trials/model.py``), gpt or llama ``arch``; the default
+    minigpt  JuicyTalk's own MiniGPT (``trials/models/minigpt_net.py``), gpt or llama ``arch``; the default
     hf       a Hugging Face transformers causal LM from its config, by model type (``hf:llama``) or a
              local ``config.json`` (``hf:path/to/config.json`` or its folder); random seeded init, offline
     py       a user's factory (``py:<module>:<callable>``, module dotted or a ``.py`` path), called with the
@@ -27,7 +27,7 @@ once, what each source supports: which stacks build its models, how TE takes the
 its own te blocks, ``te_layer`` transformer_layer or modules; any other model: TE converts the module
 the source builds, ``te_layer`` swap or transformer_layer, trials/backends/te_convert.py), whether
 inference, CUDA graphs (for which workloads) and multi-rank trials apply (inference: which
-trials/serving module serves the source's models), and whether MiniGPT's closed forms hold (elsewhere
+trials/workloads/serving module serves the source's models), and whether MiniGPT's closed forms hold (elsewhere
 FLOPs are counted). Importing this package imports nothing heavy.
 """
 
@@ -45,7 +45,7 @@ from typing import Any
 # How TE takes a model it did not build (trials/backends/te_convert.py): swap its Linears and norms for TE's
 # modules, or replace transformers' Llama-family decoder layers by te.TransformerLayer; the first is the default.
 CONVERTED_TE_LAYERS = ("swap", "transformer_layer")
-# Serving a model TE converted (trials/serving/hf.py): its swapped te.Linear / te.RMSNorm sit inside transformers'
+# Serving a model TE converted (trials/workloads/serving/hf.py): its swapped te.Linear / te.RMSNorm sit inside transformers'
 # own attention, so transformers' cache works; te.TransformerLayer keeps its KV cache in TE's InferenceParams
 TE_LAYER_NOT_SERVED = ("serving te_layer transformer_layer is not built (te.TransformerLayer keeps its KV cache "
                        "in TE's InferenceParams, not in transformers' cache); use te_layer swap")
@@ -59,7 +59,7 @@ class Source:
     # the workloads whose ``cuda_graphs: true`` is built for it (train: forward+backward captured; infer: the
     # decode step captured and replayed)
     graphs: tuple[str, ...]
-    # the trials/serving module that serves its models (the inference workload); '' where none is built
+    # the trials/workloads/serving module that serves its models (the inference workload); '' where none is built
     server: str = ""
     own: bool = False  # JuicyTalk's own network: ``arch``, the shape defaults and the analytic FLOP formula apply
     why_not: str = ""  # what a refused stack or workload is told
@@ -91,12 +91,12 @@ class Source:
 SOURCES: dict[str, Source] = {s.name: s for s in (
     Source("minigpt", ("te", "torch", "torchao"), parallel=True, graphs=("train", "infer"), server="minigpt",
            own=True, te_layers=("transformer_layer", "modules"), te_own=True, units="each of its blocks"),
-    # decode graphs through transformers' StaticCache (trials/serving/hf.py); a training step is not captured
+    # decode graphs through transformers' StaticCache (trials/workloads/serving/hf.py); a training step is not captured
     # (transformers' mask code inspects its inputs on the host, which a capture of forward+backward cannot hold)
     Source("hf", ("te", "torch", "torchao"), parallel=True, graphs=("infer",), server="hf",
            units="each module of a class its _no_split_modules names (its decoder layers), else each child of its "
                  "largest nn.ModuleList"),
-    # a factory's module serves when it is a transformers causal LM (trials/serving/hf.py says why), else the
+    # a factory's module serves when it is a transformers causal LM (trials/workloads/serving/hf.py says why), else the
     # cell is unsupported with that reason
     Source("py", ("te", "torch", "torchao"), parallel=True, graphs=("infer",), server="hf",
            units="the submodules its module's fsdp_units attribute names (a list of qualified names), else each "
@@ -173,7 +173,7 @@ class Facts:
     """What a spec's model is, before its weights exist: for the record and the dry run.
 
     ``shape``: the shape fields as the model has them (the config's values where the spec gave none);
-    ``analytic``: MiniGPT's ModelConfig where the FLOP formula of trials/metrics.py applies, else None
+    ``analytic``: MiniGPT's ModelConfig where the FLOP formula of trials/measure/metrics.py applies, else None
     (FLOPs are counted).
     """
 

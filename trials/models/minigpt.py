@@ -1,8 +1,8 @@
-"""JuicyTalk's own MiniGPT (``trials/model.py``), gpt or llama ``arch``: the pure-PyTorch twin a stack converts.
+"""JuicyTalk's own MiniGPT (``trials/models/minigpt_net.py``), gpt or llama ``arch``: the pure-PyTorch twin a stack converts.
 
 TE builds its own te blocks of the same network (``trials/backends/te.py``), so this module serves the
-torch and torchao stacks; its parameter count and FLOPs have closed forms (``trials/model.py``,
-``trials/metrics.py``).
+torch and torchao stacks; its parameter count and FLOPs have closed forms (``trials/models/minigpt_net.py``,
+``trials/measure/metrics.py``).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ if TYPE_CHECKING:
 LOGITS_LAYER = "head"
 
 
-# trials/model.py and .common (torch) are imported where a model is built or described, not here: the driver
+# trials/models/minigpt_net.py and .common (torch) are imported where a model is built or described, not here: the driver
 # validates a sweep's MiniGPT cells through this module (check), and torch took seconds of its start.
 
 
 def build(spec: Any, precision: str, device: str) -> Built:
-    from ..model import build_model
+    from .minigpt_net import build_model
     from .common import Built
 
     model = build_model(spec, "torch", precision, device)
@@ -36,7 +36,7 @@ def units(model: Any) -> tuple[str, ...]:
 
 
 def describe(spec: Any) -> Facts:
-    from ..model import MiniGPT, ModelConfig, param_count
+    from .minigpt_net import MiniGPT, ModelConfig, param_count
     from .common import to_json
 
     cfg = ModelConfig.from_spec(spec)

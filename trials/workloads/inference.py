@@ -13,12 +13,12 @@
    them into scales, and the FP8-weight model loads that state (``backends.te.load_fp8_weights``).
 4. ``bench_steps`` timed generations after one untimed: prefill of ``prompt_len`` tokens, then
    ``gen_len - 1`` single-token decode steps (CUDA-graphed with ``cuda_graphs``).
-5. After timing, for fp8 cells, the teacher-forced numerics (trials/teacher_forced.py): the measured model's
+5. After timing, for fp8 cells, the teacher-forced numerics (trials/workloads/teacher_forced.py): the measured model's
    next-token distributions against the BF16 reference's, on every prefill position and on decode steps
    fed the reference's own tokens (read from the reference before step 3), so one early greedy divergence
    cannot ruin them; ``gen_match_rate`` (greedy tokens equal) stays as the secondary field.
 
-How a model is loaded and generated from is its source's serving module (trials/serving: MiniGPT's
+How a model is loaded and generated from is its source's serving module (trials/workloads/serving: MiniGPT's
 Generator, or transformers' own cache for hf: models and py: factories that are transformers models);
 this module never asks which model it runs.
 
@@ -39,18 +39,20 @@ from typing import Any
 
 import torch
 
-from .. import disturbance, energy, kernels, memory, serving, teacher_forced, te_compat
+from ..measure import disturbance, energy, kernels, memory
+from . import serving, teacher_forced
+from ..backends import te_compat
 from ..backends import STACKS
 from ..backends import te as te_backend
 from ..backends import torchao as torchao_backend
-from ..capability import Resolution
-from ..data import ArithmeticSequences
-from ..decode import Generation
-from ..generation import stride_accuracy
-from ..metrics import step_stats
+from ..backends.capability import Resolution
+from .data import ArithmeticSequences
+from .decode import Generation
+from .generation import stride_accuracy
+from ..measure.metrics import step_stats
 from ..models.common import output_vocab
 from ..spec import TrialSpec, field_default
-from ..train import build_train_step, train
+from .train_step import build_train_step, train
 
 log = logging.getLogger(__name__)
 

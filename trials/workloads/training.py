@@ -12,17 +12,20 @@ from typing import Any, Callable
 
 import torch
 
-from .. import distributed, energy, fp8_layers, kernels, te_compat, teacher_forced
+from ..parallel import ranks as distributed
+from ..measure import energy, fp8_layers, kernels
+from ..backends import te_compat
+from . import teacher_forced
 from ..backends import STACKS, numerics
-from ..bench import benchmark
-from ..capability import Resolution
-from ..data import ArithmeticSequences
-from ..generation import generation_check
-from ..metrics import count_flops, fp8_ran, step_stats, throughput
-from ..model import ModelConfig
+from ..measure.bench import benchmark
+from ..backends.capability import Resolution
+from .data import ArithmeticSequences
+from .generation import generation_check
+from ..measure.metrics import count_flops, fp8_ran, step_stats, throughput
+from ..models.minigpt_net import ModelConfig
 from ..models.common import output_vocab
 from ..spec import TrialSpec
-from ..train import build_train_step, fp8_state, train
+from .train_step import build_train_step, fp8_state, train
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +40,7 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
     ``cfg``: MiniGPT's config where its closed forms apply, else None (FLOPs are counted here).
     Returns, for FP8 cells it applies to, the teacher-forced comparison with the BF16 partner, for
     ``run_trial`` to call once the cell's own memory peaks are recorded (the partner trains a second model),
-    given the process's :class:`~trials.teacher_forced.Partners` where it keeps one."""
+    given the process's :class:`~trials.workloads.teacher_forced.Partners` where it keeps one."""
     t_setup = time.perf_counter()
     step = build_train_step(spec, res.backend, res.precision, res.device, ranks)
     model, te, recipe = step.model, step.te, step.recipe
@@ -117,7 +120,7 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
 
 
 def reads_apply(spec: TrialSpec, res: Resolution) -> bool:
-    """The per-layer FP8 reads (trials/fp8_layers.py) run: an FP8 cell of one rank with ``fp8_reads``."""
+    """The per-layer FP8 reads (trials/measure/fp8_layers.py) run: an FP8 cell of one rank with ``fp8_reads``."""
     return spec.fp8_reads and res.precision == "fp8" and spec.parallel == "none"
 
 
@@ -160,7 +163,7 @@ def fp8_read(spec: TrialSpec, res: Resolution, step: Any, vocab: int) -> tuple[A
 
 def teacher_forced_fields(spec: TrialSpec, res: Resolution, vocab: int, held: Any, fp8_log_probs: Any,
                           partners: teacher_forced.Partners | None = None) -> dict:
-    """The FP8 cell against its BF16 partner (``trials.teacher_forced``): the partner stack's BF16 model from the
+    """The FP8 cell against its BF16 partner (``trials.workloads.teacher_forced``): the partner stack's BF16 model from the
     same seeded init, trained eager on the same batches for the same steps, read on the same held sequence.
     The partner is ``Stack.bf16_partner``, the stack the report pairs the cell with: for TE, TE's BF16 model of the
     same ``te_layer`` (same modules and kernels but for FP8), so the difference measured is FP8's alone.

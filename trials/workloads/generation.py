@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from . import te_compat
+from ..backends import te_compat
 from .data import ArithmeticSequences
-from .models.common import next_logits
+from ..models.common import next_logits
 
 N_PROMPTS = 8
 WINDOW_MULTIPLE = 16

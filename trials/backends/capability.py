@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 
-from . import backends, te_compat
-from .backends import STACKS
-from .spec import TrialSpec
+from .. import backends
+from . import te_compat
+from . import STACKS
+from ..spec import TrialSpec
 
 log = logging.getLogger(__name__)
 

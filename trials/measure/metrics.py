@@ -19,7 +19,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from .model import ModelConfig, matmul_param_count
+from ..models.minigpt_net import ModelConfig, matmul_param_count
 
 # Dense (non-sparse) datasheet peaks in TFLOP/s, keyed by a substring of torch's device name.
 # More specific names first: "H100 PCIe" must win over "H100".
@@ -165,8 +165,8 @@ def count_flops(spec: Any, model: Any, vocab: int, device: str, world: int) -> d
     converted one; a stack whose GEMMs the counter cannot see, TE's, counts before converting and drops it).
     Where the model's layers and attention width are unknown (a factory's, shape fields not given), attention is
     left out and ``flops_method`` says so."""
-    from .data import ArithmeticSequences
-    from .models import describe
+    from ..workloads.data import ArithmeticSequences
+    from ..models import describe
 
     facts = describe(spec)
     ids, _ = ArithmeticSequences(vocab, spec.seq_len, device, spec.seed + 2).batch(spec.batch_size)

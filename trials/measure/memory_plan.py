@@ -2,11 +2,11 @@
 
 The module is built and run once under torch's FakeTensorMode (shapes, dtypes and storages, no memory, no
 arithmetic: an 8B model at seq 4096 takes about half a second), at the cell's own batch and sequence, with
-the trial's own counter (trials/checkpointing.py's ``SavedBytes``: the unique storages autograd keeps for
+the trial's own counter (trials/parallel/checkpointing.py's ``SavedBytes``: the unique storages autograd keeps for
 backward, parameters excluded: they are the weights). A forward hook on each unit (the model source's units,
 the ones the trial checkpoints and FSDP2 shards: trials/models ``units``) says which unit saved what, so
 each activation-checkpointing setting follows from the same one pass, the units recomputed chosen by the
-trial's rule (trials/checkpointing.py ``chosen``):
+trial's rule (trials/parallel/checkpointing.py ``chosen``):
 
     none       every unit's saved bytes
     full       every unit keeps only its input; one unit's saved bytes come back while it is recomputed
@@ -41,7 +41,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from .spec import field_default
+from ..spec import field_default
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,8 @@ class Activations:
 
     def checkpointed(self, setting: str, every: int | None = None) -> tuple[bool, ...]:
         """Which units ``setting`` recomputes (``every``: selective's ``ac_every``, default the spec's): the
-        trial's rule (trials/checkpointing.py)."""
-        from .checkpointing import chosen
+        trial's rule (trials/parallel/checkpointing.py)."""
+        from ..parallel.checkpointing import chosen
 
         every = field_default("ac_every") if every is None else every
         picked = set(chosen(tuple(range(len(self.units))), setting, every))
@@ -87,7 +87,7 @@ class Probe:
     weight_bytes: int  # the parameters in the cell's weight dtype
     largest_unit_params: int
     activations: Activations
-    forward_flops: float  # counted by FlopCounterMode (attention kernels not counted: trials/metrics.py)
+    forward_flops: float  # counted by FlopCounterMode (attention kernels not counted: trials/measure/metrics.py)
     gemm_params: int = 0  # weights of the Linears a stack may run in FP8 (the logits layer stays high precision)
 
 
@@ -149,8 +149,8 @@ def _probe(key: _Key) -> Probe | None:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from . import models
-    from .checkpointing import SavedBytes
+    from .. import models
+    from ..parallel.checkpointing import SavedBytes
     from .metrics import gemm_flop_counter
 
     spec = key.spec
@@ -224,8 +224,8 @@ def plan(spec: Any, checkpointing: str | None = None, parallel: str | None = Non
          world_size: int | None = None, batch_size: int | None = None) -> MemoryPlan:
     """One rank's memory for a training step of ``spec`` (or of it with the given settings changed;
     ``batch_size``: rows per rank; selective recomputes every ``spec.ac_every``-th unit)."""
-    from . import models
-    from .backends import STACKS, recipe_owner
+    from .. import models
+    from ..backends import STACKS, recipe_owner
 
     setting = checkpointing or spec.activation_checkpointing
     parallel = parallel or spec.parallel

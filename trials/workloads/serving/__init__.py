@@ -1,6 +1,6 @@
 """Serving a trained model: prefill, then KV-cached greedy decode; one module per way a model keeps its KV cache.
 
-    minigpt  MiniGPT's own blocks (trials/decode.py's Generator): the twin's per-layer K/V buffers, or TE's
+    minigpt  MiniGPT's own blocks (trials/workloads/decode.py's Generator): the twin's per-layer K/V buffers, or TE's
              InferenceParams inside te.TransformerLayer blocks
     hf       a transformers causal LM (an ``hf:`` model, or a ``py:`` factory's module that is one): transformers'
              own cache (``DynamicCache``) through the model's forward, whichever stack changed its Linears
@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 
 class Generator(Protocol):
-    """Greedy generation for a fixed number of prompt rows with a KV cache; see trials/decode.py."""
+    """Greedy generation for a fixed number of prompt rows with a KV cache; see trials/workloads/decode.py."""
 
     def generate(self, prompts: Any, gen_len: int) -> Any:
         """prompts (rows, prompt_len) -> ``decode.Generation``: ``gen_len`` greedy tokens per row, the prefill's

@@ -37,7 +37,7 @@ Unit = TypeVar("Unit")
 
 def chosen(units: tuple[Unit, ...], mode: str, every: int) -> tuple[Unit, ...]:
     """The units ``mode`` recomputes: all (full), every ``every``-th (selective), none; the one rule, which the
-    memory plan (trials/memory_plan.py) follows too."""
+    memory plan (trials/measure/memory_plan.py) follows too."""
     if mode == "full":
         return tuple(units)
     if mode == "selective":
@@ -84,7 +84,7 @@ class SavedBytes:
     trial counts an untimed step.
 
     Storages are told apart by their StorageImpl (``untyped_storage()._cdata``), so it counts fake tensors too
-    (they have no data): the memory plan (trials/memory_plan.py) runs it under FakeTensorMode with ``units``,
+    (they have no data): the memory plan (trials/measure/memory_plan.py) runs it under FakeTensorMode with ``units``,
     the qualified names of the model's units, to tell apart what each unit's forward saves (``per_unit``; the
     rest: ``outside``) and the bytes of each unit's input (``unit_inputs``: what the unit keeps if checkpointed).
     """

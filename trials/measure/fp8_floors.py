@@ -1,4 +1,4 @@
-"""What the per-layer FP8 reads (trials/fp8_layers.py) read and the floors a layer is judged by; no torch here,
+"""What the per-layer FP8 reads (trials/measure/fp8_layers.py) read and the floors a layer is judged by; no torch here,
 so the report (orchestrator/report/numerics.py) reads it on a host without torch's import cost.
 
 The floors: torchao's own Float8Linear test (pytorch/ao test/float8/test_base.py,

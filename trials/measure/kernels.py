@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-# Class -> what it holds. The record has one ``kernel_ms_<class>`` field per class (trials/record.py).
+# Class -> what it holds. The record has one ``kernel_ms_<class>`` field per class (trials/record/fields.py).
 CLASSES: dict[str, str] = {
     "gemm_bf16": "GEMMs not in FP8, in the cell's own higher precision: BF16/FP16, or FP32 in an fp32 cell (the "
                  "report names those gemm_fp32) (cuBLAS, CUTLASS, Triton templates; the LM head of FP8 models)",

@@ -1,5 +1,5 @@
 """Serving MiniGPT: a fresh MiniGPT of the spec's shape (TE's te.TransformerLayer blocks on the te stack, the
-pure-PyTorch twin elsewhere) holding the trained weights, generated from by trials/decode.py's Generator
+pure-PyTorch twin elsewhere) holding the trained weights, generated from by trials/workloads/decode.py's Generator
 (TE's InferenceParams or the twin's K/V buffers; ``cuda_graphs`` graphs its decode step)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
-from .. import te_compat
+from ...backends import te_compat
 from ..decode import Generator
-from ..model import MiniGPT, ModelConfig, fused_qkv_state
-from ..models.minigpt import LOGITS_LAYER
+from ...models.minigpt_net import MiniGPT, ModelConfig, fused_qkv_state
+from ...models.minigpt import LOGITS_LAYER
 
 
 def refusal(model: Any) -> str:
@@ -21,7 +21,7 @@ def refusal(model: Any) -> str:
 def load(spec: Any, state: dict, dtype: torch.dtype, device: str, te: Any, fp8_recipe: Any = None) -> MiniGPT:
     """The inference MiniGPT holding ``state``; with ``fp8_recipe``, built under TE's ``quantized_model_init`` (its
     block weights exist only in FP8; the fused QKV layout ``quantized_model_init`` builds)."""
-    from ..backends.te import load_fp8_weights
+    from ...backends.te import load_fp8_weights
 
     cfg = ModelConfig.from_spec(spec)
     if fp8_recipe is None:

@@ -30,8 +30,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import te_compat
-from .spec import TrialSpec
+from ..backends import te_compat
+from ..spec import TrialSpec
 
 LN_EPS = 1e-5
 INIT_STD = 0.02
@@ -283,7 +283,7 @@ class MiniGPT(nn.Module):
         """(b, t) token ids -> (b, t, d_model) final-norm hidden states (what the LM head reads).
 
         ``positions`` (t,): where the tokens sit (default 0..t-1); ``cache``: a KV cache from
-        ``trials.decode`` that each block reads and extends (its ``block_kwargs`` say how).
+        ``trials.workloads.decode`` that each block reads and extends (its ``block_kwargs`` say how).
         """
         t = idx.shape[1]
         positions = self.positions[:t] if positions is None else positions

@@ -16,7 +16,7 @@ import os
 from types import ModuleType
 from typing import Any, Callable
 
-from .environ import environ
+from ..runtime.environ import environ
 
 log = logging.getLogger(__name__)
 

@@ -52,9 +52,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .. import models, te_compat
+from ... import models
+from ...backends import te_compat
 from ..decode import Clock, Generation, timed_generation
-from ..models.common import Logits, logits_of
+from ...models.common import Logits, logits_of
 from ..teacher_forced import host_log_probs
 
 NOT_SERVABLE = ("serving a py: model needs a transformers causal LM (a PreTrainedModel with GenerationMixin, "
@@ -83,7 +84,7 @@ def load(spec: Any, state: dict, dtype: torch.dtype, device: str, te: Any, fp8_r
     made = models.build(spec, "fp32" if dtype == torch.float32 else "bf16", device)
     model = made.model
     if te is not None:
-        from ..backends import te_convert
+        from ...backends import te_convert
 
         fp8_init = te_compat.quantized_model_init(te, fp8_recipe) if fp8_recipe is not None else contextlib.nullcontext()
         with fp8_init:
@@ -91,7 +92,7 @@ def load(spec: Any, state: dict, dtype: torch.dtype, device: str, te: Any, fp8_r
         model.backend = "te"  # generation runs it under te.autocast
     model.eval()
     if fp8_recipe is not None:
-        from ..backends.te import load_fp8_weights
+        from ...backends.te import load_fp8_weights
 
         load_fp8_weights(model, state)
     else:
@@ -101,7 +102,7 @@ def load(spec: Any, state: dict, dtype: torch.dtype, device: str, te: Any, fp8_r
 
 
 def logits_layer(model: nn.Module) -> str | None:
-    from ..backends.te_convert import find_logits_layer
+    from ...backends.te_convert import find_logits_layer
 
     return find_logits_layer(model)
 

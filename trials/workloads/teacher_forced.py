@@ -43,7 +43,7 @@ from typing import Any, Callable, ContextManager
 import torch
 
 from .data import ArithmeticSequences
-from .spec import TrialSpec, defaults_for, only_fields
+from ..spec import TrialSpec, defaults_for, only_fields
 
 log = logging.getLogger(__name__)
 

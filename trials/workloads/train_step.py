@@ -18,11 +18,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import backends, checkpointing, distributed, models, te_compat
-from .backends import Built
+from .. import backends, models
+from ..parallel import checkpointing, ranks as distributed
+from ..backends import te_compat
+from ..backends import Built
 from .data import ArithmeticSequences
-from .model import MiniGPT
-from .spec import TrialSpec
+from ..models.minigpt_net import MiniGPT
+from ..spec import TrialSpec
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +130,7 @@ def train(step: TrainStep, data: ArithmeticSequences, steps: int, batch: int,
     The first step is timed apart (one sync after it): it holds the one-off compiles, and a process
     that runs many trials pays them once per shape instead of once per trial. It is also the step whose
     saved tensors are counted (untimed by the benchmark, so the hooks disturb no step time). ``after_step(i)``:
-    called after step ``i`` (and after the first step's timing), for reads between steps (trials/fp8_layers.py's
+    called after step ``i`` (and after the first step's timing), for reads between steps (trials/measure/fp8_layers.py's
     outlier samples), which must leave training as it was.
     """
     device = data.device

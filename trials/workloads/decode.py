@@ -20,8 +20,8 @@ from typing import Any, Callable
 
 import torch
 
-from . import te_compat
-from .model import MiniGPT, rope_freqs
+from ..backends import te_compat
+from ..models.minigpt_net import MiniGPT, rope_freqs
 from .teacher_forced import host_log_probs
 
 KV_LEN_MULTIPLE = 64  # TE's non-paged KV cache is sized in multiples of 64 tokens
@@ -103,7 +103,7 @@ class TECache:
 def timed_generation(gen: Any, prompts: torch.Tensor, gen_len: int,
                      prefill: Callable[[torch.Tensor], torch.Tensor]) -> Generation:
     """The timed greedy generation every static-buffer generator shares (MiniGPT's here, a transformers model's
-    StaticGenerator in trials/serving/hf.py): ``gen.cache`` reset, then ``prefill(prompts)`` -> the first token of
+    StaticGenerator in trials/workloads/serving/hf.py): ``gen.cache`` reset, then ``prefill(prompts)`` -> the first token of
     every row (rows,), then each decode step copies the previous token into ``gen.token``, sets ``gen.position``,
     lets the cache begin (``gen._begin_decode()``), replays ``gen.graph`` (or runs ``gen._decode()`` uncaptured)
     and reads ``gen.next``. prompts (rows, prompt_len) -> ``gen_len`` tokens per row and one time per step."""

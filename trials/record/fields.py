@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .kernels import CLASSES
-from .typecheck import matches
+from ..measure.kernels import CLASSES
+from ..typecheck import matches
 
 SCHEMA_VERSION = 1
 
@@ -77,7 +77,7 @@ FIELDS: list[Field] = [
        "enable_fsdp_float8_all_gather; te: FP8 primary weights from quantized_model_init, trained by FusedAdam's "
        "fp32 masters)."),
     _f("activation_checkpointing", "str", "none, full (every unit recomputed in backward) or selective (every "
-       "ac_every-th unit); units: the model's decoder layers, FSDP2's units (trials/checkpointing.py)."),
+       "ac_every-th unit); units: the model's decoder layers, FSDP2's units (trials/parallel/checkpointing.py)."),
     _f("ac_every", "int", "Selective activation checkpointing: every ac_every-th unit is recomputed (default 2)."),
     _f("model_units", "int", "Units the model splits into (its decoder layers, as its source names them): FSDP2 "
        "shards each, activation checkpointing recomputes them; null where the trial needed none."),
@@ -97,15 +97,15 @@ FIELDS: list[Field] = [
     _f("seed", "int", "Seed of weights and data."),
     _f("profile", "bool", "A few steps profiled after timing for the kernel breakdown (kernel_ms_* fields)."),
     _f("fp8_reads", "bool", "fp8 training cells: the per-layer FP8 reads (sqnr_*, cast_*, outlier_* and fp8_layers "
-       "fields; trials/fp8_layers.py) run; false: none of them. The timed steps and losses are the same either way."),
+       "fields; trials/measure/fp8_layers.py) run; false: none of them. The timed steps and losses are the same either way."),
     _f("device", "str", "Requested device: auto, cuda or cpu."),
     # -- what actually ran
     _f("effective_device", "str", "Device the trial ran on."),
     _f("effective_backend", "str", "Backend that ran (te or torch); empty when unsupported."),
     _f("effective_precision", "str", "Precision that ran; empty when unsupported. An fp8 cell whose stack converted "
-       "no module, or ran under trials.metrics.FP8_MIN_SHARE (5%) of its step's FLOPs in FP8 GEMMs "
+       "no module, or ran under trials.measure.metrics.FP8_MIN_SHARE (5%) of its step's FLOPs in FP8 GEMMs "
        "(fp8_flop_share), ran bf16 (fp32 cells never ask for FP8): it is not an FP8 result and the report never pairs "
-       "it as one (trials.metrics.fp8_ran)."),
+       "it as one (trials.measure.metrics.fp8_ran)."),
     _f("effective_recipe", "str", "FP8 recipe that ran; empty for non-fp8 cells."),
     _f("fp8_recipe_repr", "str", "TE's repr of the recipe object used."),
     _f("te_torch_compile", "bool", "TE's torch.compile'd element-wise fusers on (NVTE_TORCH_COMPILE, TE's default: on)."),
@@ -175,7 +175,7 @@ FIELDS: list[Field] = [
     _f("mfu_precision_peak", "float", "model_tflops / (peak_tflops_precision * world_size)."),
     _f("host_ms_per_step", "float", "Host time to issue one step from an idle GPU, ms (null on CPU)."),
     _f("launch_bound", "bool", "GPU waits on the host: host_ms_per_step >= 0.8 * step_ms_p50 (null on CPU)."),
-    # -- what else ran while the steps were timed (trials/disturbance.py): null where /proc or NVML cannot tell
+    # -- what else ran while the steps were timed (trials/measure/disturbance.py): null where /proc or NVML cannot tell
     _f("timing_wait_share", "float", "Over the timed steps: the share of the time the trial process's threads "
        "wanted a CPU that they waited for one on a run queue (Linux schedstat; 0: never waited)."),
     _f("timing_foreign_cpu_share", "float", "Over the timed steps: other processes' CPU time as a share of the "
@@ -187,7 +187,7 @@ FIELDS: list[Field] = [
     _f("timing_disturbed", "bool", "Something else took the trial's CPU or GPU while its steps were timed: its "
        "threads waited for a CPU >= 20% of the time (timing_wait_share), or another compute process shared its GPU."),
     _f("timing_disturbed_why", "str", "What disturbed the timed steps, in words (null: nothing seen)."),
-    # -- energy, power and clocks (trials/energy.py): a window of its own right after timing
+    # -- energy, power and clocks (trials/measure/energy.py): a window of its own right after timing
     _f("energy_window_s", "float", "Length of the energy window: the timed step (infer: a whole generation) repeated "
        "for at least 1 s, edges on ticks of NVML's energy counter, s."),
     _f("energy_window_calls", "int", "Steps (infer: generations) in the energy window."),
@@ -204,7 +204,7 @@ FIELDS: list[Field] = [
        "thermal:hw_thermal, other:...; empty: none; GPU idle is not listed)."),
     _f("energy_gpu_shared", "bool", "Another process used the GPU at the end of the window (energy is board-wide)."),
     _f("energy_why", "str", "Why the energy fields are null (CPU trial, NVML or its counter missing)."),
-    # -- where the step goes (trials/kernels.py): a few steps profiled after timing (infer: per decode step)
+    # -- where the step goes (trials/measure/kernels.py): a few steps profiled after timing (infer: per decode step)
     *[_f(f"kernel_ms_{c}", "float", f"Kernel time per step in class {c}: {doc}, ms (CPU: aten operators' self time "
          "scaled to the timed step by the profiled step's wall clock).")
       for c, doc in CLASSES.items()],
@@ -245,7 +245,7 @@ FIELDS: list[Field] = [
        "what an earlier trial in the same process left)."),
     _f("peak_rss_bytes", "int", "Peak resident host memory of the trial process during the trial (Linux VmHWM, "
        "reset at trial start; null where it cannot be reset)."),
-    _f("est_peak_mem_bytes", "int", "train: the memory plan's peak for one rank (trials/memory_plan.py: weights, grads, "
+    _f("est_peak_mem_bytes", "int", "train: the memory plan's peak for one rank (trials/measure/memory_plan.py: weights, grads, "
        "optimizer state, activations under the cell's checkpointing, logits and loss, FSDP2 sharding), from the module "
        "run once under fake tensors; beside peak_mem_allocated_bytes (the report shows their ratio)."),
     _f("est_activation_bytes", "int", "train: the memory plan's activations: bytes saved for backward at the cell's "
@@ -257,7 +257,7 @@ FIELDS: list[Field] = [
     _f("gen_stride_accuracy", "float", "Share of generated steps that keep the prompt's stride (8 prompts)."),
     _f("tf_top1_agreement", "float", "train, fp8 cells: teacher-forced, on one held sequence, every position, the share "
        "where the FP8 model's next-token argmax equals its BF16 partner's (the bf16_partner stack, same seeded init, "
-       "same batches and steps; trials/teacher_forced.py). Meaningful only where BF16 is decided "
+       "same batches and steps; trials/workloads/teacher_forced.py). Meaningful only where BF16 is decided "
        "(tf_decided_share): on a nearly flat distribution argmax is noise. infer, fp8 cells: the served model against "
        "its BF16 reference (the same trained weights) through the KV cache, on every prefill position and on decode "
        "steps fed the reference's greedy tokens; the other tf fields are over those positions too."),
@@ -266,7 +266,7 @@ FIELDS: list[Field] = [
     _f("tf_bf16_top1_prob", "float", "train, those fp8 cells: the BF16 partner's own confidence, the mean over the "
        "held positions of the probability of its argmax (1/vocab: a flat distribution)."),
     _f("tf_decided_share", "float", "train, those fp8 cells: share of held positions where BF16 is decided, its top-1 "
-       "log-probability at least trials.teacher_forced.DECIDED_MARGIN nats above the runner-up's."),
+       "log-probability at least trials.workloads.teacher_forced.DECIDED_MARGIN nats above the runner-up's."),
     _f("tf_top1_agreement_decided", "float", "train, those fp8 cells: tf_top1_agreement over the positions where BF16 "
        "is decided only (null where it is decided nowhere)."),
     _f("tf_s", "float", "Training the BF16 partner and comparing (infer: the served model's teacher-forced read), "
@@ -274,7 +274,7 @@ FIELDS: list[Field] = [
     _f("tf_partner_reused", "bool", "train, those fp8 cells: the BF16 partner was not trained again: an earlier FP8 "
        "cell in the same trial process trained the same partner (same model, seed and schedule; delayed and current "
        "scaling share one) and its read was taken (trials/teacher_forced.Partners)."),
-    # -- per-layer FP8 numerics (trials/fp8_layers.py, docs/guide/numerics.md): fp8 training cells with fp8_reads
+    # -- per-layer FP8 numerics (trials/measure/fp8_layers.py, docs/guide/numerics.md): fp8 training cells with fp8_reads
     *[_f(f"sqnr_{d}_{stat}", typ, f"fp8 train: {what} of every FP8 module against the same module in BF16 on the same "
          f"input and upstream gradient (one held batch, after the timed steps): {sdoc}.")
       for d, what in (("fwd", "SQNR of the output"), ("dgrad", "SQNR of the input gradient"),
@@ -379,7 +379,7 @@ def validate(record: Mapping[str, Any]) -> None:
     for name, value in record.items():
         field = _BY_NAME.get(name)
         if field is None:
-            raise RecordError(name, "not a declared record field (declare it in trials/record.py)")
+            raise RecordError(name, "not a declared record field (declare it in trials/record/fields.py)")
         if value is not None and not matches(value, field.type):
             raise RecordError(name, f"must be {field.type}, got {type(value).__name__} {str(value)[:60]!r}")
 

@@ -34,7 +34,7 @@ from typing import Any, Iterator
 import torch
 import torch.nn as nn
 
-from .spec import COLLECTIVE_TIMEOUT_S
+from ..spec import COLLECTIVE_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 

@@ -42,9 +42,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .data import ArithmeticSequences
+from ..workloads.data import ArithmeticSequences
 from .fp8_floors import DIRECTIONS, OPERANDS, SQNR_FLOOR_DB
-from .teacher_forced import HELD_LEN, HELD_ROWS, HELD_SEED_OFFSET
+from ..workloads.teacher_forced import HELD_LEN, HELD_ROWS, HELD_SEED_OFFSET
 
 log = logging.getLogger(__name__)
 
@@ -260,7 +260,7 @@ def _finite(values: list[tuple[str, float]]) -> list[tuple[str, float]]:
 
 
 def record_fields(reads: list[LayerRead], trend: OutlierTrend | None) -> dict[str, Any]:
-    """The record's fields (trials/record.py) from the reads: min, median and worst module per direction,
+    """The record's fields (trials/record/fields.py) from the reads: min, median and worst module per direction,
     worst share and module per operand class, the last outlier sample's largest values, and every per-layer
     value as JSON (``fp8_layers``) for the report."""
     out: dict[str, Any] = {}

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from . import nvml, te_compat
+from . import nvml
+from ..backends import te_compat
 
 
 def juicytalk_version() -> str | None:
