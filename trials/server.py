@@ -89,6 +89,7 @@ def preload(te: bool) -> None:
     import torch  # noqa: F401
 
     from . import trial  # noqa: F401  (model, train, bench, metrics...)
+    from .workloads import inference, training  # noqa: F401  (imported by a trial on first use)
 
     if te:
         from .backends import te_compat

@@ -24,7 +24,7 @@ from .models.minigpt_net import matmul_param_count
 from .record.fields import empty_record
 from .spec import TrialSpec
 from .workloads.teacher_forced import Partners
-from .workloads import WORKLOADS
+from .workloads import runner
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def run_trial(spec: TrialSpec, capability: Capability | None = None, process_tri
                           effective_recipe=res.recipe)
             baseline = memory.reset(device)
             with distributed.session(spec.world_size, spec.parallel, device) as ranks:
-                numerics = WORKLOADS[spec.workload](spec, res, cfg, record, t0, ranks)
+                numerics = runner(spec.workload)(spec, res, cfg, record, t0, ranks)
             if numerics is not None:  # a second model (the BF16 partner) trains: after the cell's own peaks
                 record.update(memory.snapshot(baseline))
                 baseline = None
