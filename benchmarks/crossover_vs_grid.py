@@ -26,7 +26,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from orchestrator.crossover import SIDES, Answer, Bisection
+from orchestrator.answer import Answer
+from orchestrator.crossover import SIDES, Bisection
 from orchestrator.search import Search
 from orchestrator.store import Store, read_results
 from orchestrator.sweep import load_sweep

@@ -25,15 +25,15 @@ is paid by a range whose target is never reached: about log2(points) probes up t
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
 from trials.spec import SpecError, TrialSpec, defaults_for, variant_name
 
+from .answer import Answer, Probe
 from .report.analysis import bootstrap_ratio, launch_bound_note
 
 FINDS = ("crossover",)
@@ -130,44 +130,6 @@ def parse_search(block: Any, err: Callable[[tuple, str], Exception], sweep_fixed
                 raise err(("search", side if exc.field in sides[side] else "over"),
                           f"{exc} (the {side} cell at {axis}={x})") from None
     return plan
-
-
-@dataclass
-class Probe:
-    x: int
-    ratio: float | None = None  # baseline time / variant time
-    ci_low: float | None = None
-    ci_high: float | None = None
-    samples: int = 0
-    verdict: str = ""  # above, below (straddle counts as below once samples are capped), failed
-    why: str = ""
-    launch_bound: bool = False  # a sample of either side was launch-bound: the host's pace set its time
-
-
-@dataclass
-class Answer:
-    found: bool
-    statement: str
-    axis: str
-    target: float
-    variant: str
-    baseline: str
-    crossover: int | None = None
-    bracket: tuple[int, int] | None = None
-    probes: list[Probe] = field(default_factory=list)
-    trials: int = 0
-    gpu_seconds: float = 0.0
-    done: bool = True
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
-
-    @classmethod
-    def from_json(cls, text: str) -> "Answer":
-        data = json.loads(text)
-        data["probes"] = [Probe(**p) for p in data.get("probes", [])]
-        data["bracket"] = tuple(data["bracket"]) if data.get("bracket") else None
-        return cls(**data)
 
 
 @dataclass(frozen=True)

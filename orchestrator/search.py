@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .crossover import SIDES, Answer, Bisection, CrossoverPlan, Decision, Outcome
+from .answer import Answer
+from .crossover import SIDES, Bisection, CrossoverPlan, Decision, Outcome
 from .report.analysis import DECODE_STEP, TRAIN_STEP
 from .store import Store
 from .work import WorkItem

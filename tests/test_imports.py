@@ -24,7 +24,8 @@ def modules(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str
 
 
 def imported(name: str, path: Path) -> set[str]:
-    """Every absolute module name ``name``'s file imports (``from . import x`` yields the package and its x)."""
+    """Every absolute module name ``name``'s file imports (``from . import x`` yields the package and its x), with
+    the packages that enclose each (Python runs their ``__init__`` first)."""
     out: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -37,6 +38,8 @@ def imported(name: str, path: Path) -> set[str]:
                 base = ".".join(parts + ([base] if base else []))
             out.add(base)
             out.update(f"{base}.{a.name}" for a in node.names)
+    # importing a.b.c runs a/__init__ and a/b/__init__ first: each enclosing package is imported too
+    out.update(".".join(m.split(".")[:i]) for m in list(out) for i in range(2, m.count(".") + 1))
     return out
 
 

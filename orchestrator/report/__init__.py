@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from trials.record.atomic import write_text_atomic
 
+from ..answer import Answer
 from ..store import Store, is_uri, read_results
 from .analysis import (DECODE_STEP, ONE_SAMPLE, TRAIN_STEP, Pairs, against_fastest_bf16, compare_runs, crossover, pair_cells,
                        prepare, ways_that_ran)
@@ -30,7 +31,7 @@ from .why import breakdown, gap_name
 
 
 def search_table(found: Any) -> pd.DataFrame:
-    """The crossover search's probes (an :class:`~orchestrator.crossover.Answer`), one row each."""
+    """The crossover search's probes (an :class:`~orchestrator.answer.Answer`), one row each."""
     rows = [{found.axis: p.x, "speedup": p.ratio, "CI low": p.ci_low, "CI high": p.ci_high, "samples": p.samples,
              "verdict": p.verdict, "why": p.why} for p in found.probes]
     return pd.DataFrame(rows).round(3)
@@ -152,8 +153,6 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
     sections = summary_sections(df, pairs, comparison, inference, fastest) + numerics.sections(train)
     search = beside("search.json")
     if search is not None:  # a sweep with a search block: its answer first, its probes as a chart
-        from ..crossover import Answer  # here: the search module reads the report's intervals
-
         found = Answer.from_json(search)
         lines = [f"Crossover search: {found.statement}"] + lines
         figures.insert(0, ("crossover_search", charts.search_chart(found)))
