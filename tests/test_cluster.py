@@ -72,7 +72,7 @@ def _start(sweep: Path, out: Path, address: str) -> subprocess.Popen:
 def test_driver_killed_mid_sweep_then_rerun_completes_exactly_once(ray_cluster, tmp_path):
     """The driver SIGKILLed mid-sweep; a second driver meanwhile is refused; the rerun takes the stale lock
     over and, though a trial's worker is SIGKILLed mid-trial (retried), finishes every cell exactly once."""
-    sweep = write_sweep(tmp_path, "kd", SMALL % (SLOW_MODEL, 200))  # ~5 s a trial, one at a time
+    sweep = write_sweep(tmp_path, "kd", SMALL % (SLOW_MODEL, 100))  # ~2.5 s a trial, one at a time
     trials_dir, running = tmp_path / "kd" / "trials", tmp_path / "kd" / "running"
     driver = _start(sweep, tmp_path, ray_cluster)
     # the second driver as soon as the first holds the lock (it writes its pid there before Ray starts): refused
