@@ -96,7 +96,7 @@ def test_a_te_preload_also_imports_what_tes_first_fused_call_would():
     A server that preloads TE imports them while Ray starts. Fails when torch moves a listed module (the
     preload would then skip it silently), when the preload touches CUDA (forked trials need it untouched), or
     when it ignores TE's own switch (NVTE_TORCH_COMPILE=0: TE compiles nothing, nothing to import)."""
-    code = ("import os, sys, torch; from trials import te_compat; mods = te_compat.FUSER_COMPILER_MODULES\n"
+    code = ("import os, sys, torch; from trials.backends import te_compat; mods = te_compat.FUSER_COMPILER_MODULES\n"
             "os.environ['NVTE_TORCH_COMPILE'] = '0'; te_compat.import_fuser_compiler()\n"
             "print([m for m in mods if m in sys.modules])\n"
             "os.environ['NVTE_TORCH_COMPILE'] = '1'; te_compat.import_fuser_compiler()\n"
