@@ -137,7 +137,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         from .plan import plan_rows, refusal
 
         try:
-            line = refusal(plan_rows(sweep, Store(storage, sweep.name), cpu_here=False), gpu_memory)
+            rows = plan_rows(sweep, Store(storage, sweep.name), cpu_here=False)
+            for row in rows if args.restart else ():  # every trial runs again: its records do not count
+                row["records"] = []
+            line = refusal(rows, gpu_memory)
         except Exception as exc:  # noqa: BLE001 - a plan that fails never stops a sweep: its trials say what fits
             logging.getLogger(__name__).warning("memory plan failed, cells not checked: %s: %s", type(exc).__name__, exc)
             line = None

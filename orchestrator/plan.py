@@ -229,7 +229,7 @@ def refusal(rows: list[dict[str, Any]], gpu_memory_bytes: int) -> str | None:
         return None
     more = f"; {len(over) - 1} more cell(s) will not fit (--dry-run lists them)" if len(over) > 1 else ""
     return (f"{oom_line(over[0], gpu_memory_bytes)}: over {FIT_MARGIN}x the memory, more than the memory plan's "
-            f"error, so nothing was started{more}; --no-fit-check runs it anyway")
+            f"error, so nothing was started{more}; --no-fit-check runs {'them' if more else 'it'} anyway")
 
 
 def slow_on_cpu(rows: list[dict[str, Any]], flops_per_s: float) -> list[str]:
