@@ -49,6 +49,24 @@ def _quiet_ray_logs(verbose: bool) -> None:
 
 
 # -- sweep --------------------------------------------------------------------------------------
+def _gpu_memory(args: argparse.Namespace) -> int | None:
+    """The GPU memory a sweep's memory plan is held against: ``--gpu-memory``, else this machine's first GPU where
+    Ray runs here (a cluster's GPUs are not this machine's: give ``--gpu-memory``), else None (not checked).
+    Where NVML cannot start there is no NVIDIA driver, so no GPU: answered without importing torch."""
+    if args.gpu_memory:
+        return int(args.gpu_memory * 2**30)
+    if args.address or os.environ.get("RAY_ADDRESS"):
+        return None
+    from trials.measure import nvml
+
+    with nvml.session() as nv:
+        if nv is None:
+            return None
+    from .plan import local_gpu_memory_bytes
+
+    return local_gpu_memory_bytes()
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from .embedded_ray import RayStartError
     from .lock import SweepLocked
@@ -63,17 +81,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     if args.max_concurrent is not None and args.max_concurrent < 1:
         return _fail("--max-concurrent: must be a positive integer")
+    if args.gpu_memory is not None and args.gpu_memory <= 0:
+        return _fail("--gpu-memory: must be a positive number of GiB")
     storage = args.out or sweep.storage or DEFAULT_OUT
     console = _console()
     if args.dry_run:
         from trials.record.fields import FINAL_STATUSES
 
         from .tables import print_table
-        from .plan import (config_defaults, cpu_matmul_flops_per_s, expected_ooms, host_memory_bytes, local_gpu_memory_bytes,
-                           plan_rows, plan_table, slow_on_cpu, unsupported_here)
+        from .plan import (FIT_MARGIN, config_defaults, cpu_matmul_flops_per_s, expected_ooms, host_memory_bytes,
+                           oom_line, plan_rows, plan_table, slow_on_cpu, unsupported_here, will_not_fit)
 
-        local_gpu = local_gpu_memory_bytes()
-        gpu_memory = int(args.gpu_memory * 2**30) if args.gpu_memory else local_gpu
+        gpu_memory = _gpu_memory(args)
         rows = plan_rows(sweep, Store(storage, sweep.name), unsupported_here(sweep), cpu_here=gpu_memory is None)
         host_memory = host_memory_bytes()
         if rows:
@@ -84,7 +103,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                               "as unsupported with this reason)", soft_wrap=True)
         for line in config_defaults(sweep):
             console.print(f"[yellow]config defaults[/] {line}", soft_wrap=True)
-        for line in expected_ooms(rows, gpu_memory, host_memory):
+        refused = will_not_fit(rows, gpu_memory) if args.fit_check else []
+        refused_ids = {row["cell_id"] for row in refused}
+        for row in refused:
+            console.print(f"[red]will not fit[/] {oom_line(row, gpu_memory)}: over {FIT_MARGIN}x the memory, more than "
+                          "the memory plan's error, so a real sweep refuses it (--no-fit-check runs it anyway)",
+                          soft_wrap=True)
+        for line in expected_ooms([row for row in rows if row["cell_id"] not in refused_ids], gpu_memory, host_memory):
             console.print(f"[yellow]expected OOM[/] {line}", soft_wrap=True)
         if any(row["on_cpu"] and not row["unsupported"] for row in rows):
             for line in slow_on_cpu(rows, cpu_matmul_flops_per_s()):
@@ -107,6 +132,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from .progress import SweepProgress, reasons_below, summary_table
     from .tables import print_table
 
+    gpu_memory = _gpu_memory(args) if args.fit_check else None
+    if gpu_memory is not None:  # before Ray or any trial: a cell far over the GPU's memory is refused
+        from .plan import plan_rows, refusal
+
+        try:
+            rows = plan_rows(sweep, Store(storage, sweep.name), cpu_here=False)
+            for row in rows if args.restart else ():  # every trial runs again: its records do not count
+                row["records"] = []
+            line = refusal(rows, gpu_memory)
+        except Exception as exc:  # noqa: BLE001 - a plan that fails never stops a sweep: its trials say what fits
+            logging.getLogger(__name__).warning("memory plan failed, cells not checked: %s: %s", type(exc).__name__, exc)
+            line = None
+        if line:
+            return _fail(line)
     for asked, why in sweep.skipped:
         console.print(f"[cyan]skipped[/] {shown(asked)}: {why}", soft_wrap=True)
     try:
@@ -350,7 +389,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      "else a local embedded Ray")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     p.add_argument("--gpu-memory", type=float, metavar="GIB",
-                   help="dry run: GPU memory to check the estimates against (default: this machine's GPU)")
+                   help="GPU memory to check the estimates against (default: this machine's GPU where Ray runs "
+                        "here); a cell over it by more than the plan's error is refused")
+    p.add_argument("--no-fit-check", dest="fit_check", action="store_false",
+                   help="run cells the memory plan says will not fit (the dry run then says only 'expected OOM')")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", help="run only trials without a final record (default)")
     mode.add_argument("--restart", action="store_true", help="move earlier results aside and start over")

@@ -2,7 +2,9 @@
 
 The estimate is checked against the memory of where a cell runs: the GPU's (this machine's, or
 ``--gpu-memory``), or, for cells that run on CPU here, the host's RAM; CPU cells whose steps would take
-hours even at the host's best matmul pace are flagged too.
+hours even at the host's best matmul pace are flagged too. A GPU training cell whose estimate is over the
+GPU's memory by more than the plan's own error (``FIT_MARGIN``) will not fit: a real sweep refuses it before
+Ray or any trial starts (``juicytalk sweep --no-fit-check`` runs it anyway).
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ from .sweep import Sweep
 
 
 CPU_SLOW_S = 3600.0  # a CPU cell whose steps need longer than this, at the host's best matmul pace, is flagged
+# A real sweep refuses a GPU training cell whose estimate is over FIT_MARGIN x the GPU's memory: the plan's
+# estimate/measured on the 434 published H200 training records ran 0.70-1.35 (docs/guide/memory.md,
+# benchmarks/memory_plan_vs_h200.py), so past 1.4x the cell is over even where the plan overestimates most.
+# Between 1x and 1.4x the dry run says "expected OOM" and the cell runs (it may fit; its record says oom if not).
+FIT_MARGIN = 1.4
 
 
 def estimate_memory_bytes(spec: TrialSpec) -> int:
@@ -173,25 +180,56 @@ def config_defaults(sweep: Sweep) -> list[str]:
     return list(out)
 
 
+def oom_line(row: dict[str, Any], limit: int) -> str:
+    """``row``'s estimate against ``limit``, the memory where it runs; a GPU training cell's line names the
+    cheapest setting that would fit (trials/measure/memory_plan.py: checkpointing first, then FSDP2 ranks)."""
+    line = (f"{row['label']}: estimated {row['est_mem_bytes'] / 2**30:.1f} GiB > {limit / 2**30:.0f} GiB "
+            f"of {'host' if row.get('on_cpu') else 'GPU'} memory")
+    spec = row.get("spec")
+    if spec is not None and not row.get("on_cpu") and spec.workload == "train" and not row.get("mem_guess"):
+        fit = memory_plan.cheapest_fit(spec, limit)
+        line += (f"; fits with {fit.setting()} ({fit.total / 2**30:.1f} GiB per GPU)" if fit else
+                 f"; does not fit even with activation_checkpointing full on up to {memory_plan.FIT_RANKS[-1]} "
+                 "FSDP2 ranks sharing its global batch")
+    return line
+
+
 def expected_ooms(rows: list[dict[str, Any]], gpu_memory_bytes: int | None,
                   host_memory_bytes: int | None = None) -> list[str]:
-    """One line per ``plan_rows`` cell whose estimate exceeds the memory where it runs: the GPU's, or the
-    host's for a CPU cell (it still runs, and records oom if it does); a GPU training cell's line names the
-    cheapest setting that would fit (trials/measure/memory_plan.py: checkpointing first, then FSDP2 ranks)."""
+    """One ``oom_line`` per ``plan_rows`` cell whose estimate exceeds the memory where it runs: the GPU's, or the
+    host's for a CPU cell (it still runs, and records oom if it does)."""
     out = []
     for row in rows:
         limit = _limit(row, gpu_memory_bytes, host_memory_bytes)
         if limit and row["est_mem_bytes"] > limit and not (row.get("on_cpu") and row.get("unsupported")):
-            line = (f"{row['label']}: estimated {row['est_mem_bytes'] / 2**30:.1f} GiB > {limit / 2**30:.0f} GiB "
-                    f"of {'host' if row.get('on_cpu') else 'GPU'} memory")
-            spec = row.get("spec")
-            if spec is not None and not row.get("on_cpu") and spec.workload == "train" and not row.get("mem_guess"):
-                fit = memory_plan.cheapest_fit(spec, limit)
-                line += (f"; fits with {fit.setting()} ({fit.total / 2**30:.1f} GiB per GPU)" if fit else
-                         f"; does not fit even with activation_checkpointing full on up to {memory_plan.FIT_RANKS[-1]} "
-                         "FSDP2 ranks sharing its global batch")
-            out.append(line)
+            out.append(oom_line(row, limit))
     return out
+
+
+def will_not_fit(rows: list[dict[str, Any]], gpu_memory_bytes: int | None) -> list[dict[str, Any]]:
+    """The ``plan_rows`` a real sweep refuses: GPU training cells, planned from their module (not a guess), with
+    a trial still to run, whose estimate is over ``FIT_MARGIN`` x the GPU's memory. CPU cells are not refused:
+    the margin was measured on GPUs, and a host past its RAM swaps rather than stops (the dry run still flags
+    them); nor are cells with unknown GPU memory (no GPU here and no ``--gpu-memory``)."""
+    if not gpu_memory_bytes:
+        return []
+    from trials.record.fields import FINAL_STATUSES
+
+    return [row for row in rows
+            if not row.get("on_cpu") and not row.get("mem_guess") and row["spec"].workload == "train"
+            and sum(1 for status in row["records"] if status in FINAL_STATUSES) < row["samples"]
+            and row["est_mem_bytes"] > FIT_MARGIN * gpu_memory_bytes]
+
+
+def refusal(rows: list[dict[str, Any]], gpu_memory_bytes: int) -> str | None:
+    """The one line a real sweep exits with when ``will_not_fit`` names a cell: its ``oom_line``, why it is
+    refused, how to run it anyway, and how many more there are; None when every cell may fit."""
+    over = will_not_fit(rows, gpu_memory_bytes)
+    if not over:
+        return None
+    more = f"; {len(over) - 1} more cell(s) will not fit (--dry-run lists them)" if len(over) > 1 else ""
+    return (f"{oom_line(over[0], gpu_memory_bytes)}: over {FIT_MARGIN}x the memory, more than the memory plan's "
+            f"error, so nothing was started{more}; --no-fit-check runs {'them' if more else 'it'} anyway")
 
 
 def slow_on_cpu(rows: list[dict[str, Any]], flops_per_s: float) -> list[str]:

@@ -98,6 +98,33 @@ def test_a_cell_that_does_not_fit_names_the_cheapest_setting_that_does(tmp_path)
         in line, line
 
 
+def test_a_sweep_refuses_a_cell_far_over_the_gpu_memory_before_anything_starts(tmp_path, capsys):
+    """Over ``FIT_MARGIN`` (1.4) x the GPU's memory, beyond the plan's measured error: a real sweep exits 2 with one
+    line naming the cell, its estimate, the memory and the dry run's cheapest setting that fits; no results directory
+    (nor Ray: it is never imported). ``--no-fit-check`` lets it through: its dry run says only 'expected OOM'."""
+    from orchestrator.cli import main
+
+    from .conftest import juicytalk, user_env
+
+    path = tmp_path / "big.yaml"  # 404M parameters: an estimated 6.3 GiB per rank, planned from the module
+    path.write_text("name: big\ngrid: {d_model: [2048]}\nfixed: {n_layers: 8, backend: torch}\n")
+    dry = ["sweep", str(path), "--gpu-memory", "1", "--dry-run", "--out", str(tmp_path / "out")]
+    assert main(dry) == 0
+    said = capsys.readouterr().out
+    assert "will not fit d2048-L8-torch-bf16" in said and "a real sweep refuses it" in said, said
+    assert main([*dry, "--no-fit-check"]) == 0
+    said = capsys.readouterr().out
+    assert "expected OOM d2048-L8-torch-bf16: estimated" in said and "will not fit" not in said, said
+
+    out = juicytalk("sweep", str(path), "--gpu-memory", "1", "--out", str(tmp_path / "out"),
+                    env=user_env(tmp_path / "home"), timeout=300)
+    assert out.returncode == 2, out.stderr
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("juicytalk: error: d2048-L8-torch-bf16: estimated ") and "GiB > 1 GiB of GPU memory; fits " \
+        "with activation_checkpointing full, parallel fsdp, world_size 4" in line and "--no-fit-check" in line, line
+    assert out.stdout == "" and not (tmp_path / "out").exists()
+
+
 def test_fsdp_shards_weights_grads_and_optimizer_per_rank():
     spec = TrialSpec(model="minigpt", **SHAPE)
     one, four = memory_plan.plan(spec), memory_plan.plan(spec, parallel="fsdp", world_size=4)

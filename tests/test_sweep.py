@@ -173,11 +173,13 @@ def test_cli_dry_run_flags_cells_expected_to_oom(tmp_path):
     text = " ".join(out.stdout.split())
     # what the published H200 run measured (docs/results/h200/llama-shapes, peak allocated): the 70B layers 49.5-60.7
     # GiB, the 8B layers at depth 4 47.4-48.1 GiB: over 48 GiB, or at it; at depth 2 and the 1B layers: well under
-    flagged = [line for line in out.stdout.splitlines() if line.startswith("expected OOM")]
+    flagged = [line for line in out.stdout.splitlines() if line.startswith(("expected OOM", "will not fit"))]
     assert len(flagged) == 9 and all("> 48 GiB" in line and "fits with" in line for line in flagged), flagged
-    assert {line.split(":")[0] for line in flagged} == {f"expected OOM llama-{shape}-te-{v}" for shape in
-                                                         ("d8192-L1", "d8192-L2", "d4096-L4")
-                                                         for v in ("bf16", "fp8-delayed", "fp8-current")}
+    # the 70B layers at depth 2 (measured 60.7 GiB) are estimated at 68.9-72.1 GiB: over 1.4 x 48 GiB, beyond the
+    # plan's error, so a real sweep refuses them; the rest (estimates 54.7-59.6 GiB) may fit and run
+    assert {line.split(":")[0] for line in flagged} == {
+        f"{'will not fit' if shape == 'd8192-L2' else 'expected OOM'} llama-{shape}-te-{v}"
+        for shape in ("d8192-L1", "d8192-L2", "d4096-L4") for v in ("bf16", "fp8-delayed", "fp8-current")}
     assert "GPU memory 48 GiB" in text
 
 
