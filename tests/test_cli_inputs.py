@@ -82,8 +82,8 @@ def test_trial_quiet_prints_nothing_not_even_third_party_noise():
     if importlib.util.find_spec("torchao") is None:
         pytest.skip("needs torchao")
     out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "trial", "-q", "--device", "cpu",
-                          "--backend", "torchao", "--precision", "fp8", "--recipe", "tensorwise", "--d-model", "64",
-                          "--n-layers", "1", "--seq-len", "32", "--batch-size", "4", "--train-steps", "2",
+                          "--backend", "torchao", "--precision", "fp8", "--recipe", "tensorwise", "--d-model", "32",
+                          "--n-layers", "1", "--seq-len", "16", "--batch-size", "2", "--train-steps", "2",
                           "--bench-steps", "2", "--warmup-steps", "0", "--profile"],
                          capture_output=True, text=True, env=cli_env(), cwd=REPO, timeout=300)
     assert out.returncode == 0 and out.stdout == "" and out.stderr == "", out.stdout[-2000:] + out.stderr[-2000:]
