@@ -42,9 +42,10 @@ class SweepLocked(RuntimeError):
     """Another driver runs this sweep now."""
 
 
-def lock_path(store: Store) -> Path:
-    root = Path(store.root)
-    return root.parent / f".{root.name}.lock"
+def lock_path(store: Store) -> str:
+    """``<storage>/.<sweep>.lock``: beside the sweep directory, in the store's filesystem (local or an object)."""
+    parent, _, name = store.root.rpartition("/")
+    return f"{parent}/.{name}.lock"
 
 
 def _in_use(store: Store, holder: dict) -> SweepLocked:
@@ -59,7 +60,7 @@ def sweep_lock(store: Store) -> Iterator[None]:
         with _object_lock(store):
             yield
         return
-    path = lock_path(store)
+    path = Path(lock_path(store))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -91,17 +92,11 @@ def _holder(fd: int) -> dict:
         return {}
 
 
-def object_lock_path(store: Store) -> str:
-    parent, _, name = store.root.rpartition("/")
-    return f"{parent}/.{name}.lock"
-
-
 def _read_object(store: Store, path: str) -> dict:
+    data = store.read_at(path) or ""
     try:
-        with store.fs.open_input_stream(path) as fh:
-            data = fh.read()
         return json.loads(data) if data.strip() else {}
-    except (FileNotFoundError, OSError, ValueError):
+    except ValueError:
         return {}
 
 
@@ -113,7 +108,7 @@ def _write_object(store: Store, path: str, holder: dict) -> None:
 @contextmanager
 def _object_lock(store: Store) -> Iterator[None]:
     """The lock as an object with a heartbeat (the module's doc says why it holds)."""
-    path = object_lock_path(store)
+    path = lock_path(store)
     held = _read_object(store, path)
     if held and time.time() - float(held.get("heartbeat", 0)) < LEASE_S:
         raise _in_use(store, held)

@@ -148,8 +148,12 @@ class Store:
 
     def read_text(self, *parts: str) -> str | None:
         """A text file of the store, or None where there is none."""
+        return self.read_at(self.path(*parts))
+
+    def read_at(self, path: str) -> str | None:
+        """A text file at a path of the store's filesystem (beside the store too: its lock), or None."""
         try:
-            with self.fs.open_input_stream(self.path(*parts)) as fh:
+            with self.fs.open_input_stream(path) as fh:
                 return fh.read().decode()
         except (FileNotFoundError, OSError):
             return None

@@ -77,7 +77,7 @@ def test_driver_killed_mid_sweep_then_rerun_completes_exactly_once(ray_cluster, 
     driver = _start(sweep, tmp_path, ray_cluster)
     # the second driver as soon as the first holds the lock (it writes its pid there before Ray starts): refused
     # while the first lives, its whole sweep (not only what is left after a record, which a loaded host can miss)
-    lock = lock_path(Store(str(tmp_path), "kd"))
+    lock = Path(lock_path(Store(str(tmp_path), "kd")))
     wait_for(lambda: lock.exists() and f'"pid": {driver.pid},' in lock.read_text(), 120)
     second = juicytalk("sweep", str(sweep), "--out", str(tmp_path), "--address", ray_cluster,
                        "--no-progress", "--no-report", timeout=60)

@@ -173,3 +173,31 @@ def test_a_gpu_cell_timed_beside_another_cuda_process_lists_it_and_is_flagged(tm
     seen = json.loads(rec["timing_foreign_gpu_processes"])
     assert seen and all(p["pid"] != os.getpid() for p in seen)
     assert rec["timing_disturbed"] is True and "other process(es) on the GPU" in rec["timing_disturbed_why"]
+
+
+def test_the_foreign_cpu_share_needs_20_jiffies_per_cpu():
+    """/proc/stat's total counts every CPU's jiffies: 30 of them on 4 CPUs is 75 ms, too short to tell."""
+    from trials.measure.disturbance import HostSample, compare
+
+    def sample(total: int, cpus: int) -> HostSample:
+        return HostSample({1: 0}, {1: 0}, busy_jiffies=total // 2, total_jiffies=total, tree_jiffies=0,
+                          tree_pids=frozenset({1}), cpus=cpus)
+
+    assert compare(sample(0, 4), sample(30, 4))[1] is None
+    assert compare(sample(0, 4), sample(80, 4))[1] == 0.5
+    assert compare(sample(0, 1), sample(30, 1))[1] == 0.5
+
+
+def test_in_a_container_the_same_nvml_pid_is_ours_at_both_readings():
+    """NVML names host pids, none of ours: the one nearest our allocator's bytes at the start is us; at the end
+    our memory grew past another's, yet the start's choice stands, so only the other process is listed."""
+    from trials.measure.disturbance import foreign_gpu, nvml_self
+
+    start = [{"pid": 900, "used_bytes": 1_000}, {"pid": 901, "used_bytes": 5_000}]
+    end = [{"pid": 900, "used_bytes": 9_000}, {"pid": 901, "used_bytes": 5_000}]
+    own = frozenset({12})
+    us = nvml_self(start, own, reserved=1_200)
+    assert us == 900
+    assert foreign_gpu(start, end, own, us) == [{"pid": 901, "used_bytes": 5_000}]
+    assert nvml_self(start + [{"pid": 12, "used_bytes": 1}], own, 1_200) is None  # our pid is listed: by pid
+    assert foreign_gpu(None, None, own, None) is None

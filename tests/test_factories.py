@@ -19,9 +19,9 @@ PRINTED = "number of parameters:"
 
 
 @pytest.fixture
-def fresh_process(monkeypatch):
+def fresh_process():
     """As in a new process: nothing shown yet, no meta build kept (each is once per process)."""
-    monkeypatch.setattr(py, "_shown", set())
+    py._show_once.cache_clear()
     py.on_meta.cache_clear()
     py.describe.cache_clear()
 
@@ -84,3 +84,31 @@ def test_a_relative_path_is_read_from_the_folder_juicytalk_ran_in(tmp_path, monk
                                         r"cluster every node that runs trials needs the file at this same absolute "
                                         r"path"):
         check_model(TrialSpec(model="py:nanogpt/model.py:build", backend="torch", **SHAPE))
+
+
+def _factory_beside(folder: Path, width: int) -> Path:
+    """A factory file in ``folder`` importing its sibling ``layers.py``, whose WIDTH is ``width``."""
+    folder.mkdir()
+    (folder / "layers.py").write_text(f"WIDTH = {width}\n")
+    (folder / "model.py").write_text("from layers import WIDTH\n\ndef build(spec):\n    return WIDTH\n")
+    return folder / "model.py"
+
+
+def test_two_factories_in_two_folders_each_get_their_own_sibling(tmp_path):
+    """One process (a trial server) loads both: the second's ``layers`` is its own, not the first's; neither
+    folder stays on sys.path."""
+    import sys
+
+    a, b = _factory_beside(tmp_path / "a", 1), _factory_beside(tmp_path / "b", 2)
+    assert py.factory(f"{a}:build")(None) == 1 and py.factory(f"{b}:build")(None) == 2
+    assert str(a.parent) not in sys.path and str(b.parent) not in sys.path and "layers" not in sys.modules
+
+
+def test_an_edited_factory_file_is_run_again(tmp_path):
+    import os
+
+    path = _factory_beside(tmp_path / "a", 1)
+    assert py.factory(f"{path}:build")(None) == 1
+    path.write_text("def build(spec):\n    return 3\n")
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # a clock too coarse to tell
+    assert py.factory(f"{path}:build")(None) == 3

@@ -68,7 +68,7 @@ def s3(tmp_path_factory):
 @pytest.fixture(scope="module")
 def s3_sweep(s3, tmp_path_factory):
     """(sweep file, storage URI, the store, the CLI run, the keys: resumed, quarantined): one run, read by all."""
-    from orchestrator.lock import LEASE_S, object_lock_path
+    from orchestrator.lock import LEASE_S, lock_path
     from orchestrator.store import Store
     from orchestrator.sweep import load_sweep
     from orchestrator.runner import work_items
@@ -86,7 +86,7 @@ def s3_sweep(s3, tmp_path_factory):
     store.write_record({**rec, "cell_id": kept.cell_id, "cell_label": kept.label, "sample": kept.sample})
     with store.fs.open_output_stream(store.path("trials", cut.key + ".parquet")) as out:
         out.write(b"PAR1 cut short by a crash")
-    with store.fs.open_output_stream(object_lock_path(store)) as out:  # its driver died LEASE_S + 1 s ago
+    with store.fs.open_output_stream(lock_path(store)) as out:  # its driver died LEASE_S + 1 s ago
         out.write(f'{{"host": "gone", "pid": 1, "heartbeat": {time.time() - LEASE_S - 1}}}'.encode())
     run = juicytalk("sweep", str(here / "objs.yaml"), "--out", storage, "--no-progress", env=cli_env(**s3))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -94,7 +94,7 @@ def s3_sweep(s3, tmp_path_factory):
 
 
 def test_a_sweep_on_s3_resumes_quarantines_and_takes_over_a_gone_drivers_lock(s3_sweep):
-    from orchestrator.lock import object_lock_path
+    from orchestrator.lock import lock_path
 
     _, storage, store, run, kept, cut = s3_sweep
     out = " ".join(run.stdout.split())
@@ -106,7 +106,7 @@ def test_a_sweep_on_s3_resumes_quarantines_and_takes_over_a_gone_drivers_lock(s3
     quarantined = store.fs.get_file_info(pafs.FileSelector(store.path("quarantine")))
     assert [i.base_name.startswith(f"{cut}.parquet.") for i in quarantined] == [True]
     assert "took over the lock of a driver that is gone (host gone, pid 1" in run.stderr
-    assert store.fs.get_file_info(object_lock_path(store)).type == pafs.FileType.NotFound  # released: gone
+    assert store.fs.get_file_info(lock_path(store)).type == pafs.FileType.NotFound  # released: gone
     assert f"results: {storage}/objs/results.parquet" in out and store.exists("results.parquet")
 
 
@@ -122,7 +122,7 @@ def test_the_report_of_a_sweep_on_s3_is_written_there_and_reads_from_there(s3_sw
 
 
 def test_a_second_driver_on_the_same_s3_sweep_is_refused(s3_sweep):
-    from orchestrator.lock import SweepLocked, object_lock_path, sweep_lock
+    from orchestrator.lock import SweepLocked, lock_path, sweep_lock
     from orchestrator.runner import run_sweep
     from orchestrator.sweep import load_sweep
 
@@ -130,7 +130,7 @@ def test_a_second_driver_on_the_same_s3_sweep_is_refused(s3_sweep):
     with sweep_lock(store):  # a live driver: the second is refused before Ray or any trial starts
         with pytest.raises(SweepLocked, match=f"sweep directory {storage}/objs is in use by another juicytalk sweep"):
             run_sweep(load_sweep(path), storage)
-    assert store.fs.get_file_info(object_lock_path(store)).type == pafs.FileType.NotFound
+    assert store.fs.get_file_info(lock_path(store)).type == pafs.FileType.NotFound
 
 
 def test_collect_on_s3(s3_sweep):

@@ -126,3 +126,18 @@ def test_the_summary_says_an_fp8_trial_that_ran_no_fp8_is_not_an_fp8_result():
     console = Console(record=True, width=300)
     console.print(summary_table([item], {item.key: "ok"}, records))
     assert "ran bf16, not an FP8 result: 0% of its FLOPs in FP8" in console.export_text()
+
+
+def test_a_second_local_lock_on_a_sweep_is_refused_naming_the_holder(tmp_path):
+    """The flock sits at lock_path, beside the sweep directory; a second taker is refused; release empties it."""
+    import os
+    from pathlib import Path
+
+    from orchestrator.lock import SweepLocked, lock_path, sweep_lock
+
+    store = Store(str(tmp_path), "s")
+    assert lock_path(store) == f"{tmp_path.resolve()}/.s.lock"
+    with sweep_lock(store):
+        with pytest.raises(SweepLocked, match=f"pid {os.getpid()},"), sweep_lock(store):
+            pass
+    assert Path(lock_path(store)).read_text() == ""

@@ -35,8 +35,8 @@ from . import nvml
 log = logging.getLogger(__name__)
 
 WAIT_SHARE_LIMIT = 0.2  # run-queue wait / (run + wait) of the trial's threads: a 1.25x stretch of host time
-# /proc/stat counts in jiffies (10 ms), each counter +-1: under this many core-jiffies (0.2 s of a core, 0.1 s on
-# two) the other processes' share is too coarse to say (null); the wait share, in ns, stands
+# /proc/stat counts in jiffies (10 ms), each counter +-1: under this many jiffies per CPU (a 0.2 s window) the
+# other processes' share is too coarse to say (null); the wait share, in ns, stands
 MIN_WINDOW_JIFFIES = 20
 PROC = Path("/proc")
 
@@ -50,6 +50,7 @@ class HostSample:
     total_jiffies: int  # the same plus idle and iowait: the window's core-time, in jiffies
     tree_jiffies: int  # this process and its descendants: utime + stime (+ its waited-for children's)
     tree_pids: frozenset[int]
+    cpus: int = 1  # the host's CPUs (/proc/stat's cpuN lines): total_jiffies grows by this many a jiffy
 
 
 @dataclass
@@ -118,12 +119,14 @@ def host_sample() -> HostSample | None:
             except (OSError, ValueError):
                 continue
             run[int(task.name)], wait[int(task.name)] = int(r), int(w)
-        cpu = [int(v) for v in (PROC / "stat").read_text().splitlines()[0].split()[1:9]]
+        lines = (PROC / "stat").read_text().splitlines()
+        cpu = [int(v) for v in lines[0].split()[1:9]]
+        cpus = sum(1 for line in lines[1:] if line.startswith("cpu") and line[3:4].isdigit())
         user, nice, system, idle, iowait, irq, softirq, steal = cpu
         busy = user + nice + system + irq + softirq + steal
         me = os.getpid()
         pids = _tree(me)
-        return HostSample(run, wait, busy, busy + idle + iowait, _tree_jiffies(pids, me), pids)
+        return HostSample(run, wait, busy, busy + idle + iowait, _tree_jiffies(pids, me), pids, max(cpus, 1))
     except (OSError, ValueError, IndexError) as exc:
         log.debug("host counters unavailable: %s", exc)
         return None
@@ -136,7 +139,8 @@ def compare(start: HostSample, end: HostSample) -> tuple[float | None, float | N
     wait_share = wait / (run + wait) if run + wait > 0 else None
     span = end.total_jiffies - start.total_jiffies
     own = end.tree_jiffies - start.tree_jiffies
-    foreign = max(0.0, (end.busy_jiffies - start.busy_jiffies - own) / span) if span >= MIN_WINDOW_JIFFIES else None
+    enough = span >= MIN_WINDOW_JIFFIES * end.cpus
+    foreign = max(0.0, (end.busy_jiffies - start.busy_jiffies - own) / span) if enough else None
     return wait_share, foreign
 
 
@@ -147,28 +151,46 @@ def _load_1m() -> float | None:
         return None
 
 
-def gpu_processes(own: frozenset[int]) -> list[dict[str, Any]] | None:
-    """Other compute processes on torch's current GPU (pid, bytes used), or None where NVML cannot tell.
-
-    In a container NVML names processes by the host's pids, so none of them is this process's: then the one
-    whose memory is nearest what this process's allocator holds is taken for this process and left out (it
-    holds a CUDA context: it is listed)."""
-    import torch
-
+def gpu_processes() -> list[dict[str, Any]] | None:
+    """The compute processes on torch's current GPU (pid, bytes used), ours among them, or None where NVML cannot
+    tell."""
     with nvml.session() as nv:
         if nv is None:
             return None
         try:
-            procs = [{"pid": pid, "used_bytes": used}
-                     for pid, used in nvml.compute_processes(nv, nvml.torch_device_handle(nv))]
+            return [{"pid": pid, "used_bytes": used}
+                    for pid, used in nvml.compute_processes(nv, nvml.torch_device_handle(nv))]
         except Exception as exc:  # noqa: BLE001 - NVML errors vary by driver, container and MIG mode
             log.debug("NVML processes: %s", exc)
             return None
-    others = [p for p in procs if p["pid"] not in own]
-    if others and len(others) == len(procs):  # another pid namespace: which one is us is not known by pid
-        mine = torch.cuda.memory_reserved()
-        others.remove(min(others, key=lambda p: abs((p["used_bytes"] or 0) - mine)))
-    return others
+
+
+def nvml_self(procs: list[dict[str, Any]], own: frozenset[int], reserved: int) -> int | None:
+    """The pid NVML gives this process, where it is none of ``own`` (in a container NVML names processes by the
+    host's pids): the one whose memory is nearest ``reserved`` (what this process's allocator holds; it holds a
+    CUDA context, so it is listed). None where NVML lists one of ``own`` (same pid namespace) or nothing.
+    Decided once, from the window's first reading: deciding at each reading could leave out a different pid at
+    the end and list this process as another."""
+    if not procs or any(p["pid"] in own for p in procs):
+        return None
+    return min(procs, key=lambda p: abs((p["used_bytes"] or 0) - reserved))["pid"]
+
+
+def foreign_gpu(start: list[dict[str, Any]] | None, end: list[dict[str, Any]] | None, own: frozenset[int],
+                us: int | None) -> list[dict[str, Any]] | None:
+    """The other processes in either reading (the end's wins for one in both), less ``own`` and ``us``
+    (:func:`nvml_self`), by pid; None where neither reading could be taken."""
+    if start is None and end is None:
+        return None
+    seen = {p["pid"]: p for p in (start or []) + (end or []) if p["pid"] not in own and p["pid"] != us}
+    return sorted(seen.values(), key=lambda p: p["pid"])
+
+
+def _us(procs: list[dict[str, Any]], sample: HostSample | None) -> int | None:
+    import torch
+
+    own = sample.tree_pids if sample else frozenset({os.getpid()})
+    return nvml_self(procs, own, torch.cuda.memory_reserved())
 
 
 @contextlib.contextmanager
@@ -177,17 +199,19 @@ def watch(device: str) -> Iterator[Disturbance]:
     The readings are taken outside the block (a few ms of /proc and NVML): nothing is read while it runs."""
     out = Disturbance()
     start = host_sample()
-    gpu_start = gpu_processes(start.tree_pids if start else frozenset({os.getpid()})) if device == "cuda" else None
+    gpu_start = gpu_processes() if device == "cuda" else None
+    us = _us(gpu_start, start) if gpu_start is not None else None  # this process's NVML pid, decided once
     yield out
     end = host_sample()
     if start is not None and end is not None:
         out.wait_share, out.foreign_cpu_share = compare(start, end)
     out.load_1m = _load_1m()
     if device == "cuda":
-        gpu_end = gpu_processes(end.tree_pids if end else frozenset({os.getpid()}))
-        if gpu_start is not None or gpu_end is not None:
-            seen = {p["pid"]: p for p in (gpu_start or []) + (gpu_end or [])}  # the end's reading wins
-            out.foreign_gpu = sorted(seen.values(), key=lambda p: p["pid"])
+        gpu_end = gpu_processes()
+        if gpu_start is None and gpu_end is not None:
+            us = _us(gpu_end, end)
+        own = (start.tree_pids if start else frozenset()) | (end.tree_pids if end else frozenset()) | {os.getpid()}
+        out.foreign_gpu = foreign_gpu(gpu_start, gpu_end, own, us)
     if out.wait_share is not None and out.wait_share >= WAIT_SHARE_LIMIT:
         # short: it is the sweep summary's "why" of an ok trial (the fields hold the numbers)
         other = f", others' CPU {out.foreign_cpu_share:.0%}" if out.foreign_cpu_share is not None else ""

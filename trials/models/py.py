@@ -67,21 +67,43 @@ def factory(target: str) -> Callable[[Any], Any]:
     return fn
 
 
-@functools.lru_cache(maxsize=16)
 def _load_file(path: Path) -> ModuleType:
-    """A factory's ``.py`` file, run once per process (as a module, not as ``__main__``), with its folder first on
-    ``sys.path`` as ``python file.py`` has it, so that its sibling imports (nanoGPT's ``from model import GPT``)
-    work in every process that builds it: the trial's, a Ray worker's, the driver's probe."""
-    if not path.is_file():
-        raise FileNotFoundError(f"no file {path}")
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))
-    loader = importlib.util.spec_from_file_location(path.stem, path)
-    if loader is None:
-        raise ImportError(f"{path} is not a Python module")
-    module = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(module)  # type: ignore[union-attr]
+    """A factory's ``.py`` file, run once per process and version of the file (an edited file is run again)."""
+    return _load_file_version(path, path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _load_file_version(path: Path, mtime_ns: int) -> ModuleType:
+    """The file run (as a module, not as ``__main__``) with its folder first on ``sys.path`` as ``python file.py``
+    has it, so that its sibling imports (nanoGPT's ``from model import GPT``) work in every process that builds
+    it: the trial's, a Ray worker's, the driver's probe. Only while it runs: the folder then leaves ``sys.path``
+    and the siblings it imported leave ``sys.modules`` (the module keeps its references), so that a second
+    factory in another folder with its own ``model.py`` gets its own, not the first's (a trial server runs many
+    trials in one process)."""
+    folder = str(path.parent)
+    before = set(sys.modules)
+    sys.path.insert(0, folder)
+    try:
+        loader = importlib.util.spec_from_file_location(path.stem, path)
+        if loader is None:
+            raise ImportError(f"{path} is not a Python module")
+        module = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(module)  # type: ignore[union-attr]
+    finally:
+        sys.path.remove(folder)  # the first one: ours
+        for name in [n for n in set(sys.modules) - before if _from_folder(sys.modules[n], n, path.parent)]:
+            del sys.modules[name]
     return module
+
+
+def _from_folder(module: ModuleType, name: str, folder: Path) -> bool:
+    """Whether ``module`` was imported from ``folder`` as a sibling (``folder/layers.py``, ``folder/pkg/...``),
+    not a package installed below it (a ``.venv`` in the folder)."""
+    file = getattr(module, "__file__", None)
+    if not file or not Path(file).resolve().is_relative_to(folder):
+        return False
+    top = name.partition(".")[0]
+    return Path(file).resolve().relative_to(folder).parts[0] in (top, f"{top}.py")
 
 
 def _make(spec: Any, device: str, show: bool = True) -> Any:
@@ -110,16 +132,12 @@ def _make(spec: Any, device: str, show: bool = True) -> Any:
     return module
 
 
-# What factories printed and this process has shown: a trial builds its model more than once (on the meta device
-# for its facts and the probe, then for real; the dry run once per cell), and nanoGPT's parameter-count print
-# should read once, not once per build
-_shown: set[str] = set()
-
-
+@functools.lru_cache(maxsize=None)
 def _show_once(printed: str) -> None:
-    """Write what a factory printed to stdout, unless this process has shown the same text already."""
-    if printed and printed not in _shown:
-        _shown.add(printed)
+    """Write what a factory printed to stdout, once per process and text (the memo is what remembers it): a trial
+    builds its model more than once (on the meta device for its facts and the probe, then for real; the dry run
+    once per cell), and nanoGPT's parameter-count print should read once, not once per build."""
+    if printed:
         sys.stdout.write(printed)
 
 
