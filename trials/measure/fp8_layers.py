@@ -42,9 +42,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..workloads.data import ArithmeticSequences
 from .fp8_floors import DIRECTIONS, OPERANDS, SQNR_FLOOR_DB
-from ..workloads.teacher_forced import HELD_LEN, HELD_ROWS, HELD_SEED_OFFSET
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +92,6 @@ def outlier_stats(x: torch.Tensor) -> tuple[float, float]:
     ratio = float(x.abs().max() / rms) if rms > 0 else math.nan
     kurtosis = float(centred.pow(4).mean() / var.pow(2)) if var > 0 else math.nan
     return ratio, kurtosis
-
-
-def held_pair(vocab: int, seq_len: int, device: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, next ids), (HELD_ROWS, min(seq_len, HELD_LEN)): the teacher-forced read's held sequence and its
-    targets (trials/teacher_forced.held_batch), which no training step has seen."""
-    return ArithmeticSequences(vocab, min(seq_len, HELD_LEN), device, seed + HELD_SEED_OFFSET).batch(HELD_ROWS)
 
 
 def outlier_every(train_steps: int) -> int:

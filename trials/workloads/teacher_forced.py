@@ -55,9 +55,15 @@ HELD_SEED_OFFSET = 3  # the held sequence's generator: seed + 3 (training uses s
 DECIDED_MARGIN = 1.0
 
 
+def held_pair(vocab: int, seq_len: int, device: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, next ids), each (HELD_ROWS, min(seq_len, HELD_LEN)): a sequence no training step has seen and its
+    targets; the teacher-forced read uses the ids, the per-layer FP8 read (trials/measure/fp8_layers.py) both."""
+    return ArithmeticSequences(vocab, min(seq_len, HELD_LEN), device, seed + HELD_SEED_OFFSET).batch(HELD_ROWS)
+
+
 def held_batch(vocab: int, seq_len: int, device: str, seed: int) -> torch.Tensor:
-    """(HELD_ROWS, min(seq_len, HELD_LEN)) token ids no training step has seen."""
-    return ArithmeticSequences(vocab, min(seq_len, HELD_LEN), device, seed + HELD_SEED_OFFSET).batch(HELD_ROWS)[0]
+    """(HELD_ROWS, min(seq_len, HELD_LEN)) token ids no training step has seen: :func:`held_pair`'s ids."""
+    return held_pair(vocab, seq_len, device, seed)[0]
 
 
 def partner_spec(spec: TrialSpec, stack: str) -> TrialSpec:

@@ -66,7 +66,7 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
     t_train = time.perf_counter()
     record["startup_s"] = t_train - t0
     seam = numerics(res.backend) if reads_apply(spec, res) else None
-    layer_held = fp8_layers.held_pair(vocab, spec.seq_len, res.device, spec.seed) if seam is not None else None
+    layer_held = teacher_forced.held_pair(vocab, spec.seq_len, res.device, spec.seed) if seam is not None else None
     sampler = (fp8_layers.OutlierSampler(step, seam, layer_held[0], res.device, fp8_layers.outlier_every(spec.train_steps),
                                          spec.train_steps) if seam is not None else None)
     trained = train(step, data, spec.train_steps, spec.batch_size, after_step=sampler)
