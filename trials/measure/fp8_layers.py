@@ -100,8 +100,9 @@ def outlier_every(train_steps: int) -> int:
 
 
 @contextlib.contextmanager
-def _quiet(model: nn.Module, device: str):
-    """Eval mode (no dropout) and the RNG states kept: a read draws nothing training would have drawn."""
+def quiet(model: nn.Module, device: str):
+    """Eval mode (no dropout) and the RNG states kept: a read draws nothing training would have drawn (these reads
+    and the teacher-forced one, trials/workloads/training.fp8_read)."""
     was_training = model.training
     rng = [torch.cuda.current_device()] if device == "cuda" else []
     model.eval()
@@ -161,7 +162,7 @@ def read_layers(step: Any, seam: ModuleType, held: tuple[torch.Tensor, torch.Ten
     handles = [m.register_forward_hook(keep(name)) for name, m in modules]
     reads = []
     try:
-        with _quiet(step.model, device), seam.read_context(step):
+        with quiet(step.model, device), seam.read_context(step):
             with seam.fp8_context(step):
                 logits = step.model(x)
             loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))
@@ -235,7 +236,7 @@ class OutlierSampler:
 
         handles = [m.register_forward_pre_hook(keep(name)) for name, m in modules]
         try:
-            with torch.no_grad(), _quiet(self.step.model, self.device), self.seam.read_context(self.step), \
+            with torch.no_grad(), quiet(self.step.model, self.device), self.seam.read_context(self.step), \
                     self.seam.fp8_context(self.step):
                 self.step.model(self.held)
         finally:

@@ -23,8 +23,8 @@ current scaling, tensorwise and rowwise) share that partner, so a process that r
 trains it once and keeps its read (:class:`Partners`, held by trials/server.py). The FP8 side is read right
 after its training, before the benchmark trains it further, and the read must leave the model as it was, so
 later timing and losses are those of a trial without it: torchao's tensorwise and rowwise recipes keep no
-state a forward pass changes; TE's delayed scaling does (``Stack.fp8_state``), and the read runs inside
-``te_compat.fp8_meta_kept``, which restores it exactly.
+state a forward pass changes; TE's delayed scaling does, and the read runs inside its numerics seam's
+``read_context`` (trials/backends/te_numerics.py: ``te_compat.fp8_meta_kept``), which restores it exactly.
 
 Inference cells (trials/workloads/inference.py) compare the measured model with the BF16 reference it was
 loaded from (the same trained weights), through the KV cache as they serve: every prefill position of the
