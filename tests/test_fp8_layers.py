@@ -54,11 +54,12 @@ def test_a_tiny_torchao_tensorwise_model_reads_every_fp8_layer_finite_and_the_sa
     pytest.importorskip("torchao")
     from trials.measure import fp8_floors, fp8_layers
     from trials.backends import numerics
+    from trials.workloads.teacher_forced import held_pair
     from trials.workloads.train_step import build_train_step
 
     spec = TrialSpec(backend="torchao", precision="fp8", recipe="tensorwise", arch="llama", d_model=32, n_layers=2,
                      seq_len=16, device="cpu")
-    held = fp8_layers.held_pair(spec.vocab, spec.seq_len, "cpu", spec.seed)
+    held = held_pair(spec.vocab, spec.seq_len, "cpu", spec.seed)
 
     def read() -> dict:
         step = build_train_step(spec, "torchao", "fp8", "cpu")

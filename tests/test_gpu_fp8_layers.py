@@ -49,6 +49,7 @@ def test_the_te_layer_read_leaves_delayed_scaling_state_exactly_as_it_was(te):
     every scale and amax history bit for bit as they were."""
     from trials.measure import fp8_layers
     from trials.backends import numerics
+    from trials.workloads import teacher_forced
     from trials.workloads.data import ArithmeticSequences
     from trials.workloads.train_step import build_train_step, train
 
@@ -56,8 +57,8 @@ def test_the_te_layer_read_leaves_delayed_scaling_state_exactly_as_it_was(te):
     step = build_train_step(spec, "te", "fp8", "cuda")
     train(step, ArithmeticSequences(spec.vocab, spec.seq_len, "cuda", spec.seed), spec.train_steps, spec.batch_size)
     before = _fp8_meta(step.model)
-    reads = fp8_layers.read_layers(step, numerics("te"), fp8_layers.held_pair(spec.vocab, spec.seq_len, "cuda",
-                                                                              spec.seed), "cuda")
+    reads = fp8_layers.read_layers(step, numerics("te"), teacher_forced.held_pair(spec.vocab, spec.seq_len, "cuda",
+                                                                                   spec.seed), "cuda")
     assert reads and all(math.isfinite(r.sqnr["fwd"]) for r in reads)
     after = _fp8_meta(step.model)
     assert len(after) == len(before) and all(a.equal(b) for a, b in zip(after, before))

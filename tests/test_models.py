@@ -306,6 +306,9 @@ def test_an_fp8_cell_whose_stack_converted_nothing_is_recorded_as_bf16(caplog):
     assert list(why) == json.loads(rec["fp8_skipped_modules"])
     assert why["model.transformer.h.0.mlp.c_fc"].startswith("Conv1D is not an nn.Linear") and len(why) == 5
     assert any("ran in FP8" in r.message and "ran BF16" in r.message for r in caplog.records)
+    # a BF16 result has no FP8 numerics: neither the per-layer reads and outlier samples nor the teacher-forced read
+    assert rec["fp8_layers"] is None and rec["fp8_layers_s"] is None and rec["outliers_s"] is None
+    assert rec["tf_top1_agreement"] is None
 
 
 def test_moe_experts_grouped_gemms_are_counted_and_listed_as_kept_with_why():

@@ -286,6 +286,19 @@ def test_torchao_float8_trial_converts_the_block_linears_and_keeps_the_head():
     assert {n: unread[n] for n in tf_compared()} == {n: rec[n] for n in tf_compared()}
 
 
+def test_torchao_takes_a_convolution_for_a_convolution_not_for_moe_experts():
+    """An nn.Conv1d's weight is 3-D like an MoE expert stack's (Mamba's, Jamba's, LFM2's short convolutions): it is
+    neither quantized as experts nor listed as kept for an MoE reason."""
+    import torch.nn as nn
+
+    from trials.backends.torchao import experts, kept_gemms
+
+    model = nn.ModuleDict({"conv": nn.Conv1d(16, 16, 4, groups=16), "proj": nn.Linear(16, 16)})
+    assert experts(model) == []
+    why = kept_gemms(model, set(), "MoE experts' grouped GEMMs ...")
+    assert list(why) == ["conv"] and "convolution" in why["conv"] and "MoE" not in why["conv"]
+
+
 def test_a_trial_server_trains_the_bf16_partner_its_fp8_cells_share_once(tmp_path):
     """Three torchao FP8 cells through one trial server (as a warm launcher runs them): rowwise takes the BF16
     partner tensorwise trained (same model, seed and schedule), with the teacher-forced fields of a trial that

@@ -44,9 +44,6 @@ class Stack:
     fp8_all_gather: tuple[str, ...] = ()  # FP8 recipes whose weights FSDP2 all-gathers in FP8 (``fp8_all_gather``)
     fp8_all_gather_masters: bool = False  # there, weights exist only in FP8: the optimizer keeps fp32 masters
     fp8_filter_auto: tuple[str, ...] = ()  # FP8 recipes with the stack's own small-layer filter (``fp8_filter: auto``)
-    # its FP8 modules keep scaling state a forward pass updates (TE's amax histories): the teacher-forced read of
-    # such a model restores it (trials/workloads/training.fp8_read)
-    fp8_state: bool = False
     # bytes per GEMM weight its FP8 cells keep in FP8 beside the high-precision weight, from one step to the next
     # (the memory plan, trials/measure/memory_plan.py): TE caches each weight's FP8 cast and its transpose; torchao casts
     # its weights afresh in every step
@@ -63,7 +60,7 @@ class Stack:
 STACKS: dict[str, Stack] = {s.name: s for s in (
     # TE: delayed and current scaling on Ada/Hopper, block scaling on Hopper, MXFP8 and NVFP4 on Blackwell.
     Stack("te", {"delayed": "8.9", "current": "8.9", "block": "9.0", "mxfp8": "10.0", "nvfp4": "10.0"}, "te",
-          compiles=False, needs_cuda=True, infer=True, graphs=True, fp8_state=True,
+          compiles=False, needs_cuda=True, infer=True, graphs=True,
           # FP8 primary weights (quantized_model_init): TE's Float8Tensor and Float8BlockwiseTensor implement
           # FSDP2's fsdp_pre/post_all_gather, so the all-gather moves their FP8 data and scales.
           fp8_all_gather=("delayed", "current", "block"), fp8_all_gather_masters=True, fp8_weight_cache_bytes=2),

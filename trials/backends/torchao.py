@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from torch.nn.modules.conv import _ConvNd
 
 from .. import models
 from . import Built
@@ -118,8 +119,10 @@ class _Filter:
 
 def experts(model: nn.Module) -> list[str]:
     """Qualified names of the modules holding a 3-D weight (one matrix per expert: MoE experts, whose forward runs
-    grouped GEMMs), found by structure, not by name."""
-    return [fqn for fqn, m in model.named_modules() if any(p.dim() == 3 for p in m.parameters(recurse=False))]
+    grouped GEMMs), found by structure, not by name; convolutions (an nn.Conv1d's weight is 3-D too: Mamba's,
+    Jamba's, LFM2's) are not experts."""
+    return [fqn for fqn, m in model.named_modules()
+            if not isinstance(m, _ConvNd) and any(p.dim() == 3 for p in m.parameters(recurse=False))]
 
 
 def moe_why(recipe: str, device: str) -> str | None:
@@ -147,7 +150,9 @@ def kept_gemms(model: nn.Module, done: set[str], why_experts: str | None) -> dic
         own = [p for p in m.parameters(recurse=False) if p.dim() >= 2]
         if fqn in done or not own or isinstance(m, (nn.Linear, nn.Embedding)):
             continue
-        if any(p.dim() == 3 for p in own):
+        if isinstance(m, _ConvNd):
+            out[fqn] = f"{type(m).__name__}: a convolution, not a Linear (float8 training converts Linears only)"
+        elif any(p.dim() == 3 for p in own):
             out[fqn] = why_experts or "MoE experts not converted"
         else:
             out[fqn] = (f"{type(m).__name__} is not an nn.Linear, the only module convert_to_float8_training swaps "

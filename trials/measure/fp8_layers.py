@@ -42,9 +42,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..workloads.data import ArithmeticSequences
 from .fp8_floors import DIRECTIONS, OPERANDS, SQNR_FLOOR_DB
-from ..workloads.teacher_forced import HELD_LEN, HELD_ROWS, HELD_SEED_OFFSET
 
 log = logging.getLogger(__name__)
 
@@ -96,20 +94,15 @@ def outlier_stats(x: torch.Tensor) -> tuple[float, float]:
     return ratio, kurtosis
 
 
-def held_pair(vocab: int, seq_len: int, device: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, next ids), (HELD_ROWS, min(seq_len, HELD_LEN)): the teacher-forced read's held sequence and its
-    targets (trials/teacher_forced.held_batch), which no training step has seen."""
-    return ArithmeticSequences(vocab, min(seq_len, HELD_LEN), device, seed + HELD_SEED_OFFSET).batch(HELD_ROWS)
-
-
 def outlier_every(train_steps: int) -> int:
     """Training steps between outlier samples: OUTLIER_SAMPLES of them over the run."""
     return max(1, math.ceil(train_steps / OUTLIER_SAMPLES))
 
 
 @contextlib.contextmanager
-def _quiet(model: nn.Module, device: str):
-    """Eval mode (no dropout) and the RNG states kept: a read draws nothing training would have drawn."""
+def quiet(model: nn.Module, device: str):
+    """Eval mode (no dropout) and the RNG states kept: a read draws nothing training would have drawn (these reads
+    and the teacher-forced one, trials/workloads/training.fp8_read)."""
     was_training = model.training
     rng = [torch.cuda.current_device()] if device == "cuda" else []
     model.eval()
@@ -169,7 +162,7 @@ def read_layers(step: Any, seam: ModuleType, held: tuple[torch.Tensor, torch.Ten
     handles = [m.register_forward_hook(keep(name)) for name, m in modules]
     reads = []
     try:
-        with _quiet(step.model, device), seam.read_context(step):
+        with quiet(step.model, device), seam.read_context(step):
             with seam.fp8_context(step):
                 logits = step.model(x)
             loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))
@@ -243,7 +236,7 @@ class OutlierSampler:
 
         handles = [m.register_forward_pre_hook(keep(name)) for name, m in modules]
         try:
-            with torch.no_grad(), _quiet(self.step.model, self.device), self.seam.read_context(self.step), \
+            with torch.no_grad(), quiet(self.step.model, self.device), self.seam.read_context(self.step), \
                     self.seam.fp8_context(self.step):
                 self.step.model(self.held)
         finally:

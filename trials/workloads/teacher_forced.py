@@ -23,8 +23,8 @@ current scaling, tensorwise and rowwise) share that partner, so a process that r
 trains it once and keeps its read (:class:`Partners`, held by trials/server.py). The FP8 side is read right
 after its training, before the benchmark trains it further, and the read must leave the model as it was, so
 later timing and losses are those of a trial without it: torchao's tensorwise and rowwise recipes keep no
-state a forward pass changes; TE's delayed scaling does (``Stack.fp8_state``), and the read runs inside
-``te_compat.fp8_meta_kept``, which restores it exactly.
+state a forward pass changes; TE's delayed scaling does, and the read runs inside its numerics seam's
+``read_context`` (trials/backends/te_numerics.py: ``te_compat.fp8_meta_kept``), which restores it exactly.
 
 Inference cells (trials/workloads/inference.py) compare the measured model with the BF16 reference it was
 loaded from (the same trained weights), through the KV cache as they serve: every prefill position of the
@@ -55,9 +55,15 @@ HELD_SEED_OFFSET = 3  # the held sequence's generator: seed + 3 (training uses s
 DECIDED_MARGIN = 1.0
 
 
+def held_pair(vocab: int, seq_len: int, device: str, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, next ids), each (HELD_ROWS, min(seq_len, HELD_LEN)): a sequence no training step has seen and its
+    targets; the teacher-forced read uses the ids, the per-layer FP8 read (trials/measure/fp8_layers.py) both."""
+    return ArithmeticSequences(vocab, min(seq_len, HELD_LEN), device, seed + HELD_SEED_OFFSET).batch(HELD_ROWS)
+
+
 def held_batch(vocab: int, seq_len: int, device: str, seed: int) -> torch.Tensor:
-    """(HELD_ROWS, min(seq_len, HELD_LEN)) token ids no training step has seen."""
-    return ArithmeticSequences(vocab, min(seq_len, HELD_LEN), device, seed + HELD_SEED_OFFSET).batch(HELD_ROWS)[0]
+    """(HELD_ROWS, min(seq_len, HELD_LEN)) token ids no training step has seen: :func:`held_pair`'s ids."""
+    return held_pair(vocab, seq_len, device, seed)[0]
 
 
 def partner_spec(spec: TrialSpec, stack: str) -> TrialSpec:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import math
@@ -14,7 +13,6 @@ import torch
 
 from ..parallel import ranks as distributed
 from ..measure import energy, fp8_layers, kernels
-from ..backends import te_compat
 from . import teacher_forced
 from ..backends import STACKS, numerics
 from ..measure.bench import benchmark
@@ -65,8 +63,8 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
 
     t_train = time.perf_counter()
     record["startup_s"] = t_train - t0
-    seam = numerics(res.backend) if reads_apply(spec, res) else None
-    layer_held = fp8_layers.held_pair(vocab, spec.seq_len, res.device, spec.seed) if seam is not None else None
+    seam = numerics(res.backend) if reads_apply(spec, record) else None  # effective precision is known by now
+    layer_held = teacher_forced.held_pair(vocab, spec.seq_len, res.device, spec.seed) if seam is not None else None
     sampler = (fp8_layers.OutlierSampler(step, seam, layer_held[0], res.device, fp8_layers.outlier_every(spec.train_steps),
                                          spec.train_steps) if seam is not None else None)
     trained = train(step, data, spec.train_steps, spec.batch_size, after_step=sampler)
@@ -81,7 +79,7 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
     if recipe is not None and spec.recipe == "delayed":
         record["fp8_state"] = fp8_state(model)
     # as trained, before the benchmark trains it on; a cell that ran no FP8 has no FP8 numerics to compare
-    held, fp8_log_probs = fp8_read(spec, res, step, vocab) if record["effective_precision"] == "fp8" else (None, None)
+    held, fp8_log_probs = fp8_read(spec, res, step, vocab) if fp8_alone(spec, record) else (None, None)
 
     t_bench = time.perf_counter()
     batches = [data.batch(spec.batch_size) for _ in range(BENCH_BATCHES)]
@@ -119,9 +117,17 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
     return lambda partners: teacher_forced_fields(spec, res, vocab, held, fp8_log_probs, partners)
 
 
-def reads_apply(spec: TrialSpec, res: Resolution) -> bool:
-    """The per-layer FP8 reads (trials/measure/fp8_layers.py) run: an FP8 cell of one rank with ``fp8_reads``."""
-    return spec.fp8_reads and res.precision == "fp8" and spec.parallel == "none"
+def fp8_alone(spec: TrialSpec, record: dict[str, Any]) -> bool:
+    """The reads of the FP8 model (teacher-forced, per-layer) apply: the cell is an FP8 result of one rank. Its
+    ``effective_precision``, not the precision asked: a cell that ran (almost) nothing in FP8
+    (trials/measure/metrics.fp8_ran, decided once the model is built and its FLOPs counted, before training)
+    is a BF16 result and has no FP8 numerics to show."""
+    return record["effective_precision"] == "fp8" and spec.parallel == "none"
+
+
+def reads_apply(spec: TrialSpec, record: dict[str, Any]) -> bool:
+    """The per-layer FP8 reads (trials/measure/fp8_layers.py) run: :func:`fp8_alone`, with ``fp8_reads``."""
+    return spec.fp8_reads and fp8_alone(spec, record)
 
 
 def layer_reads(step: Any, seam: Any, held: Any, device: str, trend: fp8_layers.OutlierTrend) -> dict[str, Any]:
@@ -140,22 +146,17 @@ def layer_reads(step: Any, seam: Any, held: Any, device: str, trend: fp8_layers.
 
 
 def fp8_read(spec: TrialSpec, res: Resolution, step: Any, vocab: int) -> tuple[Any, Any]:
-    """(held ids, the FP8 model's log-probabilities on them) for the teacher-forced comparison, or (None, None)
-    where it does not apply (not FP8, or a multi-rank model) or the read fails (the cell runs on without it).
-    The read leaves the model as it was: a stack with FP8 scaling state (``Stack.fp8_state``: TE's delayed
-    scaling) reads under ``te_compat.read_autocast`` (outside TE's amax bookkeeping) inside
-    ``te_compat.fp8_meta_kept``, which restores that state exactly (see both), and the RNG states are restored
-    too, so the benchmark that follows times and trains the model a trial without the read would have."""
-    if res.precision != "fp8" or spec.parallel != "none":
-        return None, None
+    """(held ids, the FP8 model's log-probabilities on them) for the teacher-forced comparison (a cell where
+    :func:`fp8_alone`), or (None, None) where the read fails (the cell runs on without it).
+    The read leaves the model as it was: it runs under the stack's numerics seam
+    (trials/backends/<stack>_numerics.py: ``fp8_context``, TE's FP8 autocast outside its amax bookkeeping,
+    inside ``read_context``, which restores TE's scaling state exactly) and ``fp8_layers.quiet`` (the RNG states
+    restored too), so the benchmark that follows times and trains the model a trial without the read would have."""
+    seam = numerics(res.backend)
     held = teacher_forced.held_batch(vocab, spec.seq_len, res.device, spec.seed)
-    kept = (te_compat.fp8_meta_kept(step.model, step.recipe) if STACKS[res.backend].fp8_state
-            else contextlib.nullcontext())
-    fp8 = lambda: te_compat.read_autocast(step.te, step.recipe)  # noqa: E731 - TE's FP8 autocast; else nothing
-    rng = [torch.cuda.current_device()] if res.device == "cuda" else []  # kept too, as TE's warm-ups keep it
     try:
-        with torch.random.fork_rng(devices=rng), kept:
-            return held, teacher_forced.log_probs(step.model, held, fp8)
+        with fp8_layers.quiet(step.model, res.device), seam.read_context(step):
+            return held, teacher_forced.log_probs(step.model, held, lambda: seam.fp8_context(step))
     except Exception as exc:  # noqa: BLE001 - e.g. a held length TE's FP8 GEMMs refuse; the cell stands without
         log.warning("teacher-forced read of the FP8 model failed: %s: %s", type(exc).__name__, exc)
         return None, None
