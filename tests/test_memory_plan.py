@@ -68,14 +68,14 @@ def test_full_checkpointing_keeps_what_torch_checkpoint_keeps():
 def test_a_factory_is_priced_from_its_module_not_as_llama():
     """Issue 44.5: a nanoGPT-shaped factory's estimate is its own (that of MiniGPT gpt, the same network), not
     hf:llama's of the same shape fields."""
-    from orchestrator.plan import estimate_flops_guess, estimate_memory_bytes
+    from orchestrator.plan import estimate_flops_guess
 
     shape = {**SHAPE, "d_model": 128, "ffn": 512, "seq_len": 64}
     flops = {m: estimate_flops_guess(TrialSpec(model=m, **shape)) for m in ("minigpt", GPTLIKE, "hf:llama")}
     assert not any(guess for _, guess in flops.values())
     assert flops[GPTLIKE][0] == pytest.approx(flops["minigpt"][0], rel=0.01)  # the same GEMMs (nanoGPT's head is tied)
     assert abs(flops[GPTLIKE][0] / flops["hf:llama"][0] - 1) > 0.2  # SwiGLU's three matrices, not nanoGPT's two
-    mem = {m: estimate_memory_bytes(TrialSpec(model=m, **shape)) for m in (GPTLIKE, "hf:llama")}
+    mem = {m: memory_plan.plan(TrialSpec(model=m, **shape)).total for m in (GPTLIKE, "hf:llama")}
     assert mem[GPTLIKE] != mem["hf:llama"]
 
 

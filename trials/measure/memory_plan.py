@@ -41,7 +41,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ..spec import field_default
+from ..spec import axis_fields, field_default
 
 log = logging.getLogger(__name__)
 
@@ -131,10 +131,8 @@ class _Key:
 
 
 def _key(spec: Any, batch: int) -> _Key:
-    import dataclasses
-
-    shape = tuple((f.name, getattr(spec, f.name)) for f in dataclasses.fields(spec)
-                  if f.metadata.get("axis") == "shape" and f.name not in ("batch_size", "tokens_per_step"))
+    shape = tuple((name, getattr(spec, name)) for name in axis_fields("shape")
+                  if name not in ("batch_size", "tokens_per_step"))
     return _Key((*shape, spec.precision == "fp32"), batch, spec)
 
 
