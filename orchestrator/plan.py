@@ -117,10 +117,20 @@ def cpu_matmul_flops_per_s(n: int = 1024, tries: int = 3) -> float:
 
 
 def local_gpu_memory_bytes() -> int | None:
-    """Memory of this machine's first GPU, or None without one (then the plan cannot say what fits)."""
-    import torch
+    """Memory of this machine's first GPU (CUDA_VISIBLE_DEVICES' first, as torch's device 0), or None without
+    one or without NVML (then the plan cannot say what fits). Read through NVML, never torch.cuda: a CUDA
+    context in the driver would sit on GPU 0 through the sweep, a foreign compute process that marks every
+    trial there disturbed (trials/measure/disturbance.py)."""
+    from trials.measure import nvml
 
-    return int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else None
+    with nvml.session() as nv:
+        if nv is None:
+            return None
+        first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+        try:
+            return int(nv.nvmlDeviceGetMemoryInfo(nvml.handle(nv, first or "0")).total)
+        except Exception:  # noqa: BLE001 - no device visible (CUDA_VISIBLE_DEVICES empty or -1), an odd token
+            return None
 
 
 def _limit(row: dict[str, Any], gpu_memory_bytes: int | None, host_memory_bytes: int | None) -> int | None:

@@ -174,3 +174,16 @@ def test_a_module_fake_tensors_cannot_run_is_called_a_guess(tmp_path):
     assert "(guess)" in "".join(str(c) for col in plan_table(s, [row]).columns for c in col._cells)
     [line] = slow_on_cpu([row], flops_per_s=1.0)
     assert "a guess" in line
+
+
+@pytest.mark.gpu
+def test_the_local_gpu_memory_is_read_without_a_cuda_context():
+    """The fit check runs in the driver before Ray: reading the GPU's memory must not start CUDA there (a context on
+    GPU 0 is another compute process to every trial on it: disturbed). A fresh process: CUDA stays uninitialised."""
+    import subprocess
+    import sys
+
+    code = ("import torch; from orchestrator.plan import local_gpu_memory_bytes as m; got = m(); "
+            "print(torch.cuda.is_initialized(), got == torch.cuda.get_device_properties(0).total_memory)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"], out
