@@ -32,12 +32,6 @@ CPU_SLOW_S = 3600.0  # a CPU cell whose steps need longer than this, at the host
 FIT_MARGIN = 1.4
 
 
-def estimate_memory_bytes(spec: TrialSpec) -> int:
-    """One rank's peak for a training step (an estimate for planning, not a promise): the memory plan of
-    trials/measure/memory_plan.py, from the module the model source builds, run once under fake tensors."""
-    return memory_plan.plan(spec).total
-
-
 def unsupported_here(sweep: Sweep) -> dict[str, str]:
     """cell id -> why the cell would be recorded ``unsupported`` on this machine (what a trial here would
     resolve: the same probe and rules, ``trials.backends.capability``). A cluster's GPU nodes may differ."""
@@ -56,18 +50,13 @@ def unsupported_here(sweep: Sweep) -> dict[str, str]:
     return out
 
 
-def estimate_flops(spec: TrialSpec) -> float:
-    """Model FLOPs of a training trial's steps (training and timed), all ranks: what a CPU cell must get
-    through. Inference cells: the same steps' forward passes are far fewer; estimated as training's third."""
-    return estimate_flops_guess(spec)[0]
-
-
 def estimate_flops_guess(spec: TrialSpec) -> tuple[float, bool]:
-    """(``estimate_flops``, whether it is a guess). MiniGPT: its closed form. Any other model: the GEMMs
-    FlopCounterMode counts in one forward of the module the source builds (under fake tensors, at the
-    cell's batch and seq), times 3 for forward and backward, plus causal attention by MiniGPT's formula
-    over the model's units; where the module cannot run under fake tensors, 6 x parameters per token (a
-    guess)."""
+    """(model FLOPs of a training trial's steps, training and timed, all ranks: what a CPU cell must get
+    through; whether that is a guess). Inference cells: the same steps' forward passes, training's third.
+    MiniGPT: its closed form. Any other model: the GEMMs FlopCounterMode counts in one forward of the module
+    the source builds (under fake tensors, at the cell's batch and seq), times 3 for forward and backward,
+    plus causal attention by MiniGPT's formula over the model's units; where the module cannot run under
+    fake tensors, 6 x parameters per token (a guess)."""
     facts = models.describe(spec)
     steps = spec.train_steps + spec.bench_steps * spec.repeats
     tokens = spec.tokens * spec.world_size
@@ -128,10 +117,20 @@ def cpu_matmul_flops_per_s(n: int = 1024, tries: int = 3) -> float:
 
 
 def local_gpu_memory_bytes() -> int | None:
-    """Memory of this machine's first GPU, or None without one (then the plan cannot say what fits)."""
-    import torch
+    """Memory of this machine's first GPU (CUDA_VISIBLE_DEVICES' first, as torch's device 0), or None without
+    one or without NVML (then the plan cannot say what fits). Read through NVML, never torch.cuda: a CUDA
+    context in the driver would sit on GPU 0 through the sweep, a foreign compute process that marks every
+    trial there disturbed (trials/measure/disturbance.py)."""
+    from trials.measure import nvml
 
-    return int(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else None
+    with nvml.session() as nv:
+        if nv is None:
+            return None
+        first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
+        try:
+            return int(nv.nvmlDeviceGetMemoryInfo(nvml.handle(nv, first or "0")).total)
+        except Exception:  # noqa: BLE001 - no device visible (CUDA_VISIBLE_DEVICES empty or -1), an odd token
+            return None
 
 
 def _limit(row: dict[str, Any], gpu_memory_bytes: int | None, host_memory_bytes: int | None) -> int | None:

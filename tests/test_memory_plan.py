@@ -63,19 +63,26 @@ def test_full_checkpointing_keeps_what_torch_checkpoint_keeps():
     assert acts.held("full") == pytest.approx(saved.bytes, rel=TOLERANCE), (acts, saved.bytes)
     assert acts.held("full") < acts.held("selective") < acts.held("none")
     assert acts.peak("full") == acts.held("full") + max(acts.units)
+    # the plan's (and the record's) activations are the held bytes, the measured saved_activation_bytes' partner;
+    # the recomputed unit's bytes count in the total only
+    full = memory_plan.plan(spec, "full")
+    assert full.activations == acts.held("full") and full.recomputed == max(acts.units)
+    assert full.total == full.weights + full.optimizer + max(acts.peak("full") + full.logits, full.grads)
+    fields = memory_plan.record_fields(TrialSpec(model="minigpt", **SHAPE, activation_checkpointing="full"))
+    assert fields["est_activation_bytes"] == acts.held("full")
 
 
 def test_a_factory_is_priced_from_its_module_not_as_llama():
     """Issue 44.5: a nanoGPT-shaped factory's estimate is its own (that of MiniGPT gpt, the same network), not
     hf:llama's of the same shape fields."""
-    from orchestrator.plan import estimate_flops_guess, estimate_memory_bytes
+    from orchestrator.plan import estimate_flops_guess
 
     shape = {**SHAPE, "d_model": 128, "ffn": 512, "seq_len": 64}
     flops = {m: estimate_flops_guess(TrialSpec(model=m, **shape)) for m in ("minigpt", GPTLIKE, "hf:llama")}
     assert not any(guess for _, guess in flops.values())
     assert flops[GPTLIKE][0] == pytest.approx(flops["minigpt"][0], rel=0.01)  # the same GEMMs (nanoGPT's head is tied)
     assert abs(flops[GPTLIKE][0] / flops["hf:llama"][0] - 1) > 0.2  # SwiGLU's three matrices, not nanoGPT's two
-    mem = {m: estimate_memory_bytes(TrialSpec(model=m, **shape)) for m in (GPTLIKE, "hf:llama")}
+    mem = {m: memory_plan.plan(TrialSpec(model=m, **shape)).total for m in (GPTLIKE, "hf:llama")}
     assert mem[GPTLIKE] != mem["hf:llama"]
 
 
@@ -126,11 +133,29 @@ def test_a_sweep_refuses_a_cell_far_over_the_gpu_memory_before_anything_starts(t
 
 
 def test_fsdp_shards_weights_grads_and_optimizer_per_rank():
+    """Every parameter sharded; two units gathered whole; the root's own parameters (outside the units: embeddings,
+    final norm, head) whole too, since FSDP2 does not reshard the root after forward; grads stay sharded."""
+    from trials import models
+
     spec = TrialSpec(model="minigpt", **SHAPE)
     one, four = memory_plan.plan(spec), memory_plan.plan(spec, parallel="fsdp", world_size=4)
     assert four.optimizer == one.optimizer // 4 and four.grads == one.grads // 4
-    gathered = 2 * memory_plan.probe(spec).largest_unit_params * 2  # two bf16 units whole: running and prefetched
-    assert four.weights == one.weights // 4 + gathered and four.activations == one.activations  # batch is per rank
+    got = memory_plan.probe(spec)
+    gathered = 2 * got.largest_unit_params * 2  # two bf16 units whole: running and prefetched
+    built = models.build(spec, "bf16", "meta")
+    inside = {id(p) for u in built.units for p in built.model.get_submodule(u).parameters()}
+    root = sum(p.numel() * 2 for p in built.model.parameters() if id(p) not in inside)
+    assert root > 0 and got.outside_weight_bytes == root
+    assert four.weights == one.weights // 4 + root + gathered and four.activations == one.activations  # per rank
+
+
+def test_a_guessed_fsdp_plan_is_smaller_than_the_unsharded_one():
+    """A guess knows no unit's size: one layer's share of the parameters is gathered, not the whole model."""
+    spec = TrialSpec(model=f"{GPTLIKE[:-len('build')]}reads_ids", **{**SHAPE, "n_layers": 8})
+    one, four = memory_plan.plan(spec), memory_plan.plan(spec, parallel="fsdp", world_size=4)
+    assert one.guess and four.guess and one.weights > 0
+    layer = one.weights // 2 // 8  # parameters over the layers, bf16
+    assert four.weights == one.weights // 4 + 2 * layer * 2 < one.weights
 
 
 def test_a_module_fake_tensors_cannot_run_is_called_a_guess(tmp_path):
@@ -149,3 +174,16 @@ def test_a_module_fake_tensors_cannot_run_is_called_a_guess(tmp_path):
     assert "(guess)" in "".join(str(c) for col in plan_table(s, [row]).columns for c in col._cells)
     [line] = slow_on_cpu([row], flops_per_s=1.0)
     assert "a guess" in line
+
+
+@pytest.mark.gpu
+def test_the_local_gpu_memory_is_read_without_a_cuda_context():
+    """The fit check runs in the driver before Ray: reading the GPU's memory must not start CUDA there (a context on
+    GPU 0 is another compute process to every trial on it: disturbed). A fresh process: CUDA stays uninitialised."""
+    import subprocess
+    import sys
+
+    code = ("import torch; from orchestrator.plan import local_gpu_memory_bytes as m; got = m(); "
+            "print(torch.cuda.is_initialized(), got == torch.cuda.get_device_properties(0).total_memory)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"], out

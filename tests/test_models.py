@@ -95,9 +95,9 @@ def test_the_shape_fields_override_the_config_and_the_rest_is_the_configs(tmp_pa
     assert (bare.d_model, bare.n_layers, bare.vocab, bare.n_heads, bare.ffn) == (None,) * 5
     facts = models.describe(bare)
     assert facts.shape["d_model"] == 4096 and facts.shape["n_layers"] == 32 and facts.n_params > 6e9
-    from orchestrator.plan import estimate_memory_bytes
+    from trials.measure import memory_plan
 
-    assert estimate_memory_bytes(bare) > 6e9 * 8  # bf16 weights, grads and two moments: over 48 GB before anything runs
+    assert memory_plan.plan(bare).total > 6e9 * 8  # bf16 weights, grads and two moments: over 48 GB before anything runs
     # a local config.json (as on the Hub): its values stand where the spec gives none; positions reach seq_len
     cfg_file = tmp_path / "config.json"
     cfg_file.write_text(json.dumps({"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 1,

@@ -15,18 +15,22 @@ trial's rule (trials/parallel/checkpointing.py ``chosen``):
 The parts of one rank, in the cell's weight dtype (fp32 for fp32 cells, bf16 otherwise, trials/models):
 
     weights      parameters; FSDP2 keeps 1/world_size of them, plus two units gathered whole (the one
-                 running and the one prefetched); FP8 cells of a stack that keeps FP8 copies of its GEMM
+                 running and the one prefetched), plus the parameters outside every unit gathered whole
+                 (embeddings, final norm, LM head: trials/parallel/ranks.py shards the root too, and FSDP2
+                 does not reshard the root after forward, so they stay whole through backward); FP8 cells of a stack that keeps FP8 copies of its GEMM
                  weights between steps add them (``fp8_weight_cache_bytes`` in the stack table: TE's weight
                  and its transpose)
     grads        one per parameter, the parameter's dtype (FSDP2: sharded; DDP adds its buckets' copy)
     optimizer    AdamW's two moments, in the parameter's dtype (torch's AdamW keeps its state like the
                  parameter); where a stack keeps FP8 weights only (``fp8_all_gather_masters``: TE), an
                  fp32 master weight and two fp32 moments per parameter (FusedAdam)
-    activations  the saved bytes above, for the checkpointing setting
+    activations  the saved bytes above, held once the forward is done, for the checkpointing setting
+                 (what the record's ``est_activation_bytes`` is, beside the measured ``saved_activation_bytes``)
+    recomputed   under checkpointing, the largest recomputed unit's saved bytes, back during its backward
     logits       (batch, seq, vocab): the logits in the weight dtype (alive through the step), the loss's
                  fp32 log-softmax (saved), and in its backward the fp32 gradient of it and of its input
 
-The peak is weights + optimizer + max(activations + logits, grads): at the start of backward every
+The peak is weights + optimizer + max(activations + recomputed + logits, grads): at the start of backward every
 activation and the logits' gradients are held; by its end the activations are freed and every gradient
 exists. The plan is of the module the source builds (the torch twin): an FP8 stack's own saved casts are
 not in it.
@@ -41,7 +45,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ..spec import field_default
+from ..spec import axis_fields, field_default
 
 log = logging.getLogger(__name__)
 
@@ -85,16 +89,19 @@ class Probe:
 
     n_params: int
     weight_bytes: int  # the parameters in the cell's weight dtype
-    largest_unit_params: int
+    largest_unit_params: int  # 0 where the model has no units
     activations: Activations
     forward_flops: float  # counted by FlopCounterMode (attention kernels not counted: trials/measure/metrics.py)
     gemm_params: int = 0  # weights of the Linears a stack may run in FP8 (the logits layer stays high precision)
+    outside_weight_bytes: int = 0  # parameters outside every unit (embeddings, final norm, head), weight dtype
 
 
 @dataclass(frozen=True)
 class MemoryPlan:
     """One rank's bytes for a training step of a cell; ``guess``: the module could not be run under fake
-    tensors, so weights come from the parameter count only (activations unknown: 0)."""
+    tensors, so weights come from the parameter count only (activations unknown: 0). ``activations``: held
+    for backward once the forward is done; ``recomputed``: what comes back on top while the largest
+    checkpointed unit is recomputed (in the total only)."""
 
     weights: int
     grads: int
@@ -107,10 +114,11 @@ class MemoryPlan:
     world_size: int
     batch_size: int  # rows per rank
     guess: bool = False
+    recomputed: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.optimizer + max(self.activations + self.logits, self.grads)
+        return self.weights + self.optimizer + max(self.activations + self.recomputed + self.logits, self.grads)
 
     def setting(self) -> str:
         """The knobs this plan is for, as sweep fields."""
@@ -131,10 +139,8 @@ class _Key:
 
 
 def _key(spec: Any, batch: int) -> _Key:
-    import dataclasses
-
-    shape = tuple((f.name, getattr(spec, f.name)) for f in dataclasses.fields(spec)
-                  if f.metadata.get("axis") == "shape" and f.name not in ("batch_size", "tokens_per_step"))
+    shape = tuple((name, getattr(spec, name)) for name in axis_fields("shape")
+                  if name not in ("batch_size", "tokens_per_step"))
     return _Key((*shape, spec.precision == "fp32"), batch, spec)
 
 
@@ -168,7 +174,9 @@ def _probe(key: _Key) -> Probe | None:
         n_params = sum(p.numel() for p in params)
         weight_bytes = sum(p.numel() * p.element_size() for p in params)
         largest = max((sum(p.numel() for p in model.get_submodule(u).parameters()) for u in built.units),
-                      default=n_params)
+                      default=0)
+        inside = {id(p) for u in built.units for p in model.get_submodule(u).parameters()}
+        outside = sum(p.numel() * p.element_size() for p in params if id(p) not in inside)
         head = model.get_submodule(built.logits_layer) if built.logits_layer else None
         gemm = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head)
     except Exception as exc:  # noqa: BLE001 - a module fake tensors cannot run (data-dependent code, ...)
@@ -176,7 +184,7 @@ def _probe(key: _Key) -> Probe | None:
                  type(exc).__name__, exc)
         return None
     acts = Activations(saved.outside, tuple(saved.per_unit), tuple(saved.unit_inputs))
-    return Probe(n_params, weight_bytes, largest, acts, float(counter.get_total_flops()), gemm)
+    return Probe(n_params, weight_bytes, largest, acts, float(counter.get_total_flops()), gemm, outside)
 
 
 @contextlib.contextmanager
@@ -233,12 +241,16 @@ def plan(spec: Any, checkpointing: str | None = None, parallel: str | None = Non
     width = 4 if spec.precision == "fp32" else 2
     batch = batch_size or spec.batch_size
     got = probe(spec, batch)
-    if got is None:
-        n = models.describe(spec).n_params or 0
-        weights, largest, acts, guess = n * width, n, 0, True
+    if got is None:  # a unit's size unknown: the parameters over the layers; nothing known outside them
+        facts = models.describe(spec)
+        n = facts.n_params or 0
+        layers = facts.shape.get("n_layers") or spec.n_layers
+        weights, largest, outside, acts, again, guess = n * width, n // layers if layers else 0, 0, 0, 0, True
     else:
         n, weights, largest, guess = got.n_params, got.weight_bytes, got.largest_unit_params, False
-        acts = got.activations.peak(setting, spec.ac_every)
+        outside = got.outside_weight_bytes
+        acts = got.activations.held(setting, spec.ac_every)
+        again = got.activations.peak(setting, spec.ac_every) - acts
     stack = STACKS.get(recipe_owner(spec.recipe) or "")
     masters = spec.precision == "fp8" and spec.fp8_all_gather and stack is not None and stack.fp8_all_gather_masters
     grads = weights
@@ -246,14 +258,16 @@ def plan(spec: Any, checkpointing: str | None = None, parallel: str | None = Non
     if spec.precision == "fp8" and stack is not None and not masters and got is not None:
         weights += got.gemm_params * stack.fp8_weight_cache_bytes  # TE's FP8 weight copies, kept between steps
     if parallel == "fsdp":
-        weights = weights // world + GATHERED_UNITS * largest * width
+        # every parameter sharded; the root's own (outside the units) whole besides, from its forward to the
+        # end of backward; two units whole at a time
+        weights = weights // world + outside + GATHERED_UNITS * largest * width
         grads, optimizer = grads // world, optimizer // world
     elif parallel == "ddp":
         grads = 2 * grads  # DDP's buckets hold a copy of the gradients (gradient_as_bucket_view is off)
     vocab = models.describe(spec).shape.get("vocab") or spec.vocab or 0
     logits = batch * spec.seq_len * vocab * (width + LOGITS_BYTES)
     return MemoryPlan(weights, grads, optimizer, acts, logits, setting, spec.ac_every, parallel, world, batch,
-                      guess)
+                      guess, again)
 
 
 def record_fields(spec: Any) -> dict[str, int | None]:
