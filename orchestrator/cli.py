@@ -52,16 +52,11 @@ def _quiet_ray_logs(verbose: bool) -> None:
 def _gpu_memory(args: argparse.Namespace) -> int | None:
     """The GPU memory a sweep's memory plan is held against: ``--gpu-memory``, else this machine's first GPU where
     Ray runs here (a cluster's GPUs are not this machine's: give ``--gpu-memory``), else None (not checked).
-    Where NVML cannot start there is no NVIDIA driver, so no GPU: answered without importing torch."""
+    Read through NVML (plan.local_gpu_memory_bytes), without importing torch."""
     if args.gpu_memory:
         return int(args.gpu_memory * 2**30)
     if args.address or os.environ.get("RAY_ADDRESS"):
         return None
-    from trials.measure import nvml
-
-    with nvml.session() as nv:
-        if nv is None:
-            return None
     from .plan import local_gpu_memory_bytes
 
     return local_gpu_memory_bytes()
