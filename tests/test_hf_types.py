@@ -137,8 +137,8 @@ def test_gemma2_and_bloom_build_with_eager_attention_and_record_it():
 
 def test_falcon_keeps_the_linear_it_adds_to_in_place_out_of_fp8():
     """Falcon's decoder does mlp_output += attention_output; a torchao float8 matmul's output is a view autograd
-    will not let it modify (main: RuntimeError in the step, an error record). The model source finds that Linear,
-    torchao leaves it in BF16 and converts the rest; one step runs."""
+    will not let it modify (main: RuntimeError in the step, an error record). torchao's 2-token look
+    (models.common.written_in_place) finds that Linear, leaves it in BF16 and converts the rest; one step runs."""
     import json
 
     from trials import backends

@@ -29,6 +29,7 @@ import torch.nn as nn
 from torch.nn.modules.conv import _ConvNd
 
 from .. import models
+from ..models.common import written_in_place
 from . import Built
 from .torch import compiled
 
@@ -96,7 +97,7 @@ class _Filter:
             return False
         if fqn == self.keep:
             why = "the layer that makes the logits (kept in BF16, as torchtitan and TE do)"
-        elif fqn in self.model_keeps:  # the model's own reason (trials/models: Built.keep)
+        elif fqn in self.model_keeps:  # the model's own need (written_in_place)
             why = self.model_keeps[fqn]
         elif self.auto is not None:
             why = "" if self.auto(module, fqn) else "torchao's auto filter for the recipe (too small for FP8 to pay)"
@@ -160,6 +161,10 @@ def kept_gemms(model: nn.Module, done: set[str], why_experts: str | None) -> dic
     return out
 
 
+IN_PLACE = ("the model adds to its output in place (e.g. Falcon's mlp_output += attention_output), which a float8 "
+            "matmul's output (a view made inside torchao's autograd Function) cannot take")
+
+
 def build(spec: Any, precision: str, device: str) -> Built:
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
@@ -168,7 +173,7 @@ def build(spec: Any, precision: str, device: str) -> Built:
     if precision != "fp8":
         return Built(model, forward=compiled(model, spec), info={"torchao_version": version()}, units=made.units)
     keep = _Filter(made.logits_layer, spec.recipe if spec.fp8_filter == "auto" else None)
-    keep.model_keeps = made.keep  # Linears the model needs in high precision (trials/models: Built.keep)
+    keep.model_keeps = {name: IN_PLACE for name in written_in_place(model, device)}
     config = Float8LinearConfig.from_recipe_name(spec.recipe)
     after_step = None
     if spec.fp8_all_gather:  # FSDP2 all-gathers the FP8 weights; their scales are made once per step for it

@@ -1,29 +1,30 @@
-"""What the model sources share: the built model a stack converts, and the adapter to a logits tensor."""
+"""What the model sources share: the built model a stack converts, the adapter to a logits tensor, and a look at
+which of a model's Linears it modifies in place (a fact of any module, asked by the stacks that cannot take it)."""
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn as nn
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class Built:
     """A source's seeded model for one cell: ``model`` maps ids (b, t) -> logits (b, t, vocab) (a tensor);
     ``logits_layer`` is the qualified name of the Linear that makes the logits (stacks keep it in high
-    precision); ``info``: record fields (model_class, model_config, n_params); ``keep``: see below."""
+    precision); ``info``: record fields (model_class, model_config, n_params)."""
 
     model: nn.Module
     vocab: int
     logits_layer: str | None
     info: dict[str, Any] = field(default_factory=dict)
     units: tuple[str, ...] = ()  # qualified names of its units (decoder layers), its source's rule; () where none
-    # qualified name -> why: Linears a stack must leave in high precision for the model to run (FP8 stacks skip
-    # them, as they skip the logits layer)
-    keep: dict[str, str] = field(default_factory=dict)
 
 
 def dtype_of(precision: str) -> torch.dtype:
@@ -96,3 +97,32 @@ def largest_module_list(model: nn.Module, prefix: str = "") -> tuple[str, ...]:
 
 def _join(*parts: str) -> str:
     return ".".join(p for p in parts if p)
+
+
+def written_in_place(model: Any, device: str) -> list[str]:
+    """The Linears (qualified names) whose output the model's own code modifies in place (e.g. Falcon's
+    ``mlp_output += attention_output``), seen on one 2-token forward of ``model`` (ids -> logits; the output's
+    version counter moves after the Linear returned it). An FP8 stack's matmul output may be a view that
+    autograd forbids modifying so; these stay in high precision. The RNG is left as it was."""
+    if torch.device(device).type == "meta":  # nothing runs there (the memory plan's probe, the dry run)
+        return []
+    seen: dict[str, tuple[Any, int]] = {}
+
+    def hook(name: str) -> Any:
+        def record(_module: Any, _inputs: Any, out: Any) -> None:
+            if isinstance(out, torch.Tensor):
+                seen.setdefault(name, (out, out._version))
+        return record
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    devices = [torch.device(device)] if torch.device(device).type == "cuda" else []
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            model(torch.zeros(1, 2, dtype=torch.long, device=device))
+    except Exception as exc:  # noqa: BLE001 - a look, not the trial: the step itself says what fails
+        log.info("no in-place check of the model's Linears (%s: %s)", type(exc).__name__, exc)
+        return []
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [name for name, (out, version) in seen.items() if out._version != version]

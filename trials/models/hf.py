@@ -274,42 +274,7 @@ def build(spec: Any, precision: str, device: str) -> Built:
     wrapped = Logits(model, use_cache=False)
     head = model.get_output_embeddings()
     logits_layer = next((f"model.{n}" for n, m in model.named_modules() if m is head), None)
-    keep = {f"model.{name}": IN_PLACE for name in _written_in_place(model, device)}
-    return Built(wrapped, cfg.vocab_size, logits_layer, units=units(wrapped), keep=keep)
-
-
-IN_PLACE = ("the model adds to its output in place (e.g. Falcon's mlp_output += attention_output), which a float8 "
-            "matmul's output (a view made inside torchao's autograd Function) cannot take")
-
-
-def _written_in_place(model: Any, device: str) -> list[str]:
-    """The Linears whose output the model's own code modifies in place, seen on one 2-token forward (the output's
-    version counter moves after the Linear returned it). An FP8 stack's matmul output may be a view that
-    autograd forbids modifying so; these stay in high precision. The RNG is left as it was."""
-    import torch
-
-    if torch.device(device).type == "meta":  # nothing runs there (the memory plan's probe, the dry run)
-        return []
-    seen: dict[str, tuple[Any, int]] = {}
-
-    def hook(name: str) -> Any:
-        def record(_module: Any, _inputs: Any, out: Any) -> None:
-            if isinstance(out, torch.Tensor):
-                seen.setdefault(name, (out, out._version))
-        return record
-
-    handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
-    devices = [torch.device(device)] if torch.device(device).type == "cuda" else []
-    try:
-        with torch.no_grad(), torch.random.fork_rng(devices=devices):
-            model(torch.zeros(1, 2, dtype=torch.long, device=device), use_cache=False)
-    except Exception as exc:  # noqa: BLE001 - a look, not the trial: the step itself says what fails
-        log.info("no in-place check of the model's Linears (%s: %s)", type(exc).__name__, exc)
-        return []
-    finally:
-        for handle in handles:
-            handle.remove()
-    return [name for name, (out, version) in seen.items() if out._version != version]
+    return Built(wrapped, cfg.vocab_size, logits_layer, units=units(wrapped))
 
 
 def units(model: Any) -> tuple[str, ...]:
