@@ -7,8 +7,10 @@ one process on one GPU, interleaved round by round:
   plain  - the same model written here without trials: ``AutoConfig.for_model`` with the same shape,
            ``AutoModelForCausalLM.from_config`` (BF16, SDPA, no KV cache, no dropout), torchao's
            ``convert_to_float8_training`` called directly for fp8 cells (``lm_head`` and dims not multiples of
-           16 kept), ``torch.compile`` for compile cells, fused AdamW, fp32 cross-entropy on the logits, random
-           token batches; each step timed with its own CUDA event pair, the median taken
+           16 kept), ``torch.compile`` of each decoder layer for compile cells, transformers' own
+           ``gradient_checkpointing_enable`` for ``activation_checkpointing: full`` cells, fused AdamW, fp32
+           cross-entropy on the logits, random token batches; each step timed with its own CUDA event pair, the
+           median taken
 Prints one line per cell with both medians and trial/plain; the goal is |trial/plain - 1| <= 0.02.
 Usage (repository root): PYTHONPATH=. python benchmarks/hf_loop.py [--sweep examples/your-model.yaml]
        [--rounds 3] [--steps 20] [--only SUBSTR]
@@ -53,6 +55,8 @@ def plain_model(spec: TrialSpec) -> nn.Module:
     torch.manual_seed(spec.seed)
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
+    if spec.activation_checkpointing == "full":  # every decoder layer recomputed, as a user asks transformers
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if spec.precision == "fp8":
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
@@ -65,7 +69,10 @@ def plain_loop(spec: TrialSpec, steps: int, warmup: int) -> float:
     """Median step of the plain loop, ms."""
     model = plain_model(spec)
     vocab = model.config.vocab_size
-    forward = torch.compile(model) if spec.compile else model
+    if spec.compile:  # each decoder layer, as torchtitan compiles (the trial does the same: train_step.py)
+        for i, layer in enumerate(model.model.layers):
+            model.model.layers[i] = torch.compile(layer)
+    forward = model
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01, fused=True)
     gen = torch.Generator(device="cuda").manual_seed(spec.seed)
     # ids over the whole vocabulary, as the harness's sequences and te_hf_loop's batches cover it (this loop fed
@@ -103,7 +110,8 @@ def main() -> int:
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
     cells = [c for c in load_sweep(args.sweep).cells  # TE cells: benchmarks/te_hf_loop.py
-             if c.spec.source.name == "hf" and c.spec.backend in ("torch", "torchao") and args.only in c.label]
+             if c.spec.source.name == "hf" and c.spec.backend in ("torch", "torchao") and args.only in c.label
+             and c.spec.activation_checkpointing in ("none", "full")]  # selective: no plain-loop twin here
     rows = []
     for cell in cells:
         spec = cell.spec.replace(device="cuda", train_steps=args.warmup, warmup_steps=args.warmup,

@@ -171,7 +171,8 @@ def build(spec: Any, precision: str, device: str) -> Built:
     made = models.build(spec, "bf16" if precision == "fp8" else precision, device)
     model = made.model
     if precision != "fp8":
-        return Built(model, forward=compiled(model, spec), info={"torchao_version": version()}, units=made.units)
+        return Built(model, forward=compiled(model, spec, made.units), info={"torchao_version": version()},
+                     units=made.units)
     keep = _Filter(made.logits_layer, spec.recipe if spec.fp8_filter == "auto" else None)
     keep.model_keeps = {name: IN_PLACE for name in written_in_place(model, device)}
     config = Float8LinearConfig.from_recipe_name(spec.recipe)
@@ -194,7 +195,8 @@ def build(spec: Any, precision: str, device: str) -> Built:
         keep.converted.extend(moe)
     keep.skipped.update(kept_gemms(model, set(keep.converted), why_experts))
     log.info("torchao %s: %d modules in float8, kept %s", spec.recipe, len(keep.converted), keep.skipped)
-    return Built(model, forward=compiled(model, spec), info=keep.info(), after_step=after_step, units=made.units)
+    return Built(model, forward=compiled(model, spec, made.units), info=keep.info(), after_step=after_step,
+                 units=made.units)
 
 
 def quantize_for_serving(model: nn.Module, recipe: str, logits_layer: str | None) -> dict[str, Any]:

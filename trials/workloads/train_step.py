@@ -95,17 +95,17 @@ class TrainStep:
 def build_train_step(spec: TrialSpec, backend: str, precision: str, device: str,
                      ranks: distributed.Ranks = distributed.SINGLE) -> TrainStep:
     """Seeded model, optimizer and step for one cell, built by its stack (``trials/backends``); its units
-    checkpointed (``activation_checkpointing``); with ``parallel``, each unit compiled (``compile``), then the
-    model wrapped (DDP) or sharded (FSDP2), as torchtitan orders them, before the optimizer sees its
-    parameters. Every rank builds the same seeded model, so DDP and FSDP start from the one-process weights."""
+    checkpointed (``activation_checkpointing``), then compiled (``compile``: each unit, or the whole model where
+    it has none), then with ``parallel`` the model wrapped (DDP) or sharded (FSDP2), as torchtitan orders them,
+    before the optimizer sees its parameters. Every rank builds the same seeded model, so DDP and FSDP start from the one-process weights."""
     torch.manual_seed(spec.seed)
     built = backends.build(spec, backend, precision, device)
     models.require_units(spec, built.units)
     checkpointed = checkpointing.apply(built.model, built.units, spec.activation_checkpointing, spec.ac_every,
                                        built.te)
+    if spec.compile and built.units:  # one compiled region per unit, inside its checkpoint wrapper (torchtitan)
+        distributed.compile_units(built.model, built.units)
     if spec.parallel != "none":
-        if spec.compile and built.units:
-            distributed.compile_units(built.model, built.units)
         try:
             target = distributed.wrap(built.model, spec.parallel, device, ranks, built.units)
         except Exception as exc:  # TE's modules under FSDP2: where this TE cannot, the record says TE's reason
