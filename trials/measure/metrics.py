@@ -146,7 +146,9 @@ def counted_flops_per_step(model: Any, ids: Any, n_layers: int, attn_width: int,
     term; the GEMMs are counted as they run (every Linear, Conv1D, MoE experts' grouped GEMMs and the logits
     layer). Gradients the pass leaves are dropped; the weights and the optimizer are untouched.
     """
-    with gemm_flop_counter(tally) as counter:
+    # eager also where units are compiled: a count under the counter's mode and module hooks would compile them
+    # for it, and the training steps would then recompile (trials/measure/fp8_layers.quiet says what that costs)
+    with gemm_flop_counter(tally) as counter, torch.compiler.set_stance("force_eager"):
         logits = model(ids)
         logits.float().sum().backward()
     model.zero_grad(set_to_none=True)

@@ -84,7 +84,8 @@ FIELDS: list[Field] = [
     _f("checkpointed_units", "int", "Units recomputed in backward (activation_checkpointing)."),
     _f("saved_activation_bytes", "int", "Bytes held for backward over one training step (this rank): distinct "
        "storages packed by torch.autograd.graph.saved_tensors_hooks during the first (untimed) step, parameters "
-       "excluded, checkpointed units' inputs included."),
+       "excluded, checkpointed units' inputs included; null for compiled cells (hooks in Dynamo's regions break "
+       "them)."),
     _f("optimizer", "str", "The optimizer when not torch's AdamW (te with fp8_all_gather: FusedAdam, fp32 masters)."),
     _f("workload", "str", "train (training steps) or infer (prefill + KV-cached decode)."),
     _f("train_steps", "int", "Training steps before the benchmark."),

@@ -58,8 +58,9 @@ class TrainStep:
     """Callable ``step(x, y) -> loss`` (a 0-d device tensor) for a stack's built model."""
 
     def __init__(self, built: Built, lr: float, device: str, amax_group: Any = None,
-                 checkpointed: checkpointing.Checkpointed | None = None):
+                 checkpointed: checkpointing.Checkpointed | None = None, compiled: bool = False):
         self.built = built
+        self.compiled = compiled  # torch.compile'd (units or the whole model): no measuring hooks in its steps
         self.checkpointed = checkpointed or checkpointing.Checkpointed()  # the units recomputed in backward
         self.amax_group = amax_group  # where TE's delayed scaling reduces amaxes (multi-rank trials)
         self.model: MiniGPT = built.model  # or any model mapping ids (b, t) -> logits (b, t, vocab) (trials/models)
@@ -113,14 +114,14 @@ def build_train_step(spec: TrialSpec, backend: str, precision: str, device: str,
                 raise
             raise distributed.Unsupported(f"TE under {spec.parallel}: {type(exc).__name__}: {exc}") from exc
         built.forward = torch.compile(target) if spec.compile and not built.units else target
-    return TrainStep(built, spec.lr, device, distributed.amax_group(ranks), checkpointed)
+    return TrainStep(built, spec.lr, device, distributed.amax_group(ranks), checkpointed, compiled=spec.compile)
 
 
 @dataclass
 class TrainResult:
     losses: list[float]
     first_step_s: float  # the first step alone, synced: where TE's fusers and cuDNN plans compile
-    saved_bytes: int = 0  # held for backward by the first step's forward (checkpointing.SavedBytes)
+    saved_bytes: int | None = 0  # held for backward by the first step's forward (checkpointing.SavedBytes); None: compiled
 
 
 def train(step: TrainStep, data: ArithmeticSequences, steps: int, batch: int,
@@ -129,17 +130,24 @@ def train(step: TrainStep, data: ArithmeticSequences, steps: int, batch: int,
 
     The first step is timed apart (one sync after it): it holds the one-off compiles, and a process
     that runs many trials pays them once per shape instead of once per trial. It is also the step whose
-    saved tensors are counted (untimed by the benchmark, so the hooks disturb no step time). ``after_step(i)``:
+    saved tensors are counted (untimed by the benchmark, so the hooks disturb no step time), except in a compiled
+    model, whose units Dynamo would trace the hooks into (graph breaks, recompiles): ``saved_bytes`` is then None.
+    ``after_step(i)``:
     called after step ``i`` (and after the first step's timing), for reads between steps (trials/measure/fp8_layers.py's
     outlier samples), which must leave training as it was.
     """
     device = data.device
     losses = torch.empty(steps, device=device, dtype=torch.float32)
     first_step_s = 0.0
-    saved_bytes = 0
+    saved_bytes = None
     for i in range(steps):
         x, y = data.batch(batch)
-        if i == 0:
+        if i == 0 and step.compiled:  # no hooks in what Dynamo traces: the bytes a compiled step holds go unsaid
+            t0 = time.perf_counter()
+            losses[i] = step(x, y)
+            _sync(device)
+            first_step_s = time.perf_counter() - t0
+        elif i == 0:
             t0 = time.perf_counter()
             with checkpointing.SavedBytes(step.model, step.checkpointed) as saved:
                 losses[i] = step(x, y)
