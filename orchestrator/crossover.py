@@ -141,7 +141,7 @@ class Outcome:
     wall_s: float = 0.0
     error: str = ""
     gpu_name: str = ""
-    launch_bound: bool = False  # the record's: issuing a step took the host >= 80% of its GPU time (trials.measure.bench)
+    launch_bound: bool = False  # the record's: the GPU idled >= 20% of the step on the host (trials.measure.bench)
 
 
 @dataclass

@@ -203,6 +203,7 @@ def test_cuda_graph_trial(te, backend):
     assert rec["status"] == "ok", rec["error"]
     assert rec["cuda_graphs"] is True and rec["loss_final"] < rec["loss_first"]
     assert rec["host_ms_per_step"] is not None and rec["launch_bound"] in (True, False)
+    assert rec["launch_bound_by"] == ("kernel_gap" if rec["kernel_gap_ms"] is not None else "host_issue")
 
 
 def test_gpu_oom_is_recorded_and_memory_released(te):

@@ -52,6 +52,7 @@ def test_tiny_trial_record(precision):
     assert rec["tokens_per_step"] == 128 and rec["tokens_per_s"] > 0
     assert rec["est_peak_mem_bytes"] > rec["est_activation_bytes"] > 0  # the memory plan, beside the measured peak
     assert rec["mfu_bf16_peak"] is None and rec["launch_bound"] is None  # no peak, no launch queue on CPU
+    assert rec["launch_bound_by"] is None  # nor a rule that decided it, though the CPU breakdown has a gap
     assert rec["gen_tokens"] and len(rec["gen_tokens"]) == 8 + 4
     assert rec["torch_version"] and rec["started_at"] < rec["finished_at"]
     assert rec["duration_s"] >= rec["train_s"] + rec["bench_s"]
@@ -63,6 +64,56 @@ def test_tiny_trial_record(precision):
     assert rec["kernel_ms_total"] < 3 * rec["step_ms_p50"] and rec["profile_steps"] == 3 and rec["breakdown_why"] is None
     assert {k["class"] for k in json.loads(rec["kernel_table"])} <= {f.removeprefix("kernel_ms_") for f in classes}
     assert rec["energy_j_per_step"] is None and "CPU" in rec["energy_why"]
+
+
+# A real H200 run of an 8B Llama (32 layers): step_ms_p50, kernel_ms_total from the profiler, host_ms_per_step;
+# the GPU busy > 93% of the step in the first four, idle 25-33% (waiting on the host) in the FP8 ones.
+H200_8B_LLAMA = {  # cell: (step_ms_p50, kernel_ms_total, host_ms_per_step, launch_bound by the profiler's gap)
+    "te-bf16 swap": (206.5, 193.6, 167.7, False),  # host rule: True (back-pressure in the issue time)
+    "te-bf16 transformer_layer": (197.1, 181.5, 95.2, False),
+    "torch-bf16": (223.7, 214.8, 158.3, False),
+    "torch-bf16 compiled full AC": (519.0, 506.8, 430.3, False),  # host rule: True
+    "te-fp8-delayed swap": (238.7, 160.1, 220.7, True),
+    "te-fp8-delayed transformer_layer": (188.8, 142.2, 193.2, True),
+}
+
+
+@pytest.mark.parametrize("cell", H200_8B_LLAMA)
+def test_launch_bound_is_the_gpu_idling_on_the_host_where_a_profile_says_so(cell):
+    """launch_bound reads the profiler's gap (>= 20% of the step idle) where there is one; the host issue time
+    (>= 80% of the step) only without: on the 8B steps it over-calls two GPU-bound cells."""
+    from trials.measure.bench import LAUNCH_BOUND_RATIO, launch_bound
+
+    p50, kernels, host, bound = H200_8B_LLAMA[cell]
+    assert launch_bound(p50, host, p50 - kernels) == (bound, "kernel_gap")
+    by_host = host >= LAUNCH_BOUND_RATIO * p50
+    assert launch_bound(p50, host) == (by_host, "host_issue")  # no profile: the fallback, and it says so
+    assert launch_bound(p50, host, float("nan")) == (by_host, "host_issue")
+    if cell in ("te-bf16 swap", "torch-bf16 compiled full AC"):
+        assert by_host and not bound  # the old rule's wrong claim
+    assert launch_bound(p50, None, p50 - kernels) == (None, None)  # CPU: no launch queue, no rule
+
+
+def test_a_trial_decides_launch_bound_by_its_profile_where_it_has_one(monkeypatch):
+    """The wiring (trials/workloads/training.py), on CPU with a host issue time put in as a GPU trial's would be:
+    one the host rule calls bound. With the breakdown the profiler's gap decides; with profile: false the host."""
+    from trials.measure.bench import LAUNCH_BOUND_GAP_SHARE
+    from trials.workloads import training
+
+    real = training.benchmark
+
+    def slow_host(*args, **kwargs):
+        result = real(*args, **kwargs)
+        result.host_ms_per_step = 1e6
+        return result
+
+    monkeypatch.setattr(training, "benchmark", slow_host)
+    rec = run_trial(TrialSpec(precision="fp32", **TINY))
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["launch_bound_by"] == "kernel_gap"
+    assert rec["launch_bound"] is (rec["kernel_gap_ms"] >= LAUNCH_BOUND_GAP_SHARE * rec["step_ms_p50"])
+    rec = run_trial(TrialSpec(precision="fp32", profile=False, **TINY))
+    assert (rec["launch_bound"], rec["launch_bound_by"], rec["kernel_gap_ms"]) == (True, "host_issue", None)
 
 
 def test_profile_false_leaves_the_breakdown_out_and_says_so():

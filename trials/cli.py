@@ -124,7 +124,8 @@ def summary(record: dict[str, Any]) -> str:
         f"mean {_fmt(r['step_ms_mean'], ' ms')}  std {_fmt(r['step_ms_std'], ' ms')}  [{r['timer'] or '-'}]",
         f"throughput    {_fmt(r['tokens_per_s'], ' tok/s')}  {_fmt(r['model_tflops'], ' TFLOP/s')}  "
         f"MFU(bf16 peak) {_fmt(r['mfu_bf16_peak'])}  MFU(own peak) {_fmt(r['mfu_precision_peak'])}",
-        f"host          {_fmt(r['host_ms_per_step'], ' ms/step to issue')}  launch_bound={_fmt(r['launch_bound'])}",
+        f"host          {_fmt(r['host_ms_per_step'], ' ms/step to issue')}  launch_bound={_fmt(r['launch_bound'])}"
+        f" (by {r.get('launch_bound_by') or '-'})",
         f"memory        allocated {_bytes(r['peak_mem_allocated_bytes'])}  reserved {_bytes(r['peak_mem_reserved_bytes'])}  "
         f"saved for backward {_bytes(r.get('saved_activation_bytes'))} (activation_checkpointing "
         f"{r.get('activation_checkpointing') or 'none'})",

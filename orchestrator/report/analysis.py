@@ -132,8 +132,8 @@ class CellStats:
 
 def launch_bound_note(where: str) -> str:
     """What every answer that rests on launch-bound steps says with it (the headline, the crossover search)."""
-    return (f"launch-bound at {where}: the host's pace of issuing kernels, not the GPU (nor FP8), set those steps' "
-            "times, so the answer can move with the host (cuda_graphs: true or a larger model takes it out)")
+    return (f"launch-bound at {where}: the host's pace of issuing kernels, not the GPU (nor FP8) alone, set those "
+            "steps' times, so the answer can move with the host (cuda_graphs: true or a larger model takes it out)")
 
 
 def shape_key(values: Any, keys: list[str] = SHAPE_KEYS) -> tuple:

@@ -33,7 +33,9 @@ TIMING_METHOD = (
     "sample's p50. Intervals: 95% percentile bootstrap of the ratio of medians, over samples when a cell "
     "has several, else over the trial's per-step times. Model FLOPs per step = 6·N_matmul·tokens + "
     "6·n_layers·seq_len·d_model·tokens (causal attention); MFU divides by the dense datasheet peak. "
-    "launch_bound: issuing one step takes the host at least 80% of the GPU's step time. "
+    "launch_bound: the GPU waited on the host for at least 20% of the step (the kernel breakdown's gap: the "
+    "step less its kernels' time); without a breakdown, issuing one step took the host at least 80% of the GPU's "
+    "step time (launch_bound_by says which rule decided). "
     "After timing, never inside it: an energy window (the step repeated for >= 1 s, NVML's energy counter "
     "read at ticks on both edges, SM clock and power sampled every 20 ms) and a kernel breakdown (a few "
     "steps under torch.profiler, every kernel sorted into a class by its name)."
@@ -275,8 +277,8 @@ def sanity_flags(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
                     "why": "above 80% of the dense datasheet peak: check the FLOP count and the timer"})
     for r in ok[(ok["launch_bound"] == True) & ~ok["cuda_graphs"]].itertuples():  # noqa: E712 - nullable column
         out.append({"cell": r.cell_label, "check": "launch-bound", "value": round(r.host_ms_per_step, 2),
-                    "why": "the GPU waits on the host: this time measures launch overhead; compare with "
-                           "cuda_graphs" + ("" if not getattr(r, "compile", False) else
+                    "why": "the GPU waits on the host: this time measures launch overhead, not only the GPU; "
+                           "compare with cuda_graphs" + ("" if not getattr(r, "compile", False) else
                                             " (compiled cells: torch.compile mode reduce-overhead)")})
     neighbours = concurrent_trials(df)[ok.index]  # failed trials shared the host too
     shared: dict[Any, dict] = {}  # record index -> its "shared host" row: one per record, every reason in it

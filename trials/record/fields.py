@@ -174,8 +174,14 @@ FIELDS: list[Field] = [
     _f("peak_tflops_precision", "float", "Dense datasheet peak of the precision used (null if unknown)."),
     _f("mfu_bf16_peak", "float", "model_tflops / (peak_tflops_bf16 * world_size)."),
     _f("mfu_precision_peak", "float", "model_tflops / (peak_tflops_precision * world_size)."),
-    _f("host_ms_per_step", "float", "Host time to issue one step from an idle GPU, ms (null on CPU)."),
-    _f("launch_bound", "bool", "GPU waits on the host: host_ms_per_step >= 0.8 * step_ms_p50 (null on CPU)."),
+    _f("host_ms_per_step", "float", "Host time to issue one step from an idle GPU, ms (null on CPU); a large step's "
+       "includes back-pressure (the launch queue full, the host waiting on the GPU), so it can near step_ms_p50 while "
+       "the GPU is busy: launch_bound reads it only without a profile."),
+    _f("launch_bound", "bool", "The GPU idled >= 20% of the step waiting on the host: kernel_gap_ms >= 0.2 * "
+       "step_ms_p50 where the kernel breakdown ran, else host_ms_per_step >= 0.8 * step_ms_p50 (launch_bound_by "
+       "says which; trials/measure/bench.py; null on CPU)."),
+    _f("launch_bound_by", "str", "The rule that decided launch_bound: kernel_gap (the profiler's gap) or host_issue "
+       "(no profile: profile: false, or the profiler failed); null on CPU."),
     # -- what else ran while the steps were timed (trials/measure/disturbance.py): null where /proc or NVML cannot tell
     _f("timing_wait_share", "float", "Over the timed steps: the share of the time the trial process's threads "
        "wanted a CPU that they waited for one on a run queue (Linux schedstat; 0: never waited)."),

@@ -15,7 +15,7 @@ from ..parallel import ranks as distributed
 from ..measure import energy, fp8_layers, kernels
 from . import teacher_forced
 from ..backends import STACKS, numerics
-from ..measure.bench import benchmark
+from ..measure.bench import benchmark, launch_bound
 from ..backends.capability import Resolution
 from .data import ArithmeticSequences
 from .generation import generation_check
@@ -97,13 +97,17 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
             record.update(rank_peak_mem_min_bytes=min(peaks), rank_peak_mem_max_bytes=max(peaks))
     medians = [statistics.median(step_ms[i:i + spec.bench_steps]) for i in range(0, len(step_ms), spec.bench_steps)]
     record.update(timer=result.timer, step_times_ms=step_ms, repeat_medians_ms=medians,
-                  host_ms_per_step=result.host_ms_per_step, launch_bound=result.launch_bound,
-                  bench_loss_final=result.last_loss)
+                  host_ms_per_step=result.host_ms_per_step, bench_loss_final=result.last_loss)
+    # by the host-issue rule until the profile's gap is known (why_this_number); a diverged cell keeps this one
+    record["launch_bound"], record["launch_bound_by"] = launch_bound(stats["step_ms_p50"], result.host_ms_per_step)
     record.update(result.disturbance.fields())
     if not math.isfinite(result.last_loss):
         record.update(status="diverged", error="non-finite loss during the benchmark")
         return
     why_this_number(spec, res.device, step, batches, record)
+    # the profiler's gap, where it ran, is the GPU waiting on the host itself (trials/measure/bench.launch_bound)
+    record["launch_bound"], record["launch_bound_by"] = launch_bound(record["step_ms_p50"], result.host_ms_per_step,
+                                                                     record["kernel_gap_ms"])
 
     t_gen = time.perf_counter()
     with distributed.whole(model, spec.parallel):
