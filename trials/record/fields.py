@@ -69,7 +69,8 @@ FIELDS: list[Field] = [
     _f("weights", "str", "Inference weights: bf16 (high precision) or fp8 (TE's quantized_model_init, torchao's quantize_; fp8 "
        "cells only)."),
     _f("cuda_graphs", "bool", "Forward+backward captured as CUDA graphs (infer: the decode step)."),
-    _f("compile", "bool", "The model ran torch.compile'd (torch and torchao backends); compiling is in first_step_s."),
+    _f("compile", "bool", "The model ran torch.compile'd (torch and torchao backends): each unit (decoder layer) "
+       "where the model has units, as torchtitan compiles, else the whole model; compiling is in first_step_s."),
     _f("world_size", "int", "Ranks (GPUs; CPU: processes) the trial spans; batch_size is per rank."),
     _f("parallel", "str", "How the ranks split the model: none, ddp (DistributedDataParallel) or fsdp (FSDP2, one "
        "unit per decoder layer, as the model source names them, and the root)."),
