@@ -492,6 +492,24 @@ def test_fp8_headline_says_when_launch_bound_steps_set_the_ratio(tmp_path):
     assert sum("launch-bound" in l for l in lines) == 1
 
 
+def test_stored_records_are_judged_launch_bound_by_the_profilers_gap(tmp_path):
+    """A record written under the host-issue rule alone (an 8B Llama's TE steps on an H200, 2026-12-05: the host
+    issued the BF16 step in 167.7 of 206.5 ms while the GPU idled 12.9 ms) is judged again by the gap: the GPU-bound
+    pair is no longer called launch-bound, the one that idled 25% still is."""
+    store = Store(str(tmp_path), "gap")
+    store.ensure()
+    for d, (bf16, fp8) in {256: ((206.5, 167.7, 12.9), (238.7, 220.7, 78.6)),
+                           512: ((206.5, 167.7, 12.9), (206.0, 180.0, 10.0))}.items():
+        for (backend, precision, recipe), (ms, host, gap) in ((("te", "bf16", None), bf16),
+                                                            (("te", "fp8", "delayed"), fp8)):
+            rec = _rec(d, backend, precision, recipe, ms)
+            rec.update(launch_bound=True, host_ms_per_step=host, kernel_gap_ms=gap)  # as the host rule had it
+            store.write_record(rec)
+    line = next(l for l in build_report(store.root).headline if l.startswith("te-fp8-delayed vs te-bf16"))
+    assert "launch-bound at d_model 256 x 2 layers:" in line, line
+    assert "d_model 512" not in line.split("launch-bound")[1], line
+
+
 def test_numbers_keep_three_significant_figures_everywhere():
     """34.14: one helper rounds every number shown; fixed decimals read 0.054..0.130 as 0.1, a CPU trial's 0.0."""
     from trials.cli import summary

@@ -82,7 +82,7 @@ H200_8B_LLAMA = {  # cell: (step_ms_p50, kernel_ms_total, host_ms_per_step, laun
 def test_launch_bound_is_the_gpu_idling_on_the_host_where_a_profile_says_so(cell):
     """launch_bound reads the profiler's gap (>= 20% of the step idle) where there is one; the host issue time
     (>= 80% of the step) only without: on the 8B steps it over-calls two GPU-bound cells."""
-    from trials.measure.bench import LAUNCH_BOUND_RATIO, launch_bound
+    from trials.measure.launch import LAUNCH_BOUND_RATIO, launch_bound
 
     p50, kernels, host, bound = H200_8B_LLAMA[cell]
     assert launch_bound(p50, host, p50 - kernels) == (bound, "kernel_gap")
@@ -97,7 +97,7 @@ def test_launch_bound_is_the_gpu_idling_on_the_host_where_a_profile_says_so(cell
 def test_a_trial_decides_launch_bound_by_its_profile_where_it_has_one(monkeypatch):
     """The wiring (trials/workloads/training.py), on CPU with a host issue time put in as a GPU trial's would be:
     one the host rule calls bound. With the breakdown the profiler's gap decides; with profile: false the host."""
-    from trials.measure.bench import LAUNCH_BOUND_GAP_SHARE
+    from trials.measure.launch import LAUNCH_BOUND_GAP_SHARE
     from trials.workloads import training
 
     real = training.benchmark

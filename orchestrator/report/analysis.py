@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from trials.backends import STACKS
+from trials.measure.launch import launch_bound
 from trials.spec import TrialSpec, axis_fields, default_for, variant_name
 
 # "The same cell apart from its variant": pairs must agree on every shape, schedule and execution field
@@ -93,6 +94,7 @@ def prepare(records: pd.DataFrame) -> pd.DataFrame:
     df["variant"] = [names.get(v) or names.setdefault(v, variant_of(dict(zip(columns, v))))
                      for v in _tuples(df, columns)]
     df["cuda_graphs"] = df["cuda_graphs"].fillna(False).astype(bool)
+    _judge_launch_bound(df)
     df["workload"] = df["workload"].fillna("train")  # records from before the workload field trained
     model = _SPEC_DEFAULTS["model"]  # records from before the model field ran MiniGPT
     df["model"] = df["model"].fillna(model) if "model" in df else model
@@ -100,6 +102,25 @@ def prepare(records: pd.DataFrame) -> pd.DataFrame:
     df["series"] = [series_label(r, keys) for r in df[keys].to_dict("records")] if keys else ""
     df["size_label"] = [size_label(d, l) for d, l in zip(df["d_model"], df["n_layers"])]
     return df
+
+
+def _judge_launch_bound(df: pd.DataFrame) -> None:
+    """``launch_bound`` of every profiled GPU record by today's rule (trials/measure/launch.py), in place: records
+    written under the host-issue rule alone (before 2026-12-05) carry what the profiler's gap says instead."""
+    need = ("step_ms_p50", "host_ms_per_step", "kernel_gap_ms")
+    if df.empty or not all(c in df for c in need):
+        return
+    rows = [i for i, (s, h, g) in enumerate(zip(*(df[c] for c in need)))
+            if all(known(v) is not None for v in (s, h, g))]
+    if not rows:
+        return
+    judged = [launch_bound(float(df[need[0]].iat[i]), float(df[need[1]].iat[i]), float(df[need[2]].iat[i]))
+              for i in rows]
+    for column, values in (("launch_bound", [j[0] for j in judged]), ("launch_bound_by", [j[1] for j in judged])):
+        if column not in df:
+            df[column] = None
+        df[column] = df[column].astype(object)
+        df.iloc[rows, df.columns.get_loc(column)] = values
 
 
 UNSET = "?"  # a shape field the cell left to its model (a py: factory that takes no d_model, say)

@@ -4,7 +4,7 @@ Each timed step is bracketed by two CUDA events recorded on the stream; the host
 inside a timed block, so the numbers are what the GPU timeline shows (idle gaps included when the
 host cannot launch fast enough). The block of ``bench_steps`` steps is repeated ``repeats`` times.
 
-Launch-boundness (``launch_bound``, decided by :func:`launch_bound`): the GPU idled at least 20% of
+Launch-boundness (``launch_bound``, decided by :func:`trials.measure.launch.launch_bound`): the GPU idled at least 20% of
 the step waiting on the host. Where the kernel breakdown ran (``profile: true``, trials/measure/kernels.py)
 that is read off the profiler directly: ``kernel_gap_ms`` (the step less its kernels' time) >= 20% of
 the step (``launch_bound_by: kernel_gap``). Without a profile the fallback is the host issue time of one
@@ -18,7 +18,6 @@ launch_bound is not defined (null, and ``launch_bound_by`` null).
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -27,20 +26,8 @@ from typing import Callable
 import torch
 
 from .disturbance import Disturbance, watch
+from .launch import launch_bound
 
-LAUNCH_BOUND_GAP_SHARE = 0.2
-"""A step is launch-bound when the GPU idled at least this share of it: ``kernel_gap_ms >= 0.2 * step_ms_p50``.
-
-The profiler's gap (the timed step less its kernels' device time) is the GPU waiting on the host, measured
-directly. 20% sits between the two groups a real H200 run of an 8B Llama (32 layers) gave: the GPU-bound
-steps idled 2-8% (TE BF16 swap 12.9 of 206.5 ms, TE BF16 transformer_layer 15.6 of 197.1, torch BF16 8.9
-of 223.7, torch BF16 compiled with full checkpointing 12.2 of 519.0), the FP8 steps the host held back
-idled 25-33% (TE FP8 delayed transformer_layer 46.6 of 188.8, swap 78.6 of 238.7). The host-issue rule
-(:data:`LAUNCH_BOUND_RATIO`) called TE BF16 swap and the compiled torch step launch-bound there: their
-issue times (167.7 and 430.3 ms) held back-pressure from a full launch queue, not launch overhead."""
-LAUNCH_BOUND_RATIO = 0.8
-"""Fallback without a profile: host issue time >= 80% of the step's GPU time -> the GPU waits on the host
-(large steps over-call it: see :data:`LAUNCH_BOUND_GAP_SHARE`)."""
 HOST_PROBE_STEPS = 10  # untimed steps that measure the host's issue time (CUDA only: on CPU a step is synchronous)
 
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -83,21 +70,6 @@ def benchmark(step: Step, batches: list[tuple[torch.Tensor, torch.Tensor]], devi
         timer="cuda_event" if cuda else "perf_counter",
         disturbance=seen,
     )
-
-
-def launch_bound(step_ms_p50: float, host_ms_per_step: float | None,
-                 kernel_gap_ms: float | None = None) -> tuple[bool | None, str | None]:
-    """(launch_bound, launch_bound_by) of a step: did the GPU idle waiting on the host?
-
-    ``kernel_gap_ms`` known (a GPU step profiled): the gap is >= :data:`LAUNCH_BOUND_GAP_SHARE` of the step,
-    by ``"kernel_gap"``. Else the host issue time is >= :data:`LAUNCH_BOUND_RATIO` of it, by ``"host_issue"``.
-    ``host_ms_per_step`` None (CPU: issuing a step is running it): (None, None), whatever the gap (on CPU it is
-    host time outside aten operators, never GPU idle)."""
-    if host_ms_per_step is None:
-        return None, None
-    if kernel_gap_ms is not None and math.isfinite(kernel_gap_ms):
-        return bool(kernel_gap_ms >= LAUNCH_BOUND_GAP_SHARE * step_ms_p50), "kernel_gap"
-    return bool(host_ms_per_step >= LAUNCH_BOUND_RATIO * step_ms_p50), "host_issue"
 
 
 def _host_issue_ms(step: Step, batches: list) -> float:

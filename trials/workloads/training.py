@@ -15,7 +15,8 @@ from ..parallel import ranks as distributed
 from ..measure import energy, fp8_layers, kernels
 from . import teacher_forced
 from ..backends import STACKS, numerics
-from ..measure.bench import benchmark, launch_bound
+from ..measure.bench import benchmark
+from ..measure.launch import launch_bound
 from ..backends.capability import Resolution
 from .data import ArithmeticSequences
 from .generation import generation_check
@@ -105,7 +106,7 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
         record.update(status="diverged", error="non-finite loss during the benchmark")
         return
     why_this_number(spec, res.device, step, batches, record)
-    # the profiler's gap, where it ran, is the GPU waiting on the host itself (trials/measure/bench.launch_bound)
+    # the profiler's gap, where it ran, is the GPU waiting on the host itself (trials/measure/launch.py)
     record["launch_bound"], record["launch_bound_by"] = launch_bound(record["step_ms_p50"], result.host_ms_per_step,
                                                                      record["kernel_gap_ms"])
 
