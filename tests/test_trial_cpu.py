@@ -304,6 +304,31 @@ def test_torchao_float8_trial_converts_the_block_linears_and_keeps_the_head():
     assert {n: unread[n] for n in tf_compared()} == {n: rec[n] for n in tf_compared()}
 
 
+def test_the_per_layer_read_is_of_the_timed_model_whatever_trains_after_it(monkeypatch):
+    """On a GPU the energy window trains on after the timed steps for as many steps as the measured step time asks
+    (trials/measure/energy.calls_for: a number that moves from run to run); the per-layer FP8 read is of the model
+    the timed steps left, so it is the same however many steps follow. Here a window of 0 or 3 steps stands in
+    for the GPU's (on CPU energy.measure calls nothing): two H200 runs of one cell once read different values."""
+    pytest.importorskip("torchao")
+    from trials.measure import energy
+
+    spec = TrialSpec(backend="torchao", precision="fp8", recipe="tensorwise", d_model=32, n_layers=1, seq_len=16,
+                     batch_size=2, train_steps=3, warmup_steps=1, bench_steps=2, gen_len=2, device="cpu",
+                     profile=False)
+    reads = []
+    for calls in (0, 3):
+        def window(run, _calls, device, calls=calls):
+            for _ in range(calls):
+                run()  # a training step, as the GPU's window runs them
+            return energy.Energy(why="test: a window of its own length")
+
+        monkeypatch.setattr(energy, "measure", window)
+        rec = run_trial(spec)
+        assert rec["status"] == "ok", rec["error"]
+        reads.append(rec["fp8_layers"])
+    assert reads[0] is not None and reads[0] == reads[1]
+
+
 def test_torchao_takes_a_convolution_for_a_convolution_not_for_moe_experts():
     """An nn.Conv1d's weight is 3-D like an MoE expert stack's (Mamba's, Jamba's, LFM2's short convolutions): it is
     neither quantized as experts nor listed as kept for an MoE reason."""
