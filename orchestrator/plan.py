@@ -120,7 +120,12 @@ def local_gpu_memory_bytes() -> int | None:
     """Memory of this machine's first GPU (CUDA_VISIBLE_DEVICES' first, as torch's device 0), or None without
     one or without NVML (then the plan cannot say what fits). Read through NVML, never torch.cuda: a CUDA
     context in the driver would sit on GPU 0 through the sweep, a foreign compute process that marks every
-    trial there disturbed (trials/measure/disturbance.py)."""
+    trial there disturbed (trials/measure/disturbance.py).
+
+    NVML's total is the board's memory; CUDA's (torch's ``total_memory``, a record's ``gpu_total_memory_bytes``)
+    is smaller by what the driver keeps for itself (the two differed on the H200; typically a few hundred MiB,
+    under 1%). The fit check uses NVML's as it is: that difference is far inside the memory plan's own error,
+    which its 1.4x refusal margin (FIT_MARGIN) and its 1x "expected OOM" line are there to absorb."""
     from trials.measure import nvml
 
     with nvml.session() as nv:

@@ -154,27 +154,45 @@ def _rows(table) -> list[str]:
 @pytest.mark.gpu
 def test_a_gpu_cell_timed_beside_another_cuda_process_lists_it_and_is_flagged(tmp_path):
     """NVML's other compute processes on the trial's GPU (as optimum-benchmark checks): a process holding 256 MiB
-    there while the steps are timed is listed with its memory and flags the cell."""
+    there while the steps are timed is listed with its memory and flags the cell. The process is started through a
+    shell that exits, as busy_processes does: a child of this process would be the trial's own process tree,
+    which is never listed (a trial's compile workers are not another user's job). Where NVML lists no process at
+    all, not even this one, it cannot see them (a container's PID namespace): the record says unknown (null), and
+    the test skips saying so."""
+    import json
+
     import torch
+
+    from trials.measure.disturbance import _tree, gpu_processes
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     ready = tmp_path / "ready"
     code = ("import sys, time, torch; x = torch.empty(2**26, device='cuda'); torch.cuda.synchronize(); "
             "open(sys.argv[1], 'w').close(); time.sleep(600)")
-    other = subprocess.Popen([sys.executable, "-c", code, str(ready)])
+    out = subprocess.run(["sh", "-c", f"{sys.executable} -c \"{code}\" {ready} >/dev/null 2>&1 & echo $!"],
+                         capture_output=True, text=True, check=True)
+    other = int(out.stdout.split()[0])
     try:
         wait_for(ready.exists, timeout=120)
         rec = run_trial(TrialSpec(**{**CELL, "device": "cuda", "precision": "bf16"}))
+        nvml_now = gpu_processes()  # what NVML lists with the other process still there (this one holds a context)
     finally:
-        other.kill()
-        other.wait()
-    assert rec["status"] == "ok", rec["error"]
-    import json
-
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(other, 9)
+    said = {k: v for k, v in rec.items() if k.startswith("timing_")}
+    facts = (f"this pid {os.getpid()}, the other's {other} (in this process tree: {other in _tree(os.getpid())}); "
+             f"NVML lists after the trial: {nvml_now}; the record: {said}; error: {rec['error']}")
+    assert rec["status"] == "ok", facts
+    if nvml_now is None:
+        assert rec["timing_foreign_gpu_processes"] is None, facts  # unknown, never "none"
+        pytest.skip(f"NVML lists no compute process on this GPU, not even this one: it cannot see them here; {facts}")
     seen = json.loads(rec["timing_foreign_gpu_processes"])
-    assert seen and all(p["pid"] != os.getpid() for p in seen)
-    assert rec["timing_disturbed"] is True and "other process(es) on the GPU" in rec["timing_disturbed_why"]
+    assert seen and all(p["pid"] != os.getpid() for p in seen), facts
+    if any(p["pid"] == os.getpid() for p in nvml_now):  # NVML's pids are ours (no PID namespace between): by pid
+        assert other in [p["pid"] for p in seen], facts
+    assert rec["timing_disturbed"] is True and "other process(es) on the GPU" in rec["timing_disturbed_why"], facts
+    print(f"\n{facts}")
 
 
 def test_the_foreign_cpu_share_needs_20_jiffies_per_cpu():
@@ -203,3 +221,7 @@ def test_in_a_container_the_same_nvml_pid_is_ours_at_both_readings():
     assert foreign_gpu(start, end, own, us) == [{"pid": 901, "used_bytes": 5_000}]
     assert nvml_self(start + [{"pid": 12, "used_bytes": 1}], own, 1_200) is None  # our pid is listed: by pid
     assert foreign_gpu(None, None, own, None) is None
+    # NVML without a process's memory (usedGpuMemory None): those it gives come first; it was taken as 0, nearest
+    # a small allocator, so the other process passed for us and we were listed as another
+    assert nvml_self([{"pid": 900, "used_bytes": None}, {"pid": 901, "used_bytes": 700 << 20}], own, 40 << 20) == 901
+    assert nvml_self([{"pid": 900, "used_bytes": None}, {"pid": 901, "used_bytes": None}], own, 40 << 20) == 900

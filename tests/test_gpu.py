@@ -448,23 +448,27 @@ def test_the_replayed_decode_graph_gives_the_uncaptured_static_caches_tokens_bit
 
 
 @needs_cuda
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
-                    reason="torchao's float8 MoE training needs compute capability 9.0+")
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                    reason="torchao's float8 training needs compute capability 8.9+")
 @pytest.mark.parametrize("recipe", ["rowwise", "tensorwise"])
-def test_torchao_trains_moe_experts_in_float8_where_its_recipe_has_them(recipe):
-    """hf:mixtral on torchao: rowwise converts the experts too (torchao.prototype.moe_training, their grouped
-    GEMMs in FP8: most of the step's FLOPs), tensorwise keeps them BF16 with torchao's reason."""
+def test_torchao_keeps_transformers_moe_experts_in_bf16_and_trains(recipe):
+    """hf:mixtral on torchao: transformers' MoE routes each expert's tokens unpadded, and torchao's float8 grouped
+    GEMM needs every group a multiple of 16 rows (converted, an H200 step died on torch._scaled_grouped_mm's
+    device-side assert, taking the process's CUDA context and every later test on that worker with it). Both
+    recipes keep the experts BF16 with that reason (tensorwise says its rowwise-only recipe too) and the cell
+    trains, in FP8 on its attention projections."""
     pytest.importorskip("torchao")
     pytest.importorskip("transformers")
-    pytest.importorskip("triton")
     spec = TrialSpec(model="hf:mixtral", d_model=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn=512, vocab=256,
                      seq_len=64, batch_size=8, backend="torchao", precision="fp8", recipe=recipe, train_steps=3,
                      warmup_steps=1, bench_steps=2, device="cuda")
     rec = run_trial(spec)
     assert rec["status"] == "ok", rec["error"]
-    experts = [n for n in json.loads(rec["fp8_converted_names"]) if n.endswith("mlp.experts")]
     why = json.loads(rec["fp8_skipped_why"])
-    if recipe == "rowwise":
-        assert len(experts) == 2 and rec["fp8_flop_share"] > 0.8 and rec["effective_precision"] == "fp8"
-    else:
-        assert not experts and "rowwise recipe only" in why["model.model.layers.0.mlp.experts"]
+    kept = [n for n in why if n.endswith("mlp.experts")]
+    assert len(kept) == 2 and not [n for n in json.loads(rec["fp8_converted_names"]) if n.endswith("mlp.experts")]
+    assert all("padded to a multiple of 16 rows" in why[n] and "transformers' MoE does not" in why[n] for n in kept), \
+        why[kept[0]]
+    assert ("rowwise recipe only" in why[kept[0]]) == (recipe == "tensorwise"), why[kept[0]]
+    # q, k, v, o of 2 layers in FP8: a fifth of the step's FLOPs, an FP8 result still (metrics.FP8_MIN_SHARE)
+    assert rec["effective_precision"] == "fp8" and 0.05 < rec["fp8_flop_share"] < 0.5, rec["fp8_flop_share"]

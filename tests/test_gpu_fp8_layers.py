@@ -16,14 +16,42 @@ from .test_gpu import _fp8_meta, _small
 pytestmark = pytest.mark.gpu
 
 HF_LLAMA = {"model": "hf:llama", "n_kv_heads": 2, "ffn": 512, "vocab": 512}
+# Two runs of one seeded cell read the same model: the read is of what the timed steps left, before the energy
+# window trains on for a timing-dependent number of steps (before that fix, two H200 runs differed already in the
+# first decimal of the first module's forward SQNR, 30.26 dB in one). The forward reads are then the same bit for
+# bit. The backward ones (dgrad, wgrad, and the grad operand's cast health, all from the read's own backward) may
+# move by a rounding: a backward kernel that accumulates with atomics (split-K GEMMs, attention's dQ, a wgrad
+# reduction) can sum in another order, and a last-bit change in an upstream gradient flips single FP8 roundings
+# and, under current scaling, the amax that scales the whole tensor: expected to move a module's SQNR by
+# hundredths of a dB at most. 0.5 dB leaves that room with margin while a read of another model or a worse layer
+# still fails; the test prints the largest backward difference it saw, so a GPU run says how much room is used.
+BWD_SQNR_TOLERANCE_DB = 0.5
+BWD_CAST_TOLERANCE = 1e-3  # share of a gradient's elements: a few roundings flipped, not a scale that moved
+
+
+def _same_read(first: str, second: str) -> None:
+    """Two runs' ``fp8_layers``: forward parts equal, backward parts within the tolerances above."""
+    a, b = json.loads(first), json.loads(second)
+    backward = {"sqnr": ("dgrad", "wgrad"), "cast": ("grad",)}
+    moved = {(part, key): (a[part].pop(key), b[part].pop(key)) for part, keys in backward.items() for key in keys}
+    assert a == b, "the forward reads of two runs of one seeded cell differ"
+    for (part, key), (x, y) in moved.items():
+        if part == "sqnr":
+            assert x == pytest.approx(y, abs=BWD_SQNR_TOLERANCE_DB), (key, x, y)
+        else:
+            for kind in x:
+                assert x[kind] == pytest.approx(y[kind], abs=BWD_CAST_TOLERANCE), (key, kind, x[kind], y[kind])
+    gap = max((abs(u - v) for d in ("dgrad", "wgrad") for u, v in zip(*moved[("sqnr", d)]) if u != v), default=0.0)
+    print(f"\nbackward SQNR, largest difference between the two runs: {gap:.3g} dB")
 
 
 @pytest.mark.parametrize("recipe", ["delayed", "current"])
 @pytest.mark.parametrize("extra", [{}, HF_LLAMA], ids=["minigpt", "hf-llama"])
 def test_te_fp8_cells_read_every_layer_the_same_twice_and_train_the_same_without_the_reads(te, monkeypatch, recipe,
                                                                                         extra):
-    """Reads on, twice: finite SQNR per TE module in every direction, the same bit for bit (TE's attention held
-    to its deterministic kernels); reads off: the same losses through the benchmark and the same tokens."""
+    """Reads on, twice: finite SQNR per TE module in every direction, the forward reads the same bit for bit and
+    the backward ones within a rounding (TE's attention held to its deterministic kernels; _same_read); reads
+    off: the same losses through the benchmark and the same tokens."""
     monkeypatch.setenv("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "0")
     spec = _small(backend="te", precision="fp8", recipe=recipe, train_steps=16, n_heads=4, **extra)
     first, second = run_trial(spec), run_trial(spec)
@@ -32,7 +60,7 @@ def test_te_fp8_cells_read_every_layer_the_same_twice_and_train_the_same_without
     assert layers["modules"], "no TE module read"
     for d in ("fwd", "dgrad", "wgrad"):
         assert all(math.isfinite(v) for v in layers["sqnr"][d]), (d, layers["sqnr"][d])
-    assert first["fp8_layers"] == second["fp8_layers"]
+    _same_read(first["fp8_layers"], second["fp8_layers"])
     assert all(first[f"cast_{k}_{c}"] is not None for k in ("underflow", "saturation") for c in ("act", "weight", "grad"))
     unread = run_trial(replace(spec, fp8_reads=False))
     assert unread["status"] == "ok" and unread["fp8_layers"] is None, unread["error"]

@@ -179,11 +179,20 @@ def test_a_module_fake_tensors_cannot_run_is_called_a_guess(tmp_path):
 @pytest.mark.gpu
 def test_the_local_gpu_memory_is_read_without_a_cuda_context():
     """The fit check runs in the driver before Ray: reading the GPU's memory must not start CUDA there (a context on
-    GPU 0 is another compute process to every trial on it: disturbed). A fresh process: CUDA stays uninitialised."""
+    GPU 0 is another compute process to every trial on it: disturbed). A fresh process: CUDA stays uninitialised.
+    What it reads is NVML's total, the board's; CUDA's (torch's total_memory) is smaller by what the driver keeps
+    for itself (they differed on the H200), far less than the 2% allowed here, let alone the fit check's 1.4x."""
     import subprocess
     import sys
 
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
     code = ("import torch; from orchestrator.plan import local_gpu_memory_bytes as m; got = m(); "
-            "print(torch.cuda.is_initialized(), got == torch.cuda.get_device_properties(0).total_memory)")
+            "print(torch.cuda.is_initialized(), got, torch.cuda.get_device_properties(0).total_memory)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "True"], out
+    initialised, nvml_total, cuda_total = out.stdout.split()
+    assert initialised == "False", out
+    nvml_total, cuda_total = int(nvml_total), int(cuda_total)
+    assert abs(nvml_total - cuda_total) <= 0.02 * cuda_total, \
+        f"NVML {nvml_total / 2**20:.0f} MiB, CUDA {cuda_total / 2**20:.0f} MiB"
+    print(f"\nNVML total {nvml_total / 2**20:.0f} MiB, CUDA's {cuda_total / 2**20:.0f} MiB")

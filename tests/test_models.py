@@ -313,9 +313,9 @@ def test_an_fp8_cell_whose_stack_converted_nothing_is_recorded_as_bf16(caplog):
 
 def test_moe_experts_grouped_gemms_are_counted_and_listed_as_kept_with_why():
     """hf:mixtral: transformers 5 runs its experts as aten._grouped_mm (torch 2.13, CPU too). The counter counts
-    them (2*t*k*n forward, as much again for each of dgrad and wgrad), torchao tensorwise keeps them in BF16 and
-    says why (its float8 MoE training is rowwise and CUDA only), the routers too, and the share of FLOPs in FP8 is
-    the attention projections' alone."""
+    them (2*t*k*n forward, as much again for each of dgrad and wgrad), torchao keeps them in BF16 and says why
+    (its float8 grouped GEMM needs token groups padded to 16 rows, which transformers' MoE does not do; and it is
+    rowwise only), the routers too, and the share of FLOPs in FP8 is the attention projections' alone."""
     from trials.measure.metrics import count_flops
 
     spec = tiny("hf:mixtral", n_heads=4, n_kv_heads=2, ffn=256, backend="torchao", precision="fp8",
@@ -324,6 +324,7 @@ def test_moe_experts_grouped_gemms_are_counted_and_listed_as_kept_with_why():
     why = json.loads(built.info["fp8_skipped_why"])
     experts = [n for n in why if n.endswith("mlp.experts")]
     assert len(experts) == 2 and "rowwise recipe only" in why[experts[0]]
+    assert "padded to a multiple of 16 rows" in why[experts[0]] and "transformers' MoE does not" in why[experts[0]]
     assert why["model.model.layers.0.mlp.gate"].startswith("MixtralTopKRouter is not an nn.Linear")
     assert built.info["fp8_converted_modules"] == 8  # q, k, v, o x 2 layers
     counted = count_flops(spec, built.model, 96, "cpu", 1)

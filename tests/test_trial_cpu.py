@@ -222,6 +222,24 @@ def test_real_oom_is_recorded():
     assert "allocate" in rec["error"]
 
 
+def test_a_forward_that_runs_out_of_memory_leaves_none_of_its_tensors_alive():
+    """A training step's forward that fails on an allocation (a real one: 4 EiB) gives status oom, and nothing that
+    forward made outlives the trial: on a GPU they are what the next trial in the process needs (an H200 OOM trial
+    once kept 14.3 GB allocated: the first step's saved-bytes hooks tied its graph into a cycle gc cannot see)."""
+    import gc
+
+    from .fixtures import factories
+
+    factories.OOM_FORWARD_MADE.clear()
+    rec = run_trial(TrialSpec(model="py:tests.fixtures.factories:oom_in_forward", d_model=32, vocab=96, seq_len=16,
+                              batch_size=2, train_steps=2, backend="torch", precision="fp32", device="cpu"))
+    assert rec["status"] == "oom" and "allocate" in rec["error"], rec["error"]
+    assert factories.OOM_FORWARD_MADE, "the training step's forward never ran"
+    gc.collect()
+    alive = [ref() for ref in factories.OOM_FORWARD_MADE if ref() is not None]
+    assert not alive, [(tuple(t.shape), t.grad_fn) for t in alive]
+
+
 def test_cli_bad_input_is_one_line_and_exit_2():
     out = subprocess.run([sys.executable, "-m", "trials", "--d-model", "100", "--n-heads", "3"],
                          capture_output=True, text=True, timeout=120)
@@ -335,6 +353,31 @@ def test_torchao_float8_trial_converts_the_block_linears_and_keeps_the_head():
     assert unread["loss_curve"] == rec["loss_curve"] and unread["bench_loss_final"] == rec["bench_loss_final"]
     assert len(unread["step_times_ms"]) == len(rec["step_times_ms"]) and unread["gen_tokens"] == rec["gen_tokens"]
     assert {n: unread[n] for n in tf_compared()} == {n: rec[n] for n in tf_compared()}
+
+
+def test_the_per_layer_read_is_of_the_timed_model_whatever_trains_after_it(monkeypatch):
+    """On a GPU the energy window trains on after the timed steps for as many steps as the measured step time asks
+    (trials/measure/energy.calls_for: a number that moves from run to run); the per-layer FP8 read is of the model
+    the timed steps left, so it is the same however many steps follow. Here a window of 0 or 3 steps stands in
+    for the GPU's (on CPU energy.measure calls nothing): two H200 runs of one cell once read different values."""
+    pytest.importorskip("torchao")
+    from trials.measure import energy
+
+    spec = TrialSpec(backend="torchao", precision="fp8", recipe="tensorwise", d_model=32, n_layers=1, seq_len=16,
+                     batch_size=2, train_steps=3, warmup_steps=1, bench_steps=2, gen_len=2, device="cpu",
+                     profile=False)
+    reads = []
+    for calls in (0, 3):
+        def window(run, _calls, device, calls=calls):
+            for _ in range(calls):
+                run()  # a training step, as the GPU's window runs them
+            return energy.Energy(why="test: a window of its own length")
+
+        monkeypatch.setattr(energy, "measure", window)
+        rec = run_trial(spec)
+        assert rec["status"] == "ok", rec["error"]
+        reads.append(rec["fp8_layers"])
+    assert reads[0] is not None and reads[0] == reads[1]
 
 
 def test_torchao_takes_a_convolution_for_a_convolution_not_for_moe_experts():

@@ -9,10 +9,11 @@ too), and so does any Linear whose dims are not multiples of 16 (FP8 GEMMs need 
 where FP8's casts cost more than its GEMM saves). Only ``nn.Linear`` converts: GPT-2's ``Conv1D``
 GEMMs stay BF16 (``convert_to_float8_training`` swaps ``nn.Linear`` modules only, and Conv1D is not one: it keeps
 its weight as (in, out) and calls ``addmm`` itself). MoE experts (a module holding a 3-D weight, one matrix per
-expert, run as grouped GEMMs ``torch._grouped_mm``) take torchao's float8 MoE training
-(``torchao.prototype.moe_training``, ``Float8TrainingOpConfig``) where torchao 0.18 has it: the rowwise recipe, on
-a CUDA GPU of compute capability 9.0+ with Triton (its casts are Triton kernels, its GEMM
-``torch._scaled_grouped_mm``); elsewhere they stay BF16 with that reason. torchao's FP8 is slow without
+expert, run as grouped GEMMs ``torch._grouped_mm``) stay BF16, with the reason in ``fp8_skipped_why``
+(:func:`moe_why`): torchao 0.18's float8 MoE training (``torchao.prototype.moe_training``,
+``Float8TrainingOpConfig``) needs every expert's group of tokens padded to a multiple of 16 rows, which torchtitan's
+MoE does as it permutes the tokens and transformers' MoE does not (converted, an H200 step died on a device-side
+assert). torchao's FP8 is slow without
 ``torch.compile`` (pytorch/ao#685), so its cells are meant to run with ``compile: true``; the record says which
 modules were converted, and every module holding GEMM weights that was kept, and why (``fp8_skipped_why``).
 """
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 FP8_DIM_MULTIPLE = 16
 MOE_RECIPES = ("rowwise",)  # torchao 0.18's float8 grouped GEMM recipes (Float8TrainingRecipe: FP8_ROWWISE only)
 MOE_CAPABILITY = (9, 0)  # torch._scaled_grouped_mm's rowwise FP8 kernels: Hopper and later
+MOE_GROUP_ROWS = 16  # torch._scaled_grouped_mm: each group's rows (tokens routed to one expert) a multiple of this
 
 
 def version() -> str:
@@ -126,21 +128,34 @@ def experts(model: nn.Module) -> list[str]:
             if not isinstance(m, _ConvNd) and any(p.dim() == 3 for p in m.parameters(recurse=False))]
 
 
-def moe_why(recipe: str, device: str) -> str | None:
-    """None where torchao 0.18 trains MoE experts in float8 for ``recipe`` on ``device``, else why not."""
-    what = "MoE experts' grouped GEMMs (torch._grouped_mm): torchao's float8 MoE training (torchao.prototype." \
-           "moe_training, Float8TrainingOpConfig)"
+def moe_why(recipe: str, device: str) -> str:
+    """Why MoE experts stay BF16 on torchao for ``recipe`` on ``device``: one line, for ``fp8_skipped_why``.
+
+    Always: torchao 0.18's float8 grouped GEMM (``torchao.prototype.moe_training.fp8_grouped_mm``, through
+    ``Float8TrainingOpConfig`` and ``quantize_``) needs each expert's token group to be a multiple of 16 rows
+    ("Group sizes must be divisible by 16"; its ``pad_token_groups_for_grouped_mm`` is off by default and its
+    forward asserts "pad_token_groups_for_grouped_mm=True is not yet supported"). torchtitan's MoE pads each
+    group in its own token permutation; transformers' MoE (Mixtral, Qwen-MoE, ...) routes tokens unpadded, so
+    ``torch._scaled_grouped_mm`` hit a device-side assert ("expected input tensor dynamic dimension byte size to
+    be non-negative multiple of 16", GroupMMCommon.cuh) that killed the process's CUDA context, and with it
+    every later trial in that process (H200). No model source here pads, so none is converted. Where more would
+    stand in the way too (a tensorwise cell, a CPU, an older GPU, no Triton), the line says that as well."""
+    why = (f"MoE experts' grouped GEMMs (torch._grouped_mm) kept in BF16: torchao's float8 MoE training "
+           f"(torchao.prototype.moe_training, Float8TrainingOpConfig) needs each expert's token group padded to a "
+           f"multiple of {MOE_GROUP_ROWS} rows, which torchtitan's MoE does in its token permutation and "
+           "transformers' MoE does not (torch._scaled_grouped_mm asserts it on the device, killing the CUDA context)")
     if recipe not in MOE_RECIPES:
-        return f"{what} has a rowwise recipe only, this cell is {recipe}"
+        return f"{why}; it also has a rowwise recipe only, this cell is {recipe}"
     if device != "cuda":
-        return f"{what} runs on CUDA only (Triton casts, torch._scaled_grouped_mm)"
+        return f"{why}; it also runs on CUDA only (Triton casts, torch._scaled_grouped_mm)"
     if torch.cuda.get_device_capability() < MOE_CAPABILITY:
-        return f"{what} needs compute capability {'.'.join(map(str, MOE_CAPABILITY))}+ (torch._scaled_grouped_mm)"
+        return (f"{why}; it also needs compute capability {'.'.join(map(str, MOE_CAPABILITY))}+ "
+                "(torch._scaled_grouped_mm)")
     try:
         import triton  # noqa: F401
     except ImportError:
-        return f"{what} needs Triton, which is not installed"
-    return None
+        return f"{why}; it also needs Triton, which is not installed"
+    return why
 
 
 def kept_gemms(model: nn.Module, done: set[str], why_experts: str | None) -> dict[str, str]:
@@ -185,14 +200,7 @@ def build(spec: Any, precision: str, device: str) -> Built:
         def after_step() -> None:
             precompute_float8_dynamic_scale_for_fsdp(model)
     convert_to_float8_training(model, config=config, module_filter_fn=keep)
-    moe = experts(model)
-    why_experts = moe_why(spec.recipe, device) if moe else None
-    if moe and why_experts is None:
-        from torchao.prototype.moe_training.config import Float8TrainingOpConfig
-        from torchao.quantization import quantize_
-
-        quantize_(model, Float8TrainingOpConfig(), filter_fn=lambda m, fqn: fqn in moe)
-        keep.converted.extend(moe)
+    why_experts = moe_why(spec.recipe, device) if experts(model) else None  # kept in BF16: moe_why says why
     keep.skipped.update(kept_gemms(model, set(keep.converted), why_experts))
     log.info("torchao %s: %d modules in float8, kept %s", spec.recipe, len(keep.converted), keep.skipped)
     return Built(model, forward=compiled(model, spec, made.units), info=keep.info(), after_step=after_step,

@@ -9,7 +9,9 @@ said so. :func:`watch` brackets the timed steps and reads, over that window:
   share of the host's core-seconds (``/proc/stat``'s busy jiffies less this process tree's ``utime + stime``) and
   the 1-minute load average at the window's end;
 - the GPU (NVML, the check optimum-benchmark makes): the other compute processes on the trial's device at the
-  window's start and end, with the memory each held (this process tree's own are not listed).
+  window's start and end, with the memory each held (this process tree's own are not listed). Where NVML lists
+  no compute process at all it cannot see them (the trial's own process holds a CUDA context, so it is one:
+  a container whose PID namespace hides them, a vGPU): unknown (null), never "none".
 
 The cell is **disturbed** when another compute process shared its GPU, or when its threads waited for a CPU at
 least :data:`WAIT_SHARE_LIMIT` of the time they wanted one. The wait share is the flag, not the other processes'
@@ -153,16 +155,24 @@ def _load_1m() -> float | None:
 
 def gpu_processes() -> list[dict[str, Any]] | None:
     """The compute processes on torch's current GPU (pid, bytes used), ours among them, or None where NVML cannot
-    tell."""
+    tell. Called by a process that holds a CUDA context on that GPU (the timed steps ran there), so it is one of
+    them: an empty list means NVML cannot see processes here (a container's PID namespace, a vGPU), not that
+    there are none, and is None too."""
     with nvml.session() as nv:
         if nv is None:
             return None
         try:
-            return [{"pid": pid, "used_bytes": used}
-                    for pid, used in nvml.compute_processes(nv, nvml.torch_device_handle(nv))]
+            procs = [{"pid": pid, "used_bytes": used}
+                     for pid, used in nvml.compute_processes(nv, nvml.torch_device_handle(nv))]
         except Exception as exc:  # noqa: BLE001 - NVML errors vary by driver, container and MIG mode
             log.debug("NVML processes: %s", exc)
             return None
+    if not procs:
+        log.info("NVML lists no compute process on this GPU, not even this one (it holds a CUDA context): it "
+                 "cannot see processes here, so other processes on the GPU are unknown (timing_foreign_gpu_processes "
+                 "null)")
+        return None
+    return procs
 
 
 def nvml_self(procs: list[dict[str, Any]], own: frozenset[int], reserved: int) -> int | None:
@@ -170,10 +180,12 @@ def nvml_self(procs: list[dict[str, Any]], own: frozenset[int], reserved: int) -
     host's pids): the one whose memory is nearest ``reserved`` (what this process's allocator holds; it holds a
     CUDA context, so it is listed). None where NVML lists one of ``own`` (same pid namespace) or nothing.
     Decided once, from the window's first reading: deciding at each reading could leave out a different pid at
-    the end and list this process as another."""
+    the end and list this process as another. Processes whose memory NVML does not give (``usedGpuMemory``
+    None: some containers and MIG) come after those it does; where it gives none, the first is taken: the
+    listing may then name the wrong pid, but how many others there are, and so the flag, stands."""
     if not procs or any(p["pid"] in own for p in procs):
         return None
-    return min(procs, key=lambda p: abs((p["used_bytes"] or 0) - reserved))["pid"]
+    return min(procs, key=lambda p: (p["used_bytes"] is None, abs((p["used_bytes"] or 0) - reserved)))["pid"]
 
 
 def foreign_gpu(start: list[dict[str, Any]] | None, end: list[dict[str, Any]] | None, own: frozenset[int],

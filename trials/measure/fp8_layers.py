@@ -19,8 +19,11 @@ How a stack finds its FP8 modules, runs one in BF16 and scales its operands is t
 (``trials/backends/<stack>_numerics.py``, loaded by :func:`trials.backends.numerics`); everything here is the
 same for every stack.
 
-None of it moves a timed number or the loss curve: the per-layer read runs after the timed steps, the profiled
-steps and the generation check; the outlier samples run between training steps (never the timed ones) as a
+None of it moves a timed number or the loss curve: the per-layer read runs after the timed steps, inside the
+stack's ``read_context`` and ``quiet`` (the RNG states kept), and before the energy window and the profiled
+steps, which train on for as many steps as the measured step time asks: read after them, the model would be
+a timing-dependent number of steps further on and two runs of one seeded cell would not read the same. The
+outlier samples run between training steps (never the timed ones) as a
 forward of their own on the held batch, in eval mode and without grad, inside ``torch.random.fork_rng`` and the
 stack's ``read_context`` (TE delayed: its scaling state restored), so training sees what it would have without
 them. Their cost is recorded (``fp8_layers_s``, ``outliers_s``; the latter is inside ``train_s``).

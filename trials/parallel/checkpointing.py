@@ -79,9 +79,16 @@ def _recomputed(forward: Callable[..., Any], handle: Checkpointed, te: Any) -> C
 
 class SavedBytes:
     """``with SavedBytes(model, checkpointed) as saved: step(x, y)``, then ``saved.bytes``: the bytes held for
-    backward by the step's forward (see the module's docstring). The hooks return each tensor as it is, so the
-    step computes what it would without them; they cost a Python call per saved tensor, which is why the
-    trial counts an untimed step.
+    backward by the step's forward (see the module's docstring). The pack hook hands autograd a detached alias of
+    each tensor (the same storage and version counter), so the step computes what it would without the hooks;
+    they cost a Python call per saved tensor, which is why the trial counts an untimed step.
+
+    Not the tensor itself: autograd passes the pack hook an output its own node saves (``exp``'s, ``softmax``'s,
+    attention's) with that node as its ``grad_fn``, and the packed object is held by the node, a cycle through
+    autograd's C++ graph that Python's gc cannot see. A backward frees the packed objects and so the cycle; a
+    forward that raises before its backward (an OOM in a trial's first step) or is never backed (the memory
+    plan's fake pass) left its whole graph, every activation of that forward, alive for the life of the process
+    (an H200 OOM trial kept 14.3 GB allocated after it returned: tests/test_gpu.py).
 
     Storages are told apart by their StorageImpl (``untyped_storage()._cdata``), so it counts fake tensors too
     (they have no data): the memory plan (trials/measure/memory_plan.py) runs it under FakeTensorMode with ``units``,
@@ -127,7 +134,7 @@ class SavedBytes:
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         self._count(tensor)
-        return tensor
+        return tensor.detach()  # never the tensor itself: see the class docstring
 
     def hold(self, values: Any) -> None:
         """Count the tensors in ``values`` (what a checkpointed unit keeps for its recompute)."""

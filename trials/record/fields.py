@@ -191,7 +191,8 @@ FIELDS: list[Field] = [
        "10 ms jiffies are too coarse)."),
     _f("timing_load_1m", "float", "The host's 1-minute load average at the end of the timed steps."),
     _f("timing_foreign_gpu_processes", "str", "GPU trials: JSON list of the other compute processes (pid, "
-       "used_bytes) NVML saw on the trial's GPU at the start or end of the timed steps ([]: none)."),
+       "used_bytes) NVML saw on the trial's GPU at the start or end of the timed steps ([]: none; null: a CPU "
+       "trial, or NVML could not tell, e.g. it listed no process at all, not even the trial's own)."),
     _f("timing_disturbed", "bool", "Something else took the trial's CPU or GPU while its steps were timed: its "
        "threads waited for a CPU >= 20% of the time (timing_wait_share), or another compute process shared its GPU."),
     _f("timing_disturbed_why", "str", "What disturbed the timed steps, in words (null: nothing seen)."),

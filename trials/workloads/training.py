@@ -105,6 +105,12 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
     if not math.isfinite(result.last_loss):
         record.update(status="diverged", error="non-finite loss during the benchmark")
         return
+    if seam is not None:
+        # after the timed steps (the read runs a backward of its own), of the model they left: a fixed number of
+        # steps on. Not after the energy window and the profiler: they train on for as many steps as the measured
+        # step time asks (energy.calls_for), so a read after them was of a model trained a timing-dependent number
+        # of steps further, never the same twice (two H200 runs of one seeded cell differed from the first value)
+        record.update(layer_reads(step, seam, layer_held, res.device, sampler.trend))
     why_this_number(spec, res.device, step, batches, record)
     # the profiler's gap, where it ran, is the GPU waiting on the host itself (trials/measure/launch.py)
     record["launch_bound"], record["launch_bound_by"] = launch_bound(record["step_ms_p50"], result.host_ms_per_step,
@@ -115,8 +121,6 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
         gen = generation_check(model, spec.prompt_len, spec.gen_len, spec.seed + 1, vocab, spec.seq_len, te, recipe)
     record.update(gen_s=time.perf_counter() - t_gen, gen_tokens=gen.tokens, gen_stride_accuracy=gen.stride_accuracy,
                   status="ok", error=None)
-    if seam is not None:  # after everything timed: the per-layer read runs a backward of its own
-        record.update(layer_reads(step, seam, layer_held, res.device, sampler.trend))
     if fp8_log_probs is None:
         return None
     return lambda partners: teacher_forced_fields(spec, res, vocab, held, fp8_log_probs, partners)
