@@ -127,6 +127,15 @@ def juicytalk(*args: str, env: dict | None = None, timeout: float = 600, **kw) -
                           env=env or cli_env(), timeout=timeout, cwd=kw.pop("cwd", REPO), **kw)
 
 
+def installed_juicytalk(*args: str, cwd: Path, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the installed ``juicytalk`` command in ``cwd`` (a user's project folder), as a user would: unlike
+    ``python -m``, which :func:`juicytalk` runs, it puts no working directory on ``sys.path`` (Python puts the
+    script's own folder there). Without the script (not installed with pip), ``python -P -m`` does the same."""
+    script = Path(sys.executable).with_name("juicytalk")
+    command = [str(script)] if script.exists() else [sys.executable, "-P", "-m", "orchestrator.cli"]
+    return subprocess.run([*command, *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=cwd)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def one_torch_thread():
     """Trials run in this process (tests/test_trial_cpu.py and others) on one thread: these tiny models gain

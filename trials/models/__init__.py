@@ -108,7 +108,8 @@ DEFAULT_MODEL = "minigpt"
 # run in a folder of their launcher's, so the driver hands them its working directory in this variable
 # (orchestrator/launchers/base.py: trial_env); unset (``juicytalk trial``, the driver's own checks and dry run),
 # the process's working directory is that folder. The ``model`` value, the cell id and the record keep the
-# path as written.
+# path as written. A dotted ``py:`` module is imported with this folder first on sys.path (trials/models/py.py),
+# for the same reason.
 CWD_ENV = "JUICYTALK_CWD"
 
 
@@ -129,10 +130,18 @@ def not_found(text: str, path: Path, what: str = "file") -> str:
     read from, and, in a sweep's trial, that a trial on another node of a Ray cluster opens the same path there."""
     why = [] if Path(text).expanduser().is_absolute() else [
         f"a relative path is read from the folder juicytalk ran in, {run_folder()}"]
-    if os.environ.get(CWD_ENV):
-        why.append(f"this trial runs on {socket.gethostname()}: on a Ray cluster every node that runs trials needs "
-                   "the file at this same absolute path (a shared filesystem, or a copy on each node)")
+    if note := cluster_note(f"the {what}"):
+        why.append(note)
     return f"no {what} at {path}" + (f" ({'; '.join(why)})" if why else "")
+
+
+def cluster_note(what: str) -> str:
+    """In a sweep's trial (:data:`CWD_ENV` set), that every node of a Ray cluster that runs trials needs ``what``
+    at the same absolute path; '' elsewhere (``juicytalk trial``, the driver's checks)."""
+    if not os.environ.get(CWD_ENV):
+        return ""
+    return (f"this trial runs on {socket.gethostname()}: on a Ray cluster every node that runs trials needs {what} "
+            "at this same absolute path (a shared filesystem, or a copy on each node)")
 
 
 class ModelError(ValueError):

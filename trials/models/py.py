@@ -1,10 +1,13 @@
 """Your own module: ``py:<module>:<callable>``, a factory called with the trial's spec.
 
-The module is a dotted name importable from where the trial runs (``py:examples.my_model:build``) or a
-``.py`` file path (``py:examples/my_model.py:build``; a relative one from the folder juicytalk ran in, in a
-sweep's trials too: :func:`trials.models.user_path`), run with its folder first on ``sys.path`` as
-``python file.py`` has it, so that its sibling imports work. The factory gets the :class:`TrialSpec` (its shape
-fields as given, None where not) and returns an ``nn.Module`` mapping token ids (batch, seq) to logits
+The module is a dotted name (``py:examples.my_model:build``), imported with the folder juicytalk ran in first on
+``sys.path`` as ``python -m`` run there has it (in a sweep's trials too: :func:`trials.models.run_folder`), so a
+module of the user's project is found in every process, else an installed one; or a ``.py`` file path
+(``py:examples/my_model.py:build``; a relative one from the folder juicytalk ran in:
+:func:`trials.models.user_path`), run with its own folder first on ``sys.path`` as ``python file.py`` has it, so
+that its sibling imports work. Either folder is on ``sys.path`` while the module is imported and while its
+factory is called (an import inside the factory works too), not after. The factory gets the :class:`TrialSpec`
+(its shape fields as given, None where not) and returns an ``nn.Module`` mapping token ids (batch, seq) to logits
 (batch, seq, vocab), to a tuple whose first item they are (nanoGPT's ``(logits, loss)``), or to an object with
 ``.logits``. It is called with the global seed set to the trial's and under ``torch.device(<the trial's
 device>)``; its weights are then cast to the cell's precision (fp32, else bf16) and moved to the device. A
@@ -33,11 +36,12 @@ import importlib.util
 import io
 import logging
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-from . import Facts, ModelError, needs_units, not_found, parse, user_path
+from . import Facts, ModelError, cluster_note, needs_units, not_found, parse, run_folder, user_path
 from .common import Built, Logits, dtype_of, inner, largest_module_list, logits_of, param_count, to_json
 
 log = logging.getLogger(__name__)
@@ -48,15 +52,23 @@ TINY_SHAPE = {"d_model": 64, "n_layers": 1, "n_heads": 2, "n_kv_heads": None, "f
 
 
 def factory(target: str) -> Callable[[Any], Any]:
+    """The factory ``target`` names (``module:callable``), to call with the spec; it is called as it was imported,
+    with the same folder first on ``sys.path`` (and a file's siblings in ``sys.modules``), so that what it imports
+    when called is found as what its module imported when run (:func:`_import`, :class:`_File`)."""
     module_name, _, attr = target.rpartition(":")
     try:
         if module_name.endswith(".py") or "/" in module_name:
             path = user_path(module_name)  # relative: to the folder juicytalk ran in, the sweep's trials too
             if not path.is_file():
                 raise FileNotFoundError(not_found(module_name, path))
-            module = _load_file(path.resolve())
+            loaded = _load_file(path.resolve())
+            module, held = loaded.module, loaded.held
         else:
-            module = importlib.import_module(module_name)
+            folder = run_folder()
+            held = functools.partial(_first_on_path, folder)
+            module = _import(target, module_name, folder)
+    except ModelError:
+        raise
     except Exception as exc:  # noqa: BLE001 - whatever the user's module raises on import
         raise ModelError(f"py:{target}: cannot import {module_name}: {type(exc).__name__}: {exc}") from None
     fn = getattr(module, attr, None)
@@ -64,36 +76,93 @@ def factory(target: str) -> Callable[[Any], Any]:
         raise ModelError(f"py:{target}: {module_name} has no {attr}")
     if not callable(fn):
         raise ModelError(f"py:{target}: {attr} is a {type(fn).__name__}, not callable")
-    return fn
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with held():
+            return fn(*args, **kwargs)
+
+    call.__wrapped__ = fn  # type: ignore[attr-defined]
+    return call
 
 
-def _load_file(path: Path) -> ModuleType:
+@contextlib.contextmanager
+def _first_on_path(folder: str) -> Iterator[None]:
+    """``folder`` first on ``sys.path`` while the block runs, as ``python -m`` run in it has it."""
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        sys.path.remove(folder)  # the first one: ours
+
+
+def _import(target: str, module_name: str, folder: str) -> ModuleType:
+    """A dotted module, imported with the folder juicytalk ran in first on ``sys.path`` (:func:`run_folder`: the
+    driver's in a sweep's trial, whose own working directory is its launcher's), so that a module of the user's
+    project is found in every process, as ``python -m`` run there finds it; else an installed one. ModelError in
+    one line when neither has it (not for a module it imports that is missing: that one is named as Python
+    names it)."""
+    try:
+        with _first_on_path(folder):
+            return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if not exc.name or not (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise
+    where = module_name.replace(".", "/")
+    note = cluster_note("the module")
+    raise ModelError(f"py:{target}: no module {module_name} in {folder} (the folder juicytalk ran in) nor installed; "
+                     f"give a module importable from that folder ({where}.py or {where}/__init__.py under it) or "
+                     f"installed, or a .py file by its path (py:path/to/file.py:{target.rpartition(':')[2]})"
+                     + (f"; {note}" if note else ""))
+
+
+def _load_file(path: Path) -> _File:
     """A factory's ``.py`` file, run once per process and version of the file (an edited file is run again)."""
     return _load_file_version(path, path.stat().st_mtime_ns)
 
 
 @functools.lru_cache(maxsize=16)
-def _load_file_version(path: Path, mtime_ns: int) -> ModuleType:
-    """The file run (as a module, not as ``__main__``) with its folder first on ``sys.path`` as ``python file.py``
-    has it, so that its sibling imports (nanoGPT's ``from model import GPT``) work in every process that builds
-    it: the trial's, a Ray worker's, the driver's probe. Only while it runs: the folder then leaves ``sys.path``
-    and the siblings it imported leave ``sys.modules`` (the module keeps its references), so that a second
-    factory in another folder with its own ``model.py`` gets its own, not the first's (a trial server runs many
-    trials in one process)."""
-    folder = str(path.parent)
-    before = set(sys.modules)
-    sys.path.insert(0, folder)
-    try:
-        loader = importlib.util.spec_from_file_location(path.stem, path)
-        if loader is None:
+def _load_file_version(path: Path, mtime_ns: int) -> _File:
+    """The file run (as a module, not as ``__main__``) under :meth:`_File.held`."""
+    loaded = _File(path)
+    with loaded.held():
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        if spec is None:
             raise ImportError(f"{path} is not a Python module")
-        module = importlib.util.module_from_spec(loader)
-        loader.loader.exec_module(module)  # type: ignore[union-attr]
-    finally:
-        sys.path.remove(folder)  # the first one: ours
-        for name in [n for n in set(sys.modules) - before if _from_folder(sys.modules[n], n, path.parent)]:
-            del sys.modules[name]
-    return module
+        loaded.module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loaded.module)  # type: ignore[union-attr]
+    return loaded
+
+
+@dataclass(eq=False)
+class _File:
+    """A factory file's module and the sibling modules it imported (by name), which live here, not in
+    ``sys.modules``, between its uses."""
+
+    path: Path
+    module: ModuleType | None = None
+    siblings: dict[str, ModuleType] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """While the file runs and while its factory is called: its folder first on ``sys.path``, as ``python
+        file.py`` has it, and the siblings it imported before in ``sys.modules``, so that its sibling imports
+        (nanoGPT's ``from model import GPT``), at the top or inside the factory, work in every process that builds
+        it (the trial's, a Ray worker's, the driver's probe) and find the modules it had. Only then: the folder
+        then leaves ``sys.path`` and the siblings leave ``sys.modules`` (kept here, with those imported meanwhile),
+        whatever stood under their names is put back, so that a second factory in another folder with its own
+        ``model.py`` gets its own, not the first's (a trial server runs many trials in one process)."""
+        folder = self.path.parent
+        shadowed = {n: sys.modules[n] for n in self.siblings if n in sys.modules}
+        before = set(sys.modules) - set(self.siblings)
+        sys.modules.update(self.siblings)
+        try:
+            with _first_on_path(str(folder)):
+                yield
+        finally:
+            for name in set(sys.modules) - before:
+                if name in self.siblings or _from_folder(sys.modules[name], name, folder):
+                    self.siblings[name] = sys.modules.pop(name)
+            sys.modules.update(shadowed)
 
 
 def _from_folder(module: ModuleType, name: str, folder: Path) -> bool:
