@@ -128,6 +128,8 @@ def test_a_te_cell_on_a_transformers_model_runs_through_the_harness(te, model, t
     assert rec["flops_method"] == "counted"
     torch_rec = run_trial(spec.replace(backend="torch", precision="bf16", train_steps=2))
     assert rec["flops_per_step"] == pytest.approx(torch_rec["flops_per_step"], rel=1e-9)
+    # the decoder layers' Linears in FP8, the LM head in BF16 (tests/test_flop_share.py)
+    assert (0.5 < rec["fp8_flop_share"] < 1) if precision == "fp8" else rec["fp8_flop_share"] == 0, rec["fp8_flop_share"]
     if precision == "fp8" and recipe == "delayed":
         assert json.loads(rec["fp8_state"])  # the first modules TE scales
     if precision == "fp8":  # teacher-forced against TE's BF16 model of the same te_layer
@@ -135,6 +137,38 @@ def test_a_te_cell_on_a_transformers_model_runs_through_the_harness(te, model, t
     else:
         assert rec["tf_top1_agreement"] is None
     print(f"{model} te {te_layer} {precision}: {rec['step_ms_p50']:.2f} ms, loss {curve[0]:.3f} -> {curve[-1]:.3f}")
+
+
+@pytest.mark.parametrize("model,te_layer", [("hf:llama", "swap"), ("hf:llama", "transformer_layer"),
+                                            ("minigpt", "transformer_layer"), ("minigpt", "modules")])
+def test_te_cells_record_the_share_of_their_flops_that_runs_in_fp8(te, model, te_layer):
+    """TE's GEMMs are invisible to FlopCounterMode; the share comes from the model before TE converts it (hf: the
+    converted Linears' GEMMs, tests/test_flop_share.py) or MiniGPT's formula (its blocks'). FP8 cells: between
+    0.5 and 1 (the LM head BF16), hf:llama's equal to the torchao tensorwise cell's (the same Linears); BF16: 0."""
+    from trials import TrialSpec, backends
+    from trials.measure.metrics import blocks_fp8_share
+    from trials.models.minigpt_net import ModelConfig
+
+    arch = {"arch": "llama"} if model == "minigpt" else {}
+    spec = TrialSpec(model=model, backend="te", te_layer=te_layer, precision="fp8", recipe="delayed", **arch, **TRIAL)
+    fp8 = backends.build(spec, "te", "fp8", "cuda").info["fp8_flop_share"]
+    assert 0.5 < fp8 < 1, fp8
+    if model == "minigpt":
+        assert fp8 == pytest.approx(blocks_fp8_share(ModelConfig.from_spec(spec)), rel=1e-12)
+    else:
+        pytest.importorskip("torchao")
+        torchao = torchao_share(spec.replace(backend="torchao", recipe="tensorwise"))
+        assert fp8 == pytest.approx(torchao, rel=1e-6)  # the same Linears, counted by their float8 operands
+    assert backends.build(spec.replace(precision="bf16"), "te", "bf16", "cuda").info["fp8_flop_share"] == 0
+
+
+def torchao_share(spec) -> float:
+    """A torchao cell's fp8_flop_share, counted as its training run counts it, without the run."""
+    from trials import backends
+    from trials.measure.metrics import count_flops
+
+    built = backends.build(spec, "torchao", "fp8", "cuda")
+    return count_flops(spec, built.model, spec.vocab, "cuda", 1)["fp8_flop_share"]
 
 
 INFER = dict(d_model=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn=512, vocab=512, seq_len=128, batch_size=4,
@@ -172,7 +206,8 @@ def test_a_te_swapped_transformers_model_serves_through_transformers_cache(te, m
         assert rec["tf_top1_agreement_decided"] >= 0.9 and 0 <= rec["tf_kl_mean"] < 0.1
     else:
         assert rec["decode_rows"] == 4 and rec["tf_top1_agreement"] is None
-    assert rec["flops_per_step"] is None  # the training step's count describes no inference step
+    # the training step's count describes no inference step, nor its FP8 share (TE's build counts it in BF16 here)
+    assert rec["flops_per_step"] is None and rec["fp8_flop_share"] is None
     if extra.get("weights") == "fp8":  # block Linears hold 82% of these weights: in FP8 ~0.59 of BF16's bytes
         assert rec["weight_bytes"] < 0.75 * 2 * rec["n_params"]
 

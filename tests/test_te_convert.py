@@ -247,7 +247,8 @@ def test_te_counts_the_flops_of_the_source_module_before_converting_it():
     from trials.measure.metrics import count_flops
 
     spec = TrialSpec(model="hf:llama", backend="te", **WIRED)
-    made, flops = source_model(spec, "fp32", "cpu")
+    made, steps, flops = source_model(spec, "fp32", "cpu")
+    assert steps == tc.plan(made.model, "swap", made.logits_layer)  # the plan TE's conversion then applies
     assert flops["flops_method"] == "counted"
     assert made.model.model.model.layers[0].self_attn.q_proj.__class__ is nn.Linear  # not converted yet
     assert all(p.grad is None for p in made.model.parameters())  # the count leaves no gradients behind

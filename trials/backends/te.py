@@ -4,7 +4,9 @@ MiniGPT TE builds from its own modules (``te_layer`` transformer_layer or module
 or ``py:`` source, trials/models) is built by its source, seeded, in BF16 (FP32 for fp32 cells) as on the other
 stacks, and converted in place (``te_layer`` swap or transformer_layer, trials/backends/te_convert.py); which of
 the two a source gets is its table entry's ``te_own``. The converted model's FLOPs are counted before it is
-converted: FlopCounterMode sees aten's GEMMs, not TE's, and the conversion keeps the math.
+converted: FlopCounterMode sees aten's GEMMs, not TE's, and the conversion keeps the math. So is the share of them
+TE runs in FP8 (``fp8_flop_share``): the GEMMs of the source model's Linears that the conversion plan turns into
+TE's modules (te_convert.fp8_gemms), not by their operands as on torchao; MiniGPT's is its formula's, the blocks'.
 
 With ``fp8_all_gather`` (FSDP2 only) the blocks' weights exist only in FP8 (``quantized_model_init``):
 FSDP2 then all-gathers their FP8 data and scales instead of BF16 (TE's quantized tensors implement
@@ -23,7 +25,7 @@ import torch.nn as nn
 from ..parallel import ranks as distributed
 from .. import models
 from . import te_compat
-from ..measure.metrics import count_flops
+from ..measure.metrics import blocks_fp8_share, count_flops
 from ..models.minigpt_net import MiniGPT, ModelConfig, build_model, fused_qkv_state
 from . import Built, te_convert
 
@@ -41,6 +43,8 @@ def build(spec: Any, precision: str, device: str) -> Built:
         info["fp8_recipe_repr"] = repr(recipe)
     if not spec.source.te_own:
         return _converted(spec, te, recipe, precision, device, info)
+    # MiniGPT's FLOPs are its formula's (trials/trial.py), and so is the share of them TE runs in FP8: its blocks'
+    info["fp8_flop_share"] = blocks_fp8_share(ModelConfig.from_spec(spec)) if precision == "fp8" else 0.0
     if spec.fp8_all_gather:
         built = _fp8_weights(spec, te, recipe, device, info)
     else:
@@ -49,18 +53,21 @@ def build(spec: Any, precision: str, device: str) -> Built:
     return built
 
 
-def source_model(spec: Any, precision: str, device: str) -> tuple[Any, dict[str, Any]]:
+def source_model(spec: Any, precision: str, device: str) -> tuple[Any, list[te_convert.Step], dict[str, Any]]:
     """The spec's model as its source builds it (a ``models.common.Built``: seeded, BF16 for bf16 and fp8 cells,
-    FP32 for fp32 cells), and its counted FLOPs as record fields, taken now, before TE converts it."""
+    FP32 for fp32 cells), TE's conversion plan for it, and its counted FLOPs as record fields, taken now, before
+    TE converts it. ``fp8_flop_share``: the FLOPs of the GEMMs the plan has TE run in FP8 (fp8 cells;
+    ``te_convert.fp8_gemms``), counted on the source model's Linears that become them; 0 on bf16 and fp32 cells."""
     made = models.build(spec, "bf16" if precision == "fp8" else precision, device)
-    return made, count_flops(spec, made.model, made.vocab, device, spec.world_size)
+    steps = te_convert.plan(made.model, spec.te_layer, made.logits_layer)
+    fp8 = te_convert.fp8_gemms(steps) if precision == "fp8" else ()
+    return made, steps, count_flops(spec, made.model, made.vocab, device, spec.world_size, fp8)
 
 
 def _converted(spec: Any, te: Any, recipe: Any, precision: str, device: str, info: dict[str, Any]) -> Built:
     """A model TE did not build, converted in place (``te_layer``); the record lists what TE runs and what stays."""
-    made, flops = source_model(spec, precision, device)
-    flops.pop("fp8_flop_share")  # of the model before TE converts it, whose GEMMs the counter sees and TE's it does not
-    steps = te_convert.convert(made.model, te, spec.te_layer, made.logits_layer)
+    made, steps, flops = source_model(spec, precision, device)
+    te_convert.convert(made.model, te, spec.te_layer, made.logits_layer, steps)
     made.model.backend = "te"  # generation runs it under te.autocast, as MiniGPT's te blocks
     info.update(flops)
     info.update(te_convert.record(steps))

@@ -25,7 +25,9 @@ modules, in place, copying the seeded BF16 weights, so the TE model starts where
                        frozen, so the math is HF's. Embeddings, the final norm and the LM head stay as they are.
 
 The record fields are torchao's (``fp8_converted_modules``, ``fp8_converted_names``,
-``fp8_skipped_modules``): the modules TE runs, and those kept in BF16. No Ray, no orchestrator here.
+``fp8_skipped_modules``): the modules TE runs, and those kept in BF16. :func:`fp8_gemms` names the source model's
+Linears whose GEMMs a plan has TE run in FP8, whose FLOPs, counted before the conversion, are the cell's
+``fp8_flop_share`` (trials/backends/te.py). No Ray, no orchestrator here.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ log = logging.getLogger(__name__)
 
 HEAD_DIM_MULTIPLE = 8  # TE's fused attention kernels need the head dimension in multiples of 8
 STATIC_ROPE = ("default", "linear", "llama3")  # rope types whose angles are fixed at init (no per-call update)
+# a Llama-family decoder layer's projections (transformers' names), which transformer_layer maps onto TE's layer
+DECODER_LINEARS = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
 
 
 class ConvertError(ValueError):
@@ -77,9 +81,11 @@ def plan(model: nn.Module, te_layer: str = "swap", logits_layer: str | None = No
     return swap_plan(model, logits_layer)
 
 
-def convert(model: nn.Module, te: Any, te_layer: str = "swap", logits_layer: str | None = None) -> list[Step]:
-    """Apply :func:`plan` with ``te`` (``transformer_engine.pytorch``), in place; returns the plan it applied."""
-    steps = plan(model, te_layer, logits_layer)
+def convert(model: nn.Module, te: Any, te_layer: str = "swap", logits_layer: str | None = None,
+            steps: list[Step] | None = None) -> list[Step]:
+    """Apply :func:`plan` with ``te`` (``transformer_engine.pytorch``), in place; returns the plan it applied
+    (``steps``: that plan, made already on this model)."""
+    steps = plan(model, te_layer, logits_layer) if steps is None else steps
     if te_layer == "swap":
         for s in steps:
             if s.converts:
@@ -96,6 +102,23 @@ def record(steps: list[Step]) -> dict[str, Any]:
     done = [s.name for s in steps if s.converts]
     return {"fp8_converted_modules": len(done), "fp8_converted_names": json.dumps(done),
             "fp8_skipped_modules": json.dumps([s.name for s in steps if not s.converts])}
+
+
+def fp8_gemms(steps: list[Step]) -> list[str]:
+    """The qualified names of the source model's nn.Linears whose GEMMs TE runs in FP8 (under ``te.autocast``) once
+    :func:`convert` applies ``steps``: the swapped Linears (the norms do no GEMM); for a decoder layer replaced by a
+    te.TransformerLayer, its seven projections, each one GEMM of TE's layer (:func:`decoder_state`: q/k/v ->
+    layernorm_qkv, o -> proj, gate and up -> fc1, down -> fc2). Its attention is no GEMM of these: TE runs it in
+    BF16 (its FP8 attention is not asked for), and the FLOP count adds it by the formula. Kept modules stay BF16."""
+    names = []
+    for s in steps:
+        if not s.converts:
+            continue
+        if s.kind == "linear":
+            names.append(s.name)
+        elif s.kind == "decoder_layer":
+            names += [f"{s.name}.{owner}.{lin}" for owner, linears in DECODER_LINEARS.items() for lin in linears]
+    return names
 
 
 # ---------------------------------------------------------------------------------------------- shared
@@ -271,8 +294,7 @@ def decoder_plan(model: nn.Module) -> list[Step]:
 
 def _decoder_misfit(layer: nn.Module) -> str:
     """Why this decoder layer cannot become one te.TransformerLayer ('' when it can)."""
-    parts = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
-    for owner, linears in parts.items():
+    for owner, linears in DECODER_LINEARS.items():
         for lin in linears:
             if not isinstance(getattr(getattr(layer, owner, None), lin, None), nn.Linear):
                 return f"no Linear {owner}.{lin}: not a Llama-family decoder layer"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import torch
@@ -95,15 +95,93 @@ def _is_fp8(value: Any) -> bool:
 
 @dataclass
 class Tally:
-    """FLOPs of the GEMMs a counter saw with an FP8 operand (what :func:`gemm_flop_counter` adds to)."""
+    """FLOPs of the GEMMs a counter saw run in FP8 (what :func:`gemm_flop_counter` adds to): those with an FP8
+    operand, and, with ``modules``, those of the named modules of the counted model whatever their operands.
+
+    ``modules``: qualified names (``model.layers.0.self_attn.q_proj``) of the modules a stack will run in FP8 after
+    the count, where the counter cannot see its GEMMs: Transformer Engine's, counted on the model before TE converts
+    it (trials/backends/te.py). Their GEMMs are found by :class:`ModuleScope`, not by FlopCounterMode's per-module
+    counts (``get_flop_counts()``, keyed by the root's class name and the module's path): those charge a backward
+    GEMM to every module whose backward has begun and not ended, which for modules sharing an input (q/k/v_proj,
+    gate/up_proj) is all of them until the last is done (on a tiny hf:llama k_proj was charged 2.3x its FLOPs)."""
 
     fp8: int = 0
+    modules: tuple[str, ...] = ()
+    scope: "ModuleScope | None" = field(default=None, repr=False, compare=False)
+
+    def runs_fp8(self, args: Sequence[Any]) -> bool:
+        """Whether the GEMM now dispatched with ``args`` runs in FP8."""
+        return any(_is_fp8(a) for a in args) or (self.scope is not None and self.scope.inside())
+
+
+class ModuleScope:
+    """Which GEMMs belong to a set of modules, forward and backward, exactly: a GEMM is theirs in the forward while
+    one of their ``forward`` methods runs (each wrapped on the instance, so that a call by any route counts:
+    ``m(x)``, or a model calling ``m.forward(x)`` past the module hooks), and in the backward while autograd
+    executes a node their forward made (``torch._C._current_autograd_node``; found as each forward returns, walking
+    the graph from its outputs back to its inputs). A weight a model reads without calling its module (PyTorch's
+    MultiheadAttention reads ``out_proj.weight`` in its functional forward) is not theirs: TE's module in its place
+    would not run either, the weight going to aten's GEMM as it is, in BF16."""
+
+    def __init__(self, model: torch.nn.Module, names: Sequence[str]):
+        self.modules = list({id(m): m for m in map(model.get_submodule, names)}.values())  # one a module
+        self.depth = 0
+        self.nodes: set[Any] = set()
+        self.own: list[tuple[torch.nn.Module, Any]] = []  # each module's own ``forward`` attribute, if it had one
+
+    def inside(self) -> bool:
+        if self.depth:
+            return True
+        node = torch._C._current_autograd_node() if self.nodes else None
+        return node is not None and node in self.nodes
+
+    def __enter__(self) -> "ModuleScope":
+        for m in self.modules:
+            self.own.append((m, m.__dict__.get("forward")))  # accelerate's hooks, for one, set it
+            m.forward = self._wrap(m.forward)  # an instance attribute over the class's method
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for m, own in self.own:
+            if own is None:
+                del m.forward  # the class's method again
+            else:
+                m.forward = own
+        self.own.clear()
+        self.nodes.clear()  # the step's graph: freed with it
+        self.depth = 0
+
+    def _wrap(self, forward: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.depth += 1
+            try:
+                out = forward(*args, **kwargs)
+            finally:
+                self.depth -= 1
+            self._collect(out, (args, kwargs))
+            return out
+        return counted
+
+    def _collect(self, out: Any, inputs: Any) -> None:
+        """The autograd nodes between the forward's outputs and its arguments. A module reading a tensor with a graph
+        behind it other than through its arguments would take that graph too; the modules named are Linears."""
+        from torch.utils._pytree import tree_leaves
+
+        stop = {t.grad_fn for t in tree_leaves(inputs) if isinstance(t, torch.Tensor) and t.grad_fn is not None}
+        todo = [t.grad_fn for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        while todo:
+            node = todo.pop()
+            if node is None or node in stop or node in self.nodes:
+                continue
+            self.nodes.add(node)
+            todo.extend(f for f, _ in node.next_functions)
 
 
 def gemm_flop_counter(tally: Tally | None = None) -> Any:
     """``FlopCounterMode`` that counts attention kernels as 0 FLOPs (the formula adds attention instead),
     counts grouped GEMMs (``aten._grouped_mm``, MoE experts; torch's registry has no formula for them) and, with
-    ``tally``, adds the FLOPs of every GEMM whose operands are FP8 to ``tally.fp8``.
+    ``tally``, adds the FLOPs of every GEMM that runs in FP8 to ``tally.fp8`` (:meth:`Tally.runs_fp8`: its
+    operands are FP8, or it runs in one of ``tally.modules``, whose :class:`ModuleScope` the caller opens).
 
     Not only a filter afterwards: torch 2.11's SDPA formulas assert that q, k and v have the same number of
     heads, so a grouped-query model's CUDA attention (flash, efficient, cuDNN; the CPU kernel is not
@@ -125,7 +203,7 @@ def gemm_flop_counter(tally: Tally | None = None) -> Any:
         for op, formula in formulas.items():
             def raw(*args: Any, _formula: Any = formula, **kwargs: Any) -> int:
                 n = _formula(*args, **kwargs)
-                if any(_is_fp8(a) for a in args):
+                if tally.runs_fp8(args):
                     tally.fp8 += n
                 return n
 
@@ -138,7 +216,8 @@ def counted_flops_per_step(model: Any, ids: Any, n_layers: int, attn_width: int,
                            tally: Tally | None = None) -> float:
     """One eager forward+backward of ``model`` on ``ids`` (b, t) under ``FlopCounterMode``: the GEMMs it counts
     (2*m*n*k each, forward and backward) plus causal attention by the formula above, for the global batch
-    (``world`` ranks of b rows); ``tally.fp8`` gets those of the GEMMs that ran with FP8 operands (global too).
+    (``world`` ranks of b rows); ``tally.fp8`` gets those of the GEMMs that ran in FP8 (global too): with FP8
+    operands, or in ``tally.modules``.
 
     The counter's attention figure depends on the kernel (CPU's SDPA is not counted at all; GPU flash
     attention is counted without the causal half), so attention kernels are left out of the count and
@@ -146,11 +225,18 @@ def counted_flops_per_step(model: Any, ids: Any, n_layers: int, attn_width: int,
     term; the GEMMs are counted as they run (every Linear, Conv1D, MoE experts' grouped GEMMs and the logits
     layer). Gradients the pass leaves are dropped; the weights and the optimizer are untouched.
     """
+    scope = ModuleScope(model, tally.modules if tally is not None else ())
+    if tally is not None:
+        tally.scope = scope
     # eager also where units are compiled: a count under the counter's mode and module hooks would compile them
     # for it, and the training steps would then recompile (trials/measure/fp8_layers.quiet says what that costs)
-    with gemm_flop_counter(tally) as counter, torch.compiler.set_stance("force_eager"):
-        logits = model(ids)
-        logits.float().sum().backward()
+    try:
+        with gemm_flop_counter(tally) as counter, torch.compiler.set_stance("force_eager"), scope:
+            logits = model(ids)
+            logits.float().sum().backward()
+    finally:
+        if tally is not None:
+            tally.scope = None
     model.zero_grad(set_to_none=True)
     gemms = sum(n for op, n in counter.get_flop_counts()["Global"].items()
                 if not any(a in str(op) for a in ATTENTION_OPS))
@@ -160,23 +246,37 @@ def counted_flops_per_step(model: Any, ids: Any, n_layers: int, attn_width: int,
     return float(gemms * world + 6.0 * n_layers * t * attn_width * b * t * world)
 
 
-def count_flops(spec: Any, model: Any, vocab: int, device: str, world: int) -> dict[str, Any]:
+def count_flops(spec: Any, model: Any, vocab: int, device: str, world: int,
+                fp8_modules: Sequence[str] = ()) -> dict[str, Any]:
     """A step's FLOPs for a model without a closed form: counted once, before training and timing, on a batch of
     its own (the training data's generator is not drawn from), the model eager (:func:`counted_flops_per_step`),
     and the share of them that ran in FP8 GEMMs (``fp8_flop_share``, of the model as it will train: torchao's
-    converted one; a stack whose GEMMs the counter cannot see, TE's, counts before converting and drops it).
-    Where the model's layers and attention width are unknown (a factory's, shape fields not given), attention is
-    left out and ``flops_method`` says so."""
+    converted one, whose GEMMs see FP8 operands). A stack whose GEMMs the counter cannot see, TE's, counts the
+    model before converting it and names the modules it will run in FP8 (``fp8_modules``, qualified names in
+    ``model``): their GEMMs, forward and backward, are the FP8 ones. Where the model's layers and attention width
+    are unknown (a factory's, shape fields not given), attention is left out and ``flops_method`` says so."""
     from ..workloads.data import ArithmeticSequences
     from ..models import describe
 
     facts = describe(spec)
     ids, _ = ArithmeticSequences(vocab, spec.seq_len, device, spec.seed + 2).batch(spec.batch_size)
     known = bool(facts.n_layers and facts.attn_width)
-    tally = Tally()
+    tally = Tally(modules=tuple(fp8_modules))
     flops = counted_flops_per_step(model, ids, facts.n_layers or 0, facts.attn_width or 0, world, tally)
     return {"flops_per_step": flops, "flops_method": "counted" if known else "counted-gemms-only",
             "fp8_flop_share": tally.fp8 / flops if flops else None}
+
+
+def blocks_fp8_share(cfg: ModelConfig) -> float:
+    """The share of MiniGPT's analytic ``flops_per_step`` in its blocks' GEMMs (QKV, proj, fc1, fc2 of every block):
+    a TE MiniGPT's FP8 share, its blocks being TE's (``te.TransformerLayer`` or TE's modules, every GEMM of them FP8
+    under ``te.autocast``) and its LM head an ``nn.Linear`` (BF16). The same figure as a count of the torch twin
+    with those Linears named FP8 (tests/test_flop_share.py): each of the twin's Linears ``blocks.<i>.qkv``,
+    ``.proj``, ``.fc1``, ``.fc2`` is one GEMM of TE's block (trials/models/minigpt_net.py, ``_TE_TO_TWIN``), whose
+    forward and backward the formula's 6 * weights * tokens counts; attention stays in the total, in BF16."""
+    blocks = matmul_param_count(cfg) - cfg.vocab * cfg.d_model  # all but the LM head
+    tokens = 1  # the share does not depend on it
+    return 6.0 * blocks * tokens / flops_per_step(cfg, tokens)
 
 
 # A cell asked for FP8 is an FP8 result when at least this share of its step's FLOPs ran in FP8 GEMMs.
@@ -192,8 +292,9 @@ def fp8_ran(share: float | None, converted: int | None) -> bool:
     step's gain at 1/(1 - 0.05/2) = 1.026x, below what a step time resolves between runs, so such a cell times
     the casts and the BF16 model, not FP8. Above it the cell is FP8 and its share is shown beside its speedup
     (a 2-layer slice of a large-vocabulary model runs under half of its FLOPs in FP8, the BF16 LM head being
-    the rest, and is still the FP8 answer for that slice). Unknown (None) share or count: FP8, as asked (TE's
-    MiniGPT builds its blocks in FP8 and counts nothing)."""
+    the rest, and is still the FP8 answer for that slice). Unknown (None) share or count: FP8, as asked (torchao's
+    MiniGPT, whose FLOPs are its formula's and whose share is not; TE's MiniGPT has its blocks' share,
+    :func:`blocks_fp8_share`)."""
     if converted is not None and converted == 0:
         return False
     return share is None or share >= FP8_MIN_SHARE

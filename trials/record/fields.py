@@ -124,9 +124,15 @@ FIELDS: list[Field] = [
        "too (MoE experts, GPT-2's Conv1D, MoE routers), see fp8_skipped_why."),
     _f("fp8_skipped_why", "str", "torchao fp8: JSON object, each module of fp8_skipped_modules -> why it stayed in "
        "high precision."),
-    _f("fp8_flop_share", "float", "Share of flops_per_step that ran in FP8 GEMMs: counted with it (a GEMM with "
-       "FP8 operands counts; attention's term never does), so 0 on bf16/fp32 cells; null where the counter cannot "
-       "see the stack's GEMMs (te) or FLOPs are analytic (MiniGPT). Decides effective_precision."),
+    _f("fp8_flop_share", "float", "Share of flops_per_step that ran in FP8 GEMMs (training cells); attention's term "
+       "never counts; 0 on bf16/fp32 cells. torch and torchao on hf and py models: counted with it, a GEMM with FP8 "
+       "operands counts. te on hf and py models: counted on the model before TE converts it, the GEMMs of the "
+       "Linears TE then runs in FP8 (swap: the converted Linears; transformer_layer: the q/k/v/o and gate/up/down "
+       "projections of each converted decoder layer; the logits layer stays BF16), forward and backward, each "
+       "charged to the Linear whose forward made it (a weight read without calling its Linear stays BF16: TE's "
+       "module there never runs). te on MiniGPT: its formula's share of the blocks (every block GEMM; the LM head "
+       "BF16). Null for MiniGPT on torch and torchao (FLOPs by the formula, no share derived). Decides "
+       "effective_precision."),
     # -- model size and work
     _f("model_class", "str", "The model's class (MiniGPT, LlamaForCausalLM, your factory's module)."),
     _f("model_config", "str", "JSON: the model's resolved config (transformers' to_json_string for hf models, the "

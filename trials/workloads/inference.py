@@ -59,7 +59,9 @@ log = logging.getLogger(__name__)
 TRAIN_BATCH = field_default("batch_size")  # the training trial's batch
 CALIBRATION_BATCHES = 4  # forward passes in TE's calibration mode before FP8 scales are made
 PROFILED_GENERATIONS = 1  # a generation is gen_len - 1 decode steps already
-TRAINING_ONLY = ("flops_per_step", "flops_method")  # record fields of a stack's build that inference leaves null
+# record fields of a stack's build that inference leaves null (TE's build counts a training step's FLOPs, and the
+# share of them in FP8: of a model it built in BF16 here, the FP8 settings waiting for the inference model)
+TRAINING_ONLY = ("flops_per_step", "flops_method", "fp8_flop_share")
 
 
 def run(spec: TrialSpec, res: Resolution, cfg: Any, record: dict[str, Any], t0: float, ranks: Any = None) -> None:
