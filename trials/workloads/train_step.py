@@ -8,6 +8,7 @@ the device and read once at the end, so the loop runs as fast as the GPU allows.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -142,18 +143,15 @@ def train(step: TrainStep, data: ArithmeticSequences, steps: int, batch: int,
     saved_bytes = None
     for i in range(steps):
         x, y = data.batch(batch)
-        if i == 0 and step.compiled:  # no hooks in what Dynamo traces: the bytes a compiled step holds go unsaid
+        if i == 0:
             t0 = time.perf_counter()
-            losses[i] = step(x, y)
-            _sync(device)
-            first_step_s = time.perf_counter() - t0
-        elif i == 0:
-            t0 = time.perf_counter()
-            with checkpointing.SavedBytes(step.model, step.checkpointed) as saved:
+            # no hooks in what Dynamo traces: the bytes a compiled step holds go unsaid
+            with contextlib.nullcontext() if step.compiled else \
+                    checkpointing.SavedBytes(step.model, step.checkpointed) as saved:
                 losses[i] = step(x, y)
             _sync(device)
             first_step_s = time.perf_counter() - t0
-            saved_bytes = saved.bytes
+            saved_bytes = None if saved is None else saved.bytes
         else:
             losses[i] = step(x, y)
         if after_step is not None:
