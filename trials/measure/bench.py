@@ -26,7 +26,6 @@ from typing import Callable
 import torch
 
 from .disturbance import Disturbance, watch
-from .launch import launch_bound
 
 HOST_PROBE_STEPS = 10  # untimed steps that measure the host's issue time (CUDA only: on CPU a step is synchronous)
 
@@ -38,7 +37,6 @@ class BenchResult:
     step_ms: list[float]  # every timed step, repeat after repeat
     repeat_medians_ms: list[float]
     host_ms_per_step: float | None  # None on CPU, where issuing a step is running it
-    launch_bound: bool | None  # by the host-issue rule; the trial re-decides once it has a profile (launch_bound)
     last_loss: float
     timer: str  # "cuda_event" or "perf_counter"
     disturbance: Disturbance  # what else ran during the timed blocks
@@ -60,12 +58,10 @@ def benchmark(step: Step, batches: list[tuple[torch.Tensor, torch.Tensor]], devi
             all_ms.extend(ms)
             medians.append(statistics.median(ms))
     last_loss = float(loss.item()) if loss is not None else float("nan")
-    p50 = statistics.median(all_ms)
     return BenchResult(
         step_ms=all_ms,
         repeat_medians_ms=medians,
         host_ms_per_step=host_ms,
-        launch_bound=launch_bound(p50, host_ms)[0],
         last_loss=last_loss,
         timer="cuda_event" if cuda else "perf_counter",
         disturbance=seen,
