@@ -124,45 +124,54 @@ def test_a_relative_factory_path_is_read_from_the_folder_the_sweep_ran_in(warm_s
     assert [it.cell_id for it in grid_items(parsed.cells, parsed.samples)] == [rec["cell_id"]]
 
 
-@pytest.mark.parametrize("launcher", ["warm", "process"])
-def test_a_killed_trial_process_is_retried_once_and_one_past_its_timeout_is_killed(ray_cluster, tmp_path, launcher):
-    """One sweep per launcher, one trial at a time (were two tests, a sweep each): a trial process SIGKILLed
-    mid-trial is retried once in a new process and the later trials are unaffected; a trial past
-    trial_timeout_s is recorded as timeout and its process killed."""
-    sweep = write_sweep(tmp_path, "kt", f"""
-        grid:
-          - {{d_model: [32, 48], train_steps: [150]}}
-          - {{d_model: [256], train_steps: [100000]}}
-        fixed: {{{SLOW_CELL.replace("train_steps: %d, ", "")}}}
-        resources: {{cpu: 1, gpu: 0}}
-        max_concurrent: 1
-        trial_timeout_s: {TIMEOUT_S}
-        launcher: {launcher}
-    """)  # ~4 s a trial for the two small cells, well inside the timeout; the third outlasts it
-    parsed = parse_sweep(sweep.read_text(), source=str(sweep))
-    finite = {it.key for it in grid_items(parsed.cells, parsed.samples) if it.spec["train_steps"] == 150}
-    running = tmp_path / "kt" / "running"
-    driver = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "sweep", str(sweep), "--out",
-                               str(tmp_path), "--address", ray_cluster, "--no-progress", "--no-report"], cwd=REPO,
-                              env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def test_a_killed_trial_process_is_retried_once_and_one_past_its_timeout_is_killed(ray_cluster, tmp_path):
+    """One sweep per launcher, both at once on the cluster's two one-CPU nodes (each one trial at a time; were
+    two tests, a sweep each, run one after the other: ~80 s each on 2 cores, most of it the timeout): a trial
+    process SIGKILLed mid-trial is retried once in a new process and the later trials are unaffected; a trial
+    past trial_timeout_s is recorded as timeout and its process killed."""
+    drivers = {}
+    for launcher in ("warm", "process"):
+        name = f"kt-{launcher}"
+        sweep = write_sweep(tmp_path, name, f"""
+            grid:
+              - {{d_model: [32, 48], train_steps: [150]}}
+              - {{d_model: [256], train_steps: [100000]}}
+            fixed: {{{SLOW_CELL.replace("train_steps: %d, ", "")}}}
+            resources: {{cpu: 1, gpu: 0}}
+            max_concurrent: 1
+            trial_timeout_s: {TIMEOUT_S}
+            launcher: {launcher}
+        """)  # ~4 s a trial for the two small cells, well inside the timeout; the third outlasts it
+        parsed = parse_sweep(sweep.read_text(), source=str(sweep))
+        finite = {it.key for it in grid_items(parsed.cells, parsed.samples) if it.spec["train_steps"] == 150}
+        driver = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "sweep", str(sweep), "--out",
+                                   str(tmp_path), "--address", ray_cluster, "--no-progress", "--no-report"],
+                                  cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        drivers[launcher] = (name, driver, finite)
+    killed: dict[str, tuple[str, dict]] = {}
 
-    def small_trial_mid_run():  # mid-trial, not mid-hand-over; one of the cells that would end by itself
-        found = running_trial(running, min_age_s=2)
-        return found if found and found[0] in finite else None
-    key, info = wait_for(small_trial_mid_run, 240)
-    os.kill(info["child_pid"], signal.SIGKILL)
-    out, err = driver.communicate(timeout=600)
-    # exit 1 for the timed-out trial alone: the killed trial's retry is no failure
-    assert driver.returncode == 1, out[-2000:] + err[-2000:]
-    assert "3 run now, 1 failed" in " ".join(out.split()) and "failed" in out, out[-2000:]
-    recs = {r["d_model"]: r for r in records(tmp_path, "kt")}
-    assert len(recs) == 3 and all(r["launcher"] == launcher for r in recs.values())
-    assert recs[32]["status"] == recs[48]["status"] == "ok"
-    [retried] = [r for r in recs.values() if f"{r['cell_id']}-s{r['sample']}" == key]
-    assert retried["pid"] != info["child_pid"] and retried["process_trial_index"] == 0
-    rec = recs[256]  # (was test_timeout_kills_the_trial_process, and before it test_cluster.py's)
-    assert rec["status"] == "timeout" and f"trial_timeout_s={TIMEOUT_S}" in rec["error"]
-    wait_for(lambda: not _servers(), 30)  # the timed-out process, and any kept ready, are gone
+    def small_trials_killed():  # mid-trial, not mid-hand-over; one of the cells that would end by itself
+        for launcher, (name, _, finite) in drivers.items():
+            found = None if launcher in killed else running_trial(tmp_path / name / "running", min_age_s=2)
+            if found and found[0] in finite:
+                os.kill(found[1]["child_pid"], signal.SIGKILL)
+                killed[launcher] = found
+        return len(killed) == len(drivers)
+    wait_for(small_trials_killed, 240)
+    for launcher, (name, driver, _) in drivers.items():
+        out, err = driver.communicate(timeout=600)
+        # exit 1 for the timed-out trial alone: the killed trial's retry is no failure
+        assert driver.returncode == 1, launcher + out[-2000:] + err[-2000:]
+        assert "3 run now, 1 failed" in " ".join(out.split()) and "failed" in out, out[-2000:]
+        recs = {r["d_model"]: r for r in records(tmp_path, name)}
+        assert len(recs) == 3 and all(r["launcher"] == launcher for r in recs.values())
+        assert recs[32]["status"] == recs[48]["status"] == "ok"
+        key, info = killed[launcher]
+        [retried] = [r for r in recs.values() if f"{r['cell_id']}-s{r['sample']}" == key]
+        assert retried["pid"] != info["child_pid"] and retried["process_trial_index"] == 0
+        rec = recs[256]  # (was test_timeout_kills_the_trial_process, and before it test_cluster.py's)
+        assert rec["status"] == "timeout" and f"trial_timeout_s={TIMEOUT_S}" in rec["error"]
+    wait_for(lambda: not _servers(), 30)  # the timed-out processes, and any kept ready, are gone
 
 
 def _interrupt(tmp_path: Path, sig: int, mid_trial: bool, env: dict[str, str]) -> int:
