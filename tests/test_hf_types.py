@@ -23,23 +23,18 @@ from trials.models.hf import _causal_types  # noqa: E402 - after the importorski
 SHAPE = dict(d_model=64, n_layers=2, n_heads=4, vocab=96, seq_len=16, batch_size=2, device="cpu", backend="torch",
              precision="fp32")
 # run in the default suite: the Llama family, the two without SDPA, Falcon's own names, GPT-2 / OPT's MLP names,
-# MoE, head_dim-carrying types
-FAST = ("llama", "gemma2", "bloom", "falcon", "gpt2", "opt", "mixtral", "qwen2_moe", "qwen3", "gemma3_text")
+# MoE, head_dim-carrying types, MLA (DeepSeek-V3)
+FAST = ("llama", "gemma2", "bloom", "falcon", "gpt2", "opt", "mixtral", "qwen2_moe", "qwen3", "gemma3_text",
+        "deepseek_v3")
 ALL_TYPES = "JUICYTALK_HF_TYPES"  # set: every type runs (the suite's `slow` marker still runs, so opt in here)
 # cannot be a trial's model (a JuicyTalk trial feeds token ids and reads logits)
 SKIP: dict[str, str] = {}
-# break today at the tiny shape (d_model 64, 4 heads, 2 layers, transformers 5.25): what breaks. "crashes": the
-# config builds but the step fails (a trial would end in an error record); "refused": check_model says why in one
-# line, exit 2 (a size of the type's own that does not follow d_model / n_heads / n_layers)
-_CRASH = 'crashes in the step (an error record, not a one-line refusal): '
+# refused today at the tiny shape (d_model 64, 4 heads, 2 layers, transformers 5.25): check_model says why in one
+# line, exit 2 (a size of the type's own that does not follow d_model / n_heads / n_layers, a default transformers
+# cannot build). No type crashes in the step (a trial's error record): one that does fails here, not xfails.
 _REFUSED = 'refused in one line at the tiny shape: '
-_MLA = "multi-head latent attention's qk_rope_head_dim / v_head_dim / qk_nope_head_dim do not follow n_heads"
 BROKEN: dict[str, str] = {
-    "axk1": _CRASH + _MLA, "deepseek_v3": _CRASH + _MLA, "longcat_flash": _CRASH + _MLA, "youtu": _CRASH + _MLA,
-    "deepseek_v2": _CRASH + "topk k is None (its default topk_group / num_experts_per_tok at the tiny shape)",
-    "codegen": _CRASH + "rotary_dim 64 is wider than the 16-wide head", "gptj": _CRASH + "rotary_dim 64 > head dim 16",
-    "mimo_v2_flash": _CRASH + "its own head split gives 0 heads at n_heads 4",
-    "xmod": _CRASH + "needs a language id (XmodPreTrainedModel.set_default_language)",
+    "deepseek_v2": _REFUSED + "routed experts with num_experts_per_tok None (transformers' default for the type)",
     "cohere_compass_text": _REFUSED + "transformers cannot build it: KeyError 'full_attention'",
     "cwm": _REFUSED + "bos_token_id must be an int (a vocab of 96 drops the type's 128000)",
     "modernbert-decoder": _REFUSED + "pad_token_id must be an int (a vocab of 96 drops the type's)",
@@ -152,3 +147,25 @@ def test_falcon_keeps_the_linear_it_adds_to_in_place_out_of_fp8():
     ids = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(0))
     logits = built.model(ids)
     torch.nn.functional.cross_entropy(logits.reshape(-1, 96).float(), ids.reshape(-1)).backward()
+
+
+def test_head_sizes_that_do_not_follow_d_model_over_n_heads_are_kept_or_scaled_not_broken():
+    """Types whose head sizes are not d_model / n_heads (main crashed in the step on each): MLA's query/key/value
+    widths stay the type's own; GPT-J's rotary width keeps its quarter of the head; MiMo-V2-Flash's 16 queries per
+    KV head at 4 heads keep one KV head (its sliding layers double them), not full MHA; X-MOD gets a language; a
+    router without a top-k is one line."""
+    from trials.models.hf import config
+    from trials.spec import SpecError
+
+    mla = config(TrialSpec(model="hf:deepseek_v3", **SHAPE))
+    assert (mla.qk_nope_head_dim, mla.qk_rope_head_dim, mla.v_head_dim, mla.head_dim) == (128, 64, 128, 64)
+    assert models.describe(TrialSpec(model="hf:deepseek_v3", **SHAPE)).shape["head_dim"] == 192
+    assert config(TrialSpec(model="hf:gptj", **SHAPE)).rotary_dim == 64 * 16 // 256  # 64 of 256 -> 4 of 16
+    assert config(TrialSpec(model="hf:mimo_v2_flash", **SHAPE)).num_key_value_heads == 1
+    assert config(TrialSpec(model="hf:qwen3_moe", **SHAPE)).num_key_value_heads == 1  # 32 over 4: 4 over 1
+    assert config(TrialSpec(model="hf:llama", **{**SHAPE, "n_heads": 8})).num_key_value_heads == 8  # MHA stays
+    assert config(TrialSpec(model="hf:xmod", **SHAPE)).default_language == "en_XX"
+    with pytest.raises(SpecError) as refused:
+        check_model(TrialSpec(model="hf:deepseek_v2", **SHAPE))
+    said = str(refused.value)
+    assert said.startswith("model: hf:deepseek_v2:") and "num_experts_per_tok is None" in said and "\n" not in said

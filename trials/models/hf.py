@@ -43,10 +43,19 @@ SHAPE_NAMES = {
 DERIVED_FROM = {"num_key_value_heads": "num_kv_heads"}
 # types whose FFN width may be None in the config: the MLP is then 4 x hidden_size (GPT-2's n_inner, GPT-Neo's)
 FFN_UNSET_IS = 4
+# multi-head latent attention (DeepSeek-V2/V3 and their kin): each head's query/key is a rope part and a no-rope
+# part, its value a width of its own, from low-rank projections; none of them is hidden / heads (DeepSeek-V3:
+# 7168 / 128 = 56 against 192-wide queries), so they stay the type's own, and ``head_dim`` (the rope part there)
+# does not follow d_model / n_heads
+MLA_SIZES = ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank", "q_lora_rank")
+# a rotary width in channels (GPT-J's and CodeGen's 64 of a 256-wide head): it keeps its share of the head when
+# d_model / n_heads change the head's width (types with partial_rotary_factor keep theirs by themselves)
+ROTARY_WIDTH = "rotary_dim"
+EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")  # the types' names
 # other config values that set the model's size: shown beside the shape fields where transformers' defaults
 # supplied them (a bare ``hf:qwen2_moe`` keeps its 60 experts of 1408)
-SIZE_NAMES = ("head_dim", "num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts",
-              "num_experts_per_tok", "n_shared_experts", "num_shared_experts")
+SIZE_NAMES = ("head_dim", *EXPERT_COUNTS, "num_experts_per_tok", "n_shared_experts", "num_shared_experts",
+              *MLA_SIZES)
 POSITIONS = ("max_position_embeddings",)  # raised to seq_len where shorter
 NOT_CONFIG = ("model_type", "transformers_version", "architectures", "torch_dtype", "dtype", "auto_map",
               "_name_or_path", "quantization_config")  # a config.json's keys that describe a checkpoint, not a shape
@@ -170,28 +179,44 @@ def _config(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int) -
     derived: list[str] = []
     hidden = given.get("d_model", getattr(base, "hidden_size", None))
     heads = given.get("n_heads", _first(base, "n_heads"))
-    if {"d_model", "n_heads"} & set(given) and "head_dim" in base.to_dict() and isinstance(hidden, int) \
-            and isinstance(heads, int) and heads:  # the type's head_dim was for its own shape: it follows
-        # (a type that computes head_dim, as Falcon does, follows by itself)
+    hidden0, heads0 = getattr(base, "hidden_size", None), _first(base, "n_heads")
+    reshaped = bool({"d_model", "n_heads"} & set(given)) and isinstance(hidden, int) and isinstance(heads, int) \
+        and heads > 0
+    if reshaped and "head_dim" in base.to_dict() and not _has(base, MLA_SIZES[0]):
+        # the type's head_dim was for its own shape: it follows (a type that computes head_dim, as Falcon
+        # does, follows by itself; MLA's is its rope part, MLA_SIZES)
         values["head_dim"] = hidden // heads
         derived.append("head_dim")
+    rotary0 = getattr(base, ROTARY_WIDTH, None) if _has(base, ROTARY_WIDTH) else None
+    if reshaped and isinstance(rotary0, int) and isinstance(hidden0, int) and isinstance(heads0, int) and heads0:
+        head0, head = hidden0 // heads0, hidden // heads  # the rotary width keeps its share of the head, even
+        values[ROTARY_WIDTH] = max(2, rotary0 * head // head0 // 2 * 2) if head0 else rotary0
+        derived.append(ROTARY_WIDTH)
     kv_names = _names(base, "n_kv_heads")
     if "n_heads" in given and "n_kv_heads" not in given and kv_names:  # keep the config's query/KV head ratio
-        kv0, heads0 = getattr(base, _settable(base, kv_names)[0], None), _first(base, "n_heads")
+        kv0 = getattr(base, _settable(base, kv_names)[0], None)
         if isinstance(kv0, int) and isinstance(heads0, int) and heads0:
-            kv = given["n_heads"] * kv0 // heads0
             for name in _settable(base, kv_names):
-                values[name] = kv if kv >= 1 and given["n_heads"] % kv == 0 else given["n_heads"]
+                values[name] = _kv_heads(given["n_heads"], given["n_heads"] * kv0 // heads0)
             derived += kv_names
     if "vocab" in given:  # special token ids past a smaller vocabulary mean nothing here (the data has none)
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
             token = values.get(key, getattr(base, key, None))
             if isinstance(token, int) and token >= given["vocab"]:
                 values[key] = None
+    if values.get("default_language", getattr(base, "default_language", None)) is None \
+            and getattr(base, "languages", None):  # X-MOD's adapters need a language for input without lang_ids
+        values["default_language"] = base.languages[0]
+        derived.append("default_language")
     try:
         cfg = AutoConfig.for_model(model_type, **values)
     except Exception as exc:  # noqa: BLE001 - a config class's own validation, in its words
         raise ModelError(f"hf:{target}: transformers refuses the config: {type(exc).__name__}: {exc}") from None
+    if any(isinstance(getattr(cfg, n, None), int) and getattr(cfg, n) > 0 for n in EXPERT_COUNTS if _has(cfg, n)) \
+            and _has(cfg, "num_experts_per_tok") and cfg.num_experts_per_tok is None:
+        raise ModelError(f"hf:{target}: {type(cfg).__name__} has routed experts but num_experts_per_tok is None "
+                         "(transformers' default for the type), so its router has no top-k: give "
+                         "num_experts_per_tok in a config.json (hf:path/to/config.json)")
     for name in POSITIONS:
         if hasattr(cfg, name) and getattr(cfg, name) < seq_len:
             setattr(cfg, name, seq_len)
@@ -220,6 +245,13 @@ def _config(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int) -
         log.warning("hf:%s: %s from transformers' defaults (neither the sweep nor the config file gives them)",
                     target, ", ".join(f"{n}={v}" for n, v in defaults))
     return Resolved(cfg, tuple(set_names), tuple(derived), defaults)
+
+
+def _kv_heads(heads: int, kv: int) -> int:
+    """KV heads for ``heads`` query heads where the config's ratio gives ``kv``: the largest count at most ``kv``
+    (at least one) that divides ``heads``. A ratio past ``heads`` (MiMo-V2-Flash's 64 queries over 4 KV heads at
+    4 heads) keeps one KV head, as multi-query attention, rather than turning the type's GQA into full MHA."""
+    return max(d for d in range(1, max(1, min(kv, heads)) + 1) if heads % d == 0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -318,6 +350,8 @@ def _describe(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int)
         shape["vocab"] = width
     heads = shape["n_heads"] or 1
     head_dim = (getattr(cfg, "head_dim", None) if _has(cfg, "head_dim") else None) or shape["d_model"] // heads
+    if all(isinstance(getattr(cfg, n, None), int) for n in MLA_SIZES[:2]):  # MLA: a query/key is both parts
+        head_dim = sum(getattr(cfg, n) for n in MLA_SIZES[:2])
     shape["head_dim"] = head_dim
     values = {k: v for k, v in cfg.to_dict().items() if k not in ("dtype", "torch_dtype", "transformers_version")}
     return Facts(type(model).__name__, to_json(values), param_count(model), shape,

@@ -138,7 +138,8 @@ FIELDS: list[Field] = [
     _f("model_config", "str", "JSON: the model's resolved config (transformers' to_json_string for hf models, the "
        "shape fields everywhere else), the values the trial built."),
     _f("head_dim", "int", "The model's attention head width (hf: the config's head_dim where its type has one, "
-       "which follows d_model / n_heads when the spec sets either; else d_model / n_heads)."),
+       "which follows d_model / n_heads when the spec sets either; multi-head latent attention's query width, "
+       "qk_nope_head_dim + qk_rope_head_dim; else d_model / n_heads)."),
     _f("config_defaults", "str", "JSON {config name: value}: the model's size values that came from transformers' "
        "config defaults, neither the sweep nor the config file (a bare hf:llama's intermediate_size 11008, a "
        "config.json without vocab_size's 32000); {} when none did; null for MiniGPT and py: factories."),
