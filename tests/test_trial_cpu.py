@@ -34,7 +34,9 @@ def test_fixed_seed_cpu_trial_follows_its_pinned_loss_trajectory():
     for step, want in PINNED_LOSS.items():
         assert curve[step] == pytest.approx(want, abs=1e-4) if step < 2 else curve[step] == pytest.approx(want, rel=0.02), (
             step, curve[step])
-    assert rec["gen_stride_accuracy"] == 1.0
+    # of the model the 300 steps and the timed ones left: 95 of 96 tokens (1.0 while the check ran after the
+    # profiler's steps, which trained it on)
+    assert rec["gen_stride_accuracy"] == pytest.approx(95 / 96)
     # a small model learns the arithmetic task (was test_small_model_learns_the_arithmetic_task, a second 300-step run)
     assert rec["loss_final"] < 0.25 * math.log(96) < rec["loss_first"]
 
@@ -355,19 +357,20 @@ def test_torchao_float8_trial_converts_the_block_linears_and_keeps_the_head():
     assert {n: unread[n] for n in tf_compared()} == {n: rec[n] for n in tf_compared()}
 
 
-def test_the_per_layer_read_is_of_the_timed_model_whatever_trains_after_it(monkeypatch):
+def test_the_per_layer_read_and_the_generation_are_of_the_timed_model_whatever_trains_after_it(monkeypatch):
     """On a GPU the energy window trains on after the timed steps for as many steps as the measured step time asks
-    (trials/measure/energy.calls_for: a number that moves from run to run); the per-layer FP8 read is of the model
-    the timed steps left, so it is the same however many steps follow. Here a window of 0 or 3 steps stands in
-    for the GPU's (on CPU energy.measure calls nothing): two H200 runs of one cell once read different values."""
+    (trials/measure/energy.calls_for: a number that moves from run to run); the per-layer FP8 read and the
+    generation check are of the model the timed steps left, so they are the same however many steps follow. Here
+    a window of 0 or 10 steps stands in for the GPU's (on CPU energy.measure calls nothing): two H200 runs of one
+    cell once read different values, and the generation ran after the window until this test."""
     pytest.importorskip("torchao")
     from trials.measure import energy
 
     spec = TrialSpec(backend="torchao", precision="fp8", recipe="tensorwise", d_model=32, n_layers=1, seq_len=16,
-                     batch_size=2, train_steps=3, warmup_steps=1, bench_steps=2, gen_len=2, device="cpu",
-                     profile=False)
-    reads = []
-    for calls in (0, 3):
+                     batch_size=2, train_steps=3, warmup_steps=1, bench_steps=2, gen_len=12, device="cpu",
+                     profile=False, lr=3e-2)  # a rate at which 10 more steps change what the model generates
+    reads, generated = [], []
+    for calls in (0, 10):
         def window(run, _calls, device, calls=calls):
             for _ in range(calls):
                 run()  # a training step, as the GPU's window runs them
@@ -377,7 +380,9 @@ def test_the_per_layer_read_is_of_the_timed_model_whatever_trains_after_it(monke
         rec = run_trial(spec)
         assert rec["status"] == "ok", rec["error"]
         reads.append(rec["fp8_layers"])
+        generated.append(rec["gen_tokens"])
     assert reads[0] is not None and reads[0] == reads[1]
+    assert generated[0] == generated[1]
 
 
 def test_torchao_takes_a_convolution_for_a_convolution_not_for_moe_experts():

@@ -111,16 +111,16 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
         # step time asks (energy.calls_for), so a read after them was of a model trained a timing-dependent number
         # of steps further, never the same twice (two H200 runs of one seeded cell differed from the first value)
         record.update(layer_reads(step, seam, layer_held, res.device, sampler.trend))
+    # the generation check too: before the energy window's timing-dependent steps, as the reads above
+    t_gen = time.perf_counter()
+    with distributed.whole(model, spec.parallel):
+        gen = generation_check(model, spec.prompt_len, spec.gen_len, spec.seed + 1, vocab, spec.seq_len, te, recipe)
+    record.update(gen_s=time.perf_counter() - t_gen, gen_tokens=gen.tokens, gen_stride_accuracy=gen.stride_accuracy)
     why_this_number(spec, res.device, step, batches, record)
     # the profiler's gap, where it ran, is the GPU waiting on the host itself (trials/measure/launch.py)
     record["launch_bound"], record["launch_bound_by"] = launch_bound(record["step_ms_p50"], result.host_ms_per_step,
                                                                      record["kernel_gap_ms"])
-
-    t_gen = time.perf_counter()
-    with distributed.whole(model, spec.parallel):
-        gen = generation_check(model, spec.prompt_len, spec.gen_len, spec.seed + 1, vocab, spec.seq_len, te, recipe)
-    record.update(gen_s=time.perf_counter() - t_gen, gen_tokens=gen.tokens, gen_stride_accuracy=gen.stride_accuracy,
-                  status="ok", error=None)
+    record.update(status="ok", error=None)
     if fp8_log_probs is None:
         return None
     return lambda partners: teacher_forced_fields(spec, res, vocab, held, fp8_log_probs, partners)
