@@ -120,3 +120,24 @@ def test_a_weight_read_without_calling_its_linear_is_not_fp8():
     assert "model.blocks.0.self_attn.out_proj" in te_convert.fp8_gemms(steps)
     fp8 = 2 * 6 * TOKENS * (2 * 64 * 128)  # linear1 and linear2 of 2 blocks, fwd + dgrad + wgrad
     assert flops["fp8_flop_share"] * flops["flops_per_step"] == pytest.approx(fp8)
+
+
+def test_a_torchao_minigpt_cells_share_is_what_a_count_of_its_converted_model_finds():
+    """MiniGPT's FLOPs are its formula's, so the counter never ran on it and its torchao cells had no share (null).
+    The formula's share of the Linears torchao converted (trials/measure/metrics.named_fp8_share) is what
+    FlopCounterMode counts in float8 GEMMs on the converted model: here every block Linear, the LM head BF16, the
+    share TE's MiniGPT runs (blocks_fp8_share)."""
+    from trials import run_trial
+
+    pytest.importorskip("torchao")
+    spec = TrialSpec(backend="torchao", precision="fp8", recipe="tensorwise", d_model=64, n_layers=1, n_heads=2,
+                     vocab=96, seq_len=16, batch_size=2, train_steps=1, warmup_steps=1, bench_steps=1, repeats=1,
+                     gen_len=0, device="cpu", profile=False, fp8_reads=False)
+    rec = run_trial(spec)
+    assert rec["status"] == "ok", rec["error"]
+    assert json.loads(rec["fp8_converted_names"]) == ["blocks.0.qkv", "blocks.0.proj", "blocks.0.fc1", "blocks.0.fc2"]
+    built = backends.build(spec, "torchao", "fp8", "cpu")
+    counted = count_flops(spec, built.model, 96, "cpu", 1)
+    assert counted["flops_per_step"] == pytest.approx(rec["flops_per_step"], rel=1e-9)  # formula = count here
+    assert rec["fp8_flop_share"] == pytest.approx(counted["fp8_flop_share"], rel=1e-9)
+    assert rec["fp8_flop_share"] == pytest.approx(blocks_fp8_share(ModelConfig.from_spec(spec)), rel=1e-9)

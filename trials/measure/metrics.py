@@ -267,6 +267,15 @@ def count_flops(spec: Any, model: Any, vocab: int, device: str, world: int,
             "fp8_flop_share": tally.fp8 / flops if flops else None}
 
 
+def named_fp8_share(cfg: ModelConfig, model: Any, names: Iterable[str]) -> float:
+    """The share of MiniGPT's analytic ``flops_per_step`` in the GEMMs of its Linears ``names`` (qualified names in
+    ``model``): each one's forward and backward, 6 * weights per token, as the formula counts them. torchao's
+    MiniGPT, whose converted Linears (``fp8_converted_names``) are its FP8 GEMMs: its auto filter keeps small ones
+    and the LM head BF16 (tests/test_flop_share.py holds it equal to a count of the converted model)."""
+    weights = sum(model.get_submodule(name).weight.numel() for name in names)
+    return 6.0 * weights / flops_per_step(cfg, 1)
+
+
 def blocks_fp8_share(cfg: ModelConfig) -> float:
     """The share of MiniGPT's analytic ``flops_per_step`` in its blocks' GEMMs (QKV, proj, fc1, fc2 of every block):
     a TE MiniGPT's FP8 share, its blocks being TE's (``te.TransformerLayer`` or TE's modules, every GEMM of them FP8
@@ -292,9 +301,9 @@ def fp8_ran(share: float | None, converted: int | None) -> bool:
     step's gain at 1/(1 - 0.05/2) = 1.026x, below what a step time resolves between runs, so such a cell times
     the casts and the BF16 model, not FP8. Above it the cell is FP8 and its share is shown beside its speedup
     (a 2-layer slice of a large-vocabulary model runs under half of its FLOPs in FP8, the BF16 LM head being
-    the rest, and is still the FP8 answer for that slice). Unknown (None) share or count: FP8, as asked (torchao's
-    MiniGPT, whose FLOPs are its formula's and whose share is not; TE's MiniGPT has its blocks' share,
-    :func:`blocks_fp8_share`)."""
+    the rest, and is still the FP8 answer for that slice). Unknown (None) share or count: FP8, as asked (MiniGPT's
+    share is its formula's: TE's blocks, :func:`blocks_fp8_share`, torchao's converted Linears,
+    :func:`named_fp8_share`)."""
     if converted is not None and converted == 0:
         return False
     return share is None or share >= FP8_MIN_SHARE

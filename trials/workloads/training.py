@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import math
 import statistics
@@ -20,7 +21,7 @@ from ..measure.launch import launch_bound
 from ..backends.capability import Resolution
 from .data import ArithmeticSequences
 from .generation import generation_check
-from ..measure.metrics import count_flops, fp8_ran, step_stats, throughput
+from ..measure.metrics import count_flops, fp8_ran, named_fp8_share, step_stats, throughput
 from ..models.minigpt_net import ModelConfig
 from ..models.common import output_vocab
 from ..spec import TrialSpec
@@ -49,6 +50,9 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
     vocab = record["vocab"]  # the model's (the spec's, or an hf/py model's own)
     if record["flops_method"] is None:
         record.update(count_flops(spec, model, vocab, res.device, ranks.world))
+    elif cfg is not None and record["fp8_flop_share"] is None and record.get("fp8_converted_names") is not None:
+        names = json.loads(record["fp8_converted_names"])  # torchao's MiniGPT: the formula's FLOPs, its Linears'
+        record["fp8_flop_share"] = named_fp8_share(cfg, step.built.model, names)
     if res.precision == "fp8" and not fp8_ran(record["fp8_flop_share"], record["fp8_converted_modules"]):
         record.update(effective_precision="bf16", effective_recipe=None)  # not an FP8 result: never paired as one
         share = record["fp8_flop_share"]
