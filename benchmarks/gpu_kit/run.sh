@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One device call's worth of GPU checks and studies, on the offline GPU host, run from the repository root with
+# the te-kit and this gpu-kit copied beside it (.te-kit/, .gpu-kit/: git-ignored, named in the call's carry):
+#
+#   TESTS_S=300 SEED_S=120 bash benchmarks/gpu_kit/run.sh
+#   FULL_DEPTH_S=400 bash benchmarks/gpu_kit/run.sh               (carry juicytalk-results too, to resume a store)
+#   NUMERICS_S=300 PLAIN_S=150 TE_PLAIN_S=120 bash benchmarks/gpu_kit/run.sh
+#
+# Each step runs where its variable gives it seconds (a device call has at most 600 s, the kits' install ~20 s
+# of it), in this order: TESTS_S every `-m gpu` test (tests/test_disturbance.py alone after the rest: it looks
+# for other CUDA processes), SEED_S the seed example's start (benchmarks/sweep_start.py), FULL_DEPTH_S the
+# full-depth study (examples/full-depth.yaml; a sweep resumes whatever its store under juicytalk-results holds),
+# NUMERICS_S issue 46's numerics study (examples/fp8-numerics-shapes.yaml), PLAIN_S / TE_PLAIN_S the full-depth
+# cells' plain loops (benchmarks/hf_loop.py, te_hf_loop.py; PLAIN_ONLY / TE_ONLY pick the cells). What each
+# printed, and each study's store as a .tgz, land in $OUT. The host has no plotly: reports are made afterwards,
+# off the host, with `juicytalk report`.
+set -o pipefail
+export PYTHONUNBUFFERED=1 NVTE_FRAMEWORK=pytorch NCCL_NVLS_ENABLE=0
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
+t0=$(date +%s)
+el() { echo $(( $(date +%s) - t0 )); }
+{ source .te-kit/install.sh && source .gpu-kit/install.sh; } > "$OUT/kit.txt" 2>&1 || { tail -20 "$OUT/kit.txt"; exit 1; }
+export PYTHONPATH=.:$PYTHONPATH
+quiet() { grep -v -i "warning\|warn(\|^\s*$"; }
+echo "== kits in $(el) s; git $(git log -1 --format=%h 2>/dev/null)"
+nvidia-smi --query-gpu=name,power.limit,clocks.max.sm,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, transformer_engine, torchao, ray, transformers; print('torch', torch.__version__, 'TE',
+transformer_engine.__version__, 'torchao', torchao.__version__, 'ray', ray.__version__, 'transformers',
+transformers.__version__)" 2>&1 | quiet
+
+sweep() {  # $1 seconds, $2 sweep file, $3 name: the sweep into juicytalk-results, its output and its store
+  echo "== python3 -m orchestrator.cli sweep $2 --out juicytalk-results --no-progress --no-report at $(el) s"
+  timeout "$1" python3 -m orchestrator.cli sweep "$2" --out juicytalk-results --no-progress --no-report 2>&1 \
+    | quiet | tee "$OUT/$3.txt"
+  tar czf "$OUT/$3-store.tgz" -C juicytalk-results "$3"
+}
+
+if [ "${TESTS_S:-0}" -gt 0 ]; then
+  echo "== python3 -m pytest -m gpu -n 4 (all but tests/test_disturbance.py) at $(el) s"
+  timeout "$TESTS_S" python3 -m pytest -m gpu -n 4 -q -p no:cacheprovider --durations=15 tests \
+    --deselect tests/test_disturbance.py 2>&1 | quiet | tee "$OUT/gpu-tests.txt"
+  echo "== python3 -m pytest -m gpu tests/test_disturbance.py (alone) at $(el) s"
+  timeout 90 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_disturbance.py 2>&1 | tail -5 \
+    | tee -a "$OUT/gpu-tests.txt"
+fi
+if [ "${SEED_S:-0}" -gt 0 ]; then
+  echo "== python3 benchmarks/sweep_start.py examples/seed.yaml --out /tmp/seed at $(el) s"
+  timeout "$SEED_S" python3 benchmarks/sweep_start.py examples/seed.yaml --out /tmp/seed 2>&1 | quiet \
+    | tee "$OUT/seed.txt"
+fi
+[ "${FULL_DEPTH_S:-0}" -gt 0 ] && sweep "$FULL_DEPTH_S" examples/full-depth.yaml full-depth
+[ "${NUMERICS_S:-0}" -gt 0 ] && sweep "$NUMERICS_S" examples/fp8-numerics-shapes.yaml fp8-numerics-shapes
+if [ "${PLAIN_S:-0}" -gt 0 ]; then
+  echo "== python3 benchmarks/hf_loop.py --sweep examples/full-depth.yaml --only ${PLAIN_ONLY:=L32-torch-bf16} at $(el) s"
+  timeout "$PLAIN_S" python3 benchmarks/hf_loop.py --sweep examples/full-depth.yaml --only "$PLAIN_ONLY" --rounds 2 \
+    --steps 8 --warmup 3 --json "$OUT/plain-torch.json" 2>&1 | quiet | tee "$OUT/plain.txt"
+fi
+if [ "${TE_PLAIN_S:-0}" -gt 0 ]; then
+  echo "== python3 benchmarks/te_hf_loop.py --sweep examples/full-depth.yaml --only ${TE_ONLY:=te-fp8-delayed} at $(el) s"
+  timeout "$TE_PLAIN_S" python3 benchmarks/te_hf_loop.py --sweep examples/full-depth.yaml --only "$TE_ONLY" \
+    --rounds 2 --steps 8 --warmup 3 --json "$OUT/plain-te.json" 2>&1 | quiet | tee -a "$OUT/plain.txt"
+fi
+echo "== done at $(el) s"
