@@ -44,7 +44,6 @@ BROKEN: dict[str, str] = {
     "nemotron": _REFUSED + "transformers cannot build it: head_dim None",
     "gemma3n_text": _REFUSED + "its per-layer KV-sharing layers do not fit 2 layers",
     "gemma4_assistant": _REFUSED + "hidden_size_per_layer_input does not follow d_model",
-    "gpt_neo": _REFUSED + "attention_layers (24 entries) does not follow n_layers",
     "hrm_text": _REFUSED + "n_layers=2 does not reach the model (num_hidden_layers is derived, 16)",
     "nemotron_h": _REFUSED + "n_layers=2 does not reach the model (layers come from its hybrid pattern)",
     "zamba": _REFUSED + "layers_block_type does not follow n_layers", "zamba2": _REFUSED + "layers_block_type does "
@@ -152,8 +151,8 @@ def test_falcon_keeps_the_linear_it_adds_to_in_place_out_of_fp8():
 def test_head_sizes_that_do_not_follow_d_model_over_n_heads_are_kept_or_scaled_not_broken():
     """Types whose head sizes are not d_model / n_heads (main crashed in the step on each): MLA's query/key/value
     widths stay the type's own; GPT-J's rotary width keeps its quarter of the head; MiMo-V2-Flash's 16 queries per
-    KV head at 4 heads keep one KV head (its sliding layers double them), not full MHA; X-MOD gets a language; a
-    router without a top-k is one line."""
+    KV head at 4 heads keep one KV head (its sliding layers double them), not full MHA; X-MOD gets a language;
+    GPT-Neo's global/local pattern repeats to n_layers (main refused it); a router without a top-k is one line."""
     from trials.models.hf import config
     from trials.spec import SpecError
 
@@ -165,7 +164,11 @@ def test_head_sizes_that_do_not_follow_d_model_over_n_heads_are_kept_or_scaled_n
     assert config(TrialSpec(model="hf:qwen3_moe", **SHAPE)).num_key_value_heads == 1  # 32 over 4: 4 over 1
     assert config(TrialSpec(model="hf:llama", **{**SHAPE, "n_heads": 8})).num_key_value_heads == 8  # MHA stays
     assert config(TrialSpec(model="hf:xmod", **SHAPE)).default_language == "en_XX"
+    assert config(TrialSpec(model="hf:gpt_neo", **SHAPE)).attention_layers == ["global", "local"]  # of 24
     with pytest.raises(SpecError) as refused:
         check_model(TrialSpec(model="hf:deepseek_v2", **SHAPE))
     said = str(refused.value)
     assert said.startswith("model: hf:deepseek_v2:") and "num_experts_per_tok is None" in said and "\n" not in said
+    with pytest.raises(SpecError) as odd:
+        check_model(TrialSpec(model="hf:gpt_neo", **{**SHAPE, "n_layers": 3}))
+    assert str(odd.value).startswith("n_layers: hf:gpt_neo: n_layers=3 is not a whole number of its layer pattern")

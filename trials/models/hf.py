@@ -51,6 +51,9 @@ MLA_SIZES = ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank
 # a rotary width in channels (GPT-J's and CodeGen's 64 of a 256-wide head): it keeps its share of the head when
 # d_model / n_heads change the head's width (types with partial_rotary_factor keep theirs by themselves)
 ROTARY_WIDTH = "rotary_dim"
+# a per-layer pattern written as [[pattern, repeats], ...] (GPT-Neo's [[["global", "local"], 12]] for 24 layers):
+# with n_layers given, the first pattern repeats to fill them
+LAYER_PATTERN = "attention_types"
 EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")  # the types' names
 # other config values that set the model's size: shown beside the shape fields where transformers' defaults
 # supplied them (a bare ``hf:qwen2_moe`` keeps its 60 experts of 1408)
@@ -192,6 +195,14 @@ def _config(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int) -
         head0, head = hidden0 // heads0, hidden // heads  # the rotary width keeps its share of the head, even
         values[ROTARY_WIDTH] = max(2, rotary0 * head // head0 // 2 * 2) if head0 else rotary0
         derived.append(ROTARY_WIDTH)
+    pattern = getattr(base, LAYER_PATTERN, None) if _has(base, LAYER_PATTERN) else None
+    if "n_layers" in given and LAYER_PATTERN not in values and _repeated(pattern):
+        cycle = pattern[0][0]
+        if given["n_layers"] % len(cycle):
+            raise ModelError(f"hf:{target}: n_layers={given['n_layers']} is not a whole number of its layer pattern "
+                             f"{cycle}; give a multiple of {len(cycle)}", "n_layers")
+        values[LAYER_PATTERN] = [[cycle, given["n_layers"] // len(cycle)]]
+        derived.append(LAYER_PATTERN)
     kv_names = _names(base, "n_kv_heads")
     if "n_heads" in given and "n_kv_heads" not in given and kv_names:  # keep the config's query/KV head ratio
         kv0 = getattr(base, _settable(base, kv_names)[0], None)
@@ -245,6 +256,12 @@ def _config(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int) -
         log.warning("hf:%s: %s from transformers' defaults (neither the sweep nor the config file gives them)",
                     target, ", ".join(f"{n}={v}" for n, v in defaults))
     return Resolved(cfg, tuple(set_names), tuple(derived), defaults)
+
+
+def _repeated(pattern: Any) -> bool:
+    """``pattern`` is written as [[pattern, repeats]] (LAYER_PATTERN)."""
+    return isinstance(pattern, list) and len(pattern) == 1 and isinstance(pattern[0], (list, tuple)) \
+        and len(pattern[0]) == 2 and isinstance(pattern[0][0], list) and isinstance(pattern[0][1], int)
 
 
 def _kv_heads(heads: int, kv: int) -> int:
