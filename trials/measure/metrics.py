@@ -272,8 +272,7 @@ def named_fp8_share(cfg: ModelConfig, model: Any, names: Iterable[str]) -> float
     ``model``): each one's forward and backward, 6 * weights per token, as the formula counts them. torchao's
     MiniGPT, whose converted Linears (``fp8_converted_names``) are its FP8 GEMMs: its auto filter keeps small ones
     and the LM head BF16 (tests/test_flop_share.py holds it equal to a count of the converted model)."""
-    weights = sum(model.get_submodule(name).weight.numel() for name in names)
-    return 6.0 * weights / flops_per_step(cfg, 1)
+    return _formula_share(cfg, sum(model.get_submodule(name).weight.numel() for name in names))
 
 
 def blocks_fp8_share(cfg: ModelConfig) -> float:
@@ -283,9 +282,13 @@ def blocks_fp8_share(cfg: ModelConfig) -> float:
     with those Linears named FP8 (tests/test_flop_share.py): each of the twin's Linears ``blocks.<i>.qkv``,
     ``.proj``, ``.fc1``, ``.fc2`` is one GEMM of TE's block (trials/models/minigpt_net.py, ``_TE_TO_TWIN``), whose
     forward and backward the formula's 6 * weights * tokens counts; attention stays in the total, in BF16."""
-    blocks = matmul_param_count(cfg) - cfg.vocab * cfg.d_model  # all but the LM head
-    tokens = 1  # the share does not depend on it
-    return 6.0 * blocks * tokens / flops_per_step(cfg, tokens)
+    return _formula_share(cfg, matmul_param_count(cfg) - cfg.vocab * cfg.d_model)  # all but the LM head
+
+
+def _formula_share(cfg: ModelConfig, weights: int) -> float:
+    """The share of MiniGPT's ``flops_per_step`` in GEMMs over ``weights`` matmul weights: 6 * weights per token
+    (forward and backward), over the formula's FLOPs per token (the share does not depend on the token count)."""
+    return 6.0 * weights / flops_per_step(cfg, 1)
 
 
 # A cell asked for FP8 is an FP8 result when at least this share of its step's FLOPs ran in FP8 GEMMs.

@@ -47,7 +47,8 @@ FFN_UNSET_IS = 4
 # part, its value a width of its own, from low-rank projections; none of them is hidden / heads (DeepSeek-V3:
 # 7168 / 128 = 56 against 192-wide queries), so they stay the type's own, and ``head_dim`` (the rope part there)
 # does not follow d_model / n_heads
-MLA_SIZES = ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank", "q_lora_rank")
+MLA_QK = ("qk_rope_head_dim", "qk_nope_head_dim")  # a query's (and key's) two parts
+MLA_SIZES = (*MLA_QK, "v_head_dim", "kv_lora_rank", "q_lora_rank")
 # a rotary width in channels (GPT-J's and CodeGen's 64 of a 256-wide head): it keeps its share of the head when
 # d_model / n_heads change the head's width (types with partial_rotary_factor keep theirs by themselves)
 ROTARY_WIDTH = "rotary_dim"
@@ -185,7 +186,7 @@ def _config(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int) -
     hidden0, heads0 = getattr(base, "hidden_size", None), _first(base, "n_heads")
     reshaped = bool({"d_model", "n_heads"} & set(given)) and isinstance(hidden, int) and isinstance(heads, int) \
         and heads > 0
-    if reshaped and "head_dim" in base.to_dict() and not _has(base, MLA_SIZES[0]):
+    if reshaped and "head_dim" in base.to_dict() and not _has(base, MLA_QK[0]):
         # the type's head_dim was for its own shape: it follows (a type that computes head_dim, as Falcon
         # does, follows by itself; MLA's is its rope part, MLA_SIZES)
         values["head_dim"] = hidden // heads
@@ -367,8 +368,8 @@ def _describe(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int)
         shape["vocab"] = width
     heads = shape["n_heads"] or 1
     head_dim = (getattr(cfg, "head_dim", None) if _has(cfg, "head_dim") else None) or shape["d_model"] // heads
-    if all(isinstance(getattr(cfg, n, None), int) for n in MLA_SIZES[:2]):  # MLA: a query/key is both parts
-        head_dim = sum(getattr(cfg, n) for n in MLA_SIZES[:2])
+    if all(isinstance(getattr(cfg, n, None), int) for n in MLA_QK):  # MLA: a query/key is both parts
+        head_dim = sum(getattr(cfg, n) for n in MLA_QK)
     shape["head_dim"] = head_dim
     values = {k: v for k, v in cfg.to_dict().items() if k not in ("dtype", "torch_dtype", "transformers_version")}
     return Facts(type(model).__name__, to_json(values), param_count(model), shape,
