@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.sweep import SweepError, parse_sweep
-from orchestrator.work import grid_items
 from trials import SpecError, TrialSpec, run_trial
 
-from .conftest import OOM_VOCAB, REPO, _free_port, cli_env, juicytalk, wait_for
+from .conftest import REPO, _free_port, cli_env, juicytalk, wait_for
 
 TINY = dict(d_model=32, n_layers=2, seq_len=32, train_steps=8, warmup_steps=1, bench_steps=3, gen_len=4, device="cpu",
             backend="torch", precision="fp32")
@@ -144,28 +143,26 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_two_rank_cells_through_ray_train_one_record_each_even_when_a_rank_dies_stops_or_runs_out_of_memory(
+def test_two_rank_cells_through_ray_train_one_record_each_even_when_a_rank_dies_or_stops(
         tmp_path, ray_cluster):
     """On the test cluster's two one-CPU nodes: each two-rank cell is one Tune trial holding nothing, its two
-    Ray Train workers a CPU each, gloo between them; one record per cell. Of four cells, one is left alone,
+    Ray Train workers a CPU each, gloo between them; one record per cell. Of three cells, one is left alone,
     one loses a rank to SIGKILL mid-trial (error), one has a rank stopped with SIGSTOP, so the other
-    rank's collective times out after trial_timeout_s (timeout), and one is too large for any rank's memory
-    (a real allocator refusal: oom); afterwards no rank process is left and the sweep went on. world_size 4
-    cannot fit: one line, exit 2."""
+    rank's collective times out after trial_timeout_s (timeout: that rank writes its record and fails the run,
+    the path a rank's OOM takes too; which record wins is test_a_failed_multi_rank_trial_keeps_its_root_cause's);
+    afterwards no rank process is left and the sweep went on. world_size 4 cannot fit: one line, exit 2. (A
+    fourth cell, too large for a rank's memory, cost ~35 s of the suite's 2-core time: a Ray Train start.)"""
     sweep = tmp_path / "mg.yaml"
     body = """
         name: {name}
         grid:
           - {{world_size: [{world}], parallel: [ddp], d_model: [32, 40, 48]}}
-          - {{world_size: [{world}], parallel: [ddp], d_model: [56], vocab: [{oom_vocab}]}}
         fixed: {{n_layers: 2, seq_len: 32, batch_size: 4, train_steps: 200, warmup_steps: 1, bench_steps: 3,
                 gen_len: 4, backend: torch, precision: fp32, profile: false}}
         resources: {{cpu: 1, gpu: 0}}
         trial_timeout_s: 12
     """
-    sweep.write_text(textwrap.dedent(body.format(name="mg", world=2, oom_vocab=OOM_VOCAB)))
-    parsed = parse_sweep(sweep.read_text(), source=str(sweep))
-    [oom_key] = [it.key for it in grid_items(parsed.cells, parsed.samples) if it.spec.get("vocab") == OOM_VOCAB]
+    sweep.write_text(textwrap.dedent(body.format(name="mg", world=2)))
     env = cli_env(RAY_ADDRESS=ray_cluster, OMP_NUM_THREADS="1")
     running = tmp_path / "out" / "mg" / "running"
     driver = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "sweep", str(sweep), "--out",
@@ -180,30 +177,27 @@ def test_two_rank_cells_through_ray_train_one_record_each_even_when_a_rank_dies_
             f"{keys[0]}-*.rank*.pid.json")] if len(keys) == 1 and keys[0] not in acted else []
         if len(pids) == 2:
             ranks.update(pids)
-            if keys[0] != oom_key:  # that one fails on its own
-                time.sleep(0.5)
-                action = actions[len(acted)] if len(acted) < len(actions) else None
-                acted[keys[0]] = action
-                if action is not None:
-                    os.kill(max(pids), action)
+            time.sleep(0.5)
+            action = actions[len(acted)] if len(acted) < len(actions) else None
+            acted[keys[0]] = action
+            if action is not None:
+                os.kill(max(pids), action)
         time.sleep(0.1)
     out, err = driver.communicate(timeout=120)
-    assert driver.returncode == 1 and "4 trials: 0 already done, 4 run now, 2 failed, 0 missing" in out, (
-        out[-3000:] + err[-3000:])  # exit 1: the sweep ended, with failed trials (error, timeout; oom is final)
+    assert driver.returncode == 1 and "3 trials: 0 already done, 3 run now, 2 failed, 0 missing" in out, (
+        out[-3000:] + err[-3000:])  # exit 1: the sweep ended, with failed trials (error, timeout)
     import pyarrow.parquet as pq
 
     records = {p.stem: pq.read_table(p).to_pylist()[0] for p in (tmp_path / "out" / "mg" / "trials").glob("*.parquet")}
-    assert len(records) == 4 and len(acted) == 3, (sorted(records), acted)
+    assert len(records) == 3 and len(acted) == 3, (sorted(records), acted)
     status = {action: records[key]["status"] for key, action in acted.items()}
     assert status == {None: "ok", signal.SIGKILL: "error", signal.SIGSTOP: "timeout"}, (
         status, {k: r["error"] for k, r in records.items()})
-    oom = records[oom_key]
-    assert oom["status"] == "oom" and "can't allocate memory" in oom["error"], oom["error"]  # oom is final, not failed
     ok = records[next(k for k, a in acted.items() if a is None)]
     assert ok["world_size"] == 2 and ok["parallel"] == "ddp" and ok["tokens_per_step"] == 2 * 4 * 32
     assert ok["kernel_ms_comm"] is None or ok["kernel_ms_comm"] >= 0
     wait_for(lambda: not [pid for pid in ranks if _alive(pid)], timeout=30)  # no rank process is left
-    sweep.write_text(textwrap.dedent(body.format(name="mg4", world=4, oom_vocab=OOM_VOCAB)))
+    sweep.write_text(textwrap.dedent(body.format(name="mg4", world=4)))
     big = juicytalk("sweep", str(sweep), "--out", str(tmp_path / "out"), "--no-progress", env=env)
     assert big.returncode == 2 and "world_size: 4 ranks need 4 CPUs at once; this cluster has 2" in big.stderr
     assert not (tmp_path / "out" / "mg4" / "trials").exists() or not list((tmp_path / "out" / "mg4" / "trials").iterdir())

@@ -43,9 +43,16 @@ MOE_GROUP_ROWS = 16  # torch._scaled_grouped_mm: each group's rows (tokens route
 
 
 def version() -> str:
-    import torchao
+    """torchao's installed version, from its package's metadata. Importing torchao to ask took ~2 s of CPU (it
+    imports TorchDynamo and its Triton kernels) in every process that only plans: the dry run, a sweep's driver,
+    each trial's capability probe. An install that is there but does not import fails where a cell converts its
+    model, in that trial's record."""
+    import importlib.metadata
+    import importlib.util
 
-    return str(torchao.__version__)
+    if importlib.util.find_spec("torchao") is None:
+        raise ModuleNotFoundError("No module named 'torchao'")
+    return importlib.metadata.version("torchao")
 
 
 def recipe_support(device: str, recipes: dict[str, str]) -> tuple[str | None, str | None, dict[str, tuple[bool, str]]]:
