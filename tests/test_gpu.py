@@ -350,6 +350,7 @@ def test_compiled_and_torchao_trials(extra):
     assert rec["effective_backend"] == extra["backend"] and rec["loss_final"] < rec["loss_first"]
     if extra.get("compile"):
         assert rec["compile"] and rec["first_step_s"] > 10 * rec["step_ms_p50"] / 1000  # compiling is not timed
+        assert rec["compiled_calls_per_step"] >= 2 and rec["compiled_eager_why"] is None  # both blocks compiled
     if extra["backend"] == "torchao":
         assert rec["fp8_converted_modules"] == 8 and json.loads(rec["fp8_skipped_modules"]) == ["head"]
     print(f"\n{extra}: p50 {rec['step_ms_p50']:.2f} ms, first step {rec['first_step_s']:.1f} s, "

@@ -130,6 +130,33 @@ def test_implausible_speedup_is_flagged(tmp_path):
     assert "Sanity checks" in md and "| fp8 speedup | 2.0 |" in md
 
 
+def test_a_compiled_cell_whose_steps_ran_eager_is_flagged_in_the_report_and_the_summary(tmp_path):
+    """compiled_eager_why (trials/measure/kernels.py) becomes a sanity check and the summary's why: the
+    full-depth study's compiled cells timed eager code and nothing said so."""
+    import pyarrow as pa
+    from rich.console import Console
+
+    from orchestrator.progress import summary_table
+    from orchestrator.work import WorkItem
+
+    store = Store(str(tmp_path), "eager")
+    store.ensure()
+    why = "ran eager code: 0 compiled graph(s) per profiled step, 2 expected (one per compiled unit)"
+    for d, calls, said in ((256, 2.0, None), (512, 0.0, why)):
+        rec = _rec(d, "torch", "bf16", None, 10.0)
+        rec.update(compile=True, compiled_calls_per_step=calls, compiled_eager_why=said)
+        store.write_record(rec)
+    md = open(build_report(store.root).md_path).read()
+    flagged = [line for line in md.splitlines() if "| compiled, ran eager |" in line]
+    assert len(flagged) == 1 and flagged[0].split("|")[1].strip() == "d512-torch-bf16-None", flagged
+    item = WorkItem.of(TrialSpec(backend="torch", precision="bf16", compile=True), 0)
+    records = pa.Table.from_pylist([{"cell_id": item.cell_id, "sample": 0, "step_ms_p50": 12.5, "error": None,
+                                     "compiled_eager_why": why}])
+    console = Console(record=True, width=300)
+    console.print(summary_table([item], {item.key: "ok"}, records))
+    assert why in console.export_text()
+
+
 def test_launch_bound_cells_timed_beside_another_trial_are_flagged(tmp_path):
     store = Store(str(tmp_path), "busy")
     store.ensure()

@@ -90,10 +90,13 @@ def test_checkpointing_keeps_the_losses_and_holds_fewer_bytes_for_backward():
         assert 0 < saved["full"] < saved["selective"] < saved["none"], (name, saved)
 
 
-def test_compile_compiles_each_unit_inside_its_checkpoint_and_trains_as_eager():
+def test_compile_compiles_each_unit_inside_its_checkpoint_and_trains_as_eager_and_says_when_it_ran_eager():
     """compile: true on a model with units compiles each unit (torchtitan's per-block compile: a 32-layer model
     compiles one layer's code once), inside its checkpoint wrapper, and leaves the root eager; the loss curve is
-    the eager one within float tolerance (Inductor reorders reductions)."""
+    the eager one within float tolerance (Inductor reorders reductions). The trial's profiled steps count the
+    compiled graphs that ran, one per unit; where Dynamo runs the units eager (torch's own switch here, as its
+    recompile limit does), the record says the step time is not a compiled one."""
+    import torch
     from torch._dynamo.eval_frame import OptimizedModule
 
     losses = {}
@@ -106,6 +109,13 @@ def test_compile_compiles_each_unit_inside_its_checkpoint_and_trains_as_eager():
         losses[compile_] = train(step, ArithmeticSequences(96, spec.seq_len, "cpu", spec.seed), 3,
                                  spec.batch_size).losses
     assert losses[True] == pytest.approx(losses[False], rel=1e-4)
+    spec = TrialSpec(**HF, **{**TINY, "profile": True}, batch_size=4, compile=True, activation_checkpointing="full")
+    rec = run_trial(spec)
+    assert rec["status"] == "ok" and rec["compiled_calls_per_step"] == 2 and rec["compiled_eager_why"] is None, rec
+    with torch.compiler.set_stance("force_eager"):
+        eager = run_trial(spec)
+    assert eager["status"] == "ok" and eager["compiled_calls_per_step"] == 0, eager["compiled_calls_per_step"]
+    assert eager["compiled_eager_why"].startswith("ran eager code: 0 compiled graph(s) per profiled step, 2 expected")
 
 
 @pytest.mark.parametrize("model, names", [

@@ -275,6 +275,9 @@ def sanity_flags(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
     for r in ok[ok["mfu_precision_peak"] > MAX_PLAUSIBLE_MFU].itertuples():
         out.append({"cell": r.cell_label, "check": "MFU vs own peak", "value": round(r.mfu_precision_peak, 3),
                     "why": "above 80% of the dense datasheet peak: check the FLOP count and the timer"})
+    for r in ok[ok["compiled_eager_why"].notna()].itertuples():  # trials/measure/kernels.compiled_eager_why
+        out.append({"cell": r.cell_label, "check": "compiled, ran eager", "value": r.compiled_calls_per_step,
+                    "why": f"{r.compiled_eager_why}: compare it with its eager cell before reading it as compiled"})
     for r in ok[(ok["launch_bound"] == True) & ~ok["cuda_graphs"]].itertuples():  # noqa: E712 - nullable column
         out.append({"cell": r.cell_label, "check": "launch-bound", "value": round(r.host_ms_per_step, 2),
                     "why": "the GPU waits on the host: this time measures launch overhead, not only the GPU; "

@@ -68,6 +68,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_STEPS = 3  # profiled steps: enough to average launch jitter, cheap next to the trial
 TABLE_ROWS = 40  # kernels kept in the record's kernel_table, largest first
+COMPILED_REGION = "Torch-Compiled Region"  # Dynamo's profiler event around each run of a compiled graph
 
 
 def classify(name: str) -> str:
@@ -95,6 +96,7 @@ class Breakdown:
     profile_s: float
     kernels: list[Kernel] = field(default_factory=list)
     wall_ms: float | None = None  # CPU: wall clock per profiled step, profiler included; None on GPUs
+    compiled_calls: float | None = None  # compiled graphs run per step (COMPILED_REGION events); None: not counted
 
     def ms(self) -> dict[str, float]:
         out = dict.fromkeys(CLASSES, 0.0)
@@ -117,7 +119,9 @@ class Breakdown:
             if ms > 0:
                 out.append(Kernel(k.name, k.cls, ms / per, calls / per))
         wall = (self.wall_ms - other.wall_ms) / per if self.wall_ms is not None and other.wall_ms is not None else None
-        return Breakdown(self.steps, self.profile_s + other.profile_s, sorted(out, key=lambda k: -k.ms), wall)
+        calls = (None if self.compiled_calls is None or other.compiled_calls is None
+                 else (self.compiled_calls - other.compiled_calls) / per)
+        return Breakdown(self.steps, self.profile_s + other.profile_s, sorted(out, key=lambda k: -k.ms), wall, calls)
 
     def fields(self, timed_ms: float) -> dict[str, Any]:
         """The record's breakdown fields; ``timed_ms`` is the timed p50 the kernels are set against.
@@ -131,16 +135,33 @@ class Breakdown:
         total = self.total_ms * scale
         out.update(kernel_ms_total=total, kernel_gap_ms=timed_ms - total, profile_steps=self.steps,
                    profile_s=self.profile_s, kernel_table=json.dumps(table))
+        if self.compiled_calls is not None:
+            out["compiled_calls_per_step"] = self.compiled_calls
         return out
 
 
-def profile(run: Callable[[], Any], steps: int, device: str, host_ops: bool = False) -> Breakdown:
+def compiled_eager_why(calls: float | None, expected: int) -> str | None:
+    """Why a compiled cell's step time is not a compiled one, or None: its profiled steps ran fewer compiled
+    graphs than ``expected`` (one per unit, its checkpointed recompute inside it, or one for a model compiled
+    whole). A frame Dynamo gave up on (its recompile limit), a stance, or hooks that broke its graphs run eager,
+    and nothing in the step time says so: an H200 timed a 32-layer model's compiled cell at its eager time
+    (224.0 ms against 223.7) before measuring passes were kept out of compiled units. More than expected is
+    graph breaks, each piece still compiled."""
+    if calls is None or calls >= expected:
+        return None
+    return (f"ran eager code: {calls:g} compiled graph(s) per profiled step, {expected} expected (one per compiled "
+            "unit); its time is not a compiled step's")
+
+
+def profile(run: Callable[[], Any], steps: int, device: str, host_ops: bool = False,
+            compiled: bool = False) -> Breakdown:
     """Run ``run()`` ``steps`` times under torch.profiler; every kernel's time per call.
 
     CUDA: kernel events (CUDA graph replays included, their kernels listed one by one), without
     tracing host operators unless ``host_ops`` (they cost most of the profiler's time and the
     breakdown does not read them); CPU: aten operators by self time (an operator's time without the
-    operators it called, so nothing counts twice).
+    operators it called, so nothing counts twice). ``compiled``: also count the compiled graphs that ran
+    (Dynamo's :data:`COMPILED_REGION` events, host events: traced on CUDA too then).
     """
     import torch
     from torch.profiler import ProfilerActivity
@@ -150,7 +171,8 @@ def profile(run: Callable[[], Any], steps: int, device: str, host_ops: bool = Fa
     if cuda:
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    activities = ([ProfilerActivity.CPU] if host_ops or not cuda else []) + ([ProfilerActivity.CUDA] if cuda else [])
+    activities = ([ProfilerActivity.CPU] if host_ops or compiled or not cuda else []) + (
+        [ProfilerActivity.CUDA] if cuda else [])
     with torch_profile(activities=activities) as prof:
         t_steps = time.perf_counter()
         for _ in range(steps):
@@ -159,27 +181,34 @@ def profile(run: Callable[[], Any], steps: int, device: str, host_ops: bool = Fa
             torch.cuda.synchronize()
         wall_ms = None if cuda else (time.perf_counter() - t_steps) * 1e3 / steps
     kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
-    kernels = []
+    kernels, regions = [], 0
     for e in prof.key_averages():
+        if e.key.startswith(COMPILED_REGION):
+            regions += e.count
         if e.device_type != kind or e.is_user_annotation:
             continue
         us = e.self_device_time_total if cuda else e.self_cpu_time_total
         if us > 0:
             kernels.append(Kernel(e.key, classify(e.key), us / 1e3 / steps, e.count / steps))
     kernels.sort(key=lambda k: -k.ms)
-    return Breakdown(steps, time.perf_counter() - t0, kernels, wall_ms)
+    return Breakdown(steps, time.perf_counter() - t0, kernels, wall_ms, regions / steps if compiled else None)
 
 
 def breakdown_fields(enabled: bool, run: Callable[[], Any], device: str, timed_ms: float,
-                     baseline: Callable[[], Any] | None = None, per: int = 1, steps: int = DEFAULT_STEPS) -> dict[str, Any]:
+                     baseline: Callable[[], Any] | None = None, per: int = 1, steps: int = DEFAULT_STEPS,
+                     compiled: int | None = None) -> dict[str, Any]:
     """The record's breakdown of ``run``'s step; with ``baseline``, of (run - baseline) / ``per`` (a decode
-    token from a generation less its prefill). A profiler that fails costs the fields, never the trial."""
+    token from a generation less its prefill). ``compiled``: for a compiled cell, the compiled graphs a step
+    should run (:func:`compiled_eager_why`). A profiler that fails costs the fields, never the trial."""
     if not enabled:
         return {"breakdown_why": "profile: false"}
     try:
-        found = profile(run, steps, device)
+        count = compiled is not None
+        found = profile(run, steps, device, compiled=count)
         if baseline is not None:
-            found = found.minus(profile(baseline, steps, device), per)
+            found = found.minus(profile(baseline, steps, device, compiled=count), per)
+        if count:
+            return {**found.fields(timed_ms), "compiled_eager_why": compiled_eager_why(found.compiled_calls, compiled)}
         return found.fields(timed_ms)
     except Exception as exc:  # noqa: BLE001 - CUPTI missing or busy (another profiler), driver limits
         log.warning("kernel breakdown failed: %s: %s", type(exc).__name__, exc)

@@ -232,6 +232,12 @@ FIELDS: list[Field] = [
     _f("profile_s", "float", "Wall time of the profiled steps, profiler start-up included, s."),
     _f("kernel_table", "str", "JSON list of the step's largest kernels: name, class, ms per step, calls per step."),
     _f("breakdown_why", "str", "Why the kernel breakdown is null (profile: false, a failure of the profiler)."),
+    _f("compiled_calls_per_step", "float", "compile: true cells: compiled graphs run per profiled step (Dynamo's "
+       "'Torch-Compiled Region' profiler events): one per compiled unit, more where graphs broke; null where the "
+       "cell is not compiled or not profiled."),
+    _f("compiled_eager_why", "str", "Why a compile: true cell's step time is not a compiled one: its profiled steps "
+       "ran fewer compiled graphs than units (code Dynamo gave up on runs eager, unflagged by the step time); null "
+       "where they all ran."),
     # -- inference (workload infer)
     _f("prefill_times_ms", "list[float]", "infer: every timed prefill (prompt_len tokens x batch), ms."),
     _f("decode_times_ms", "list[float]", "infer: every timed decode step (one token per row), ms."),

@@ -72,6 +72,12 @@ class TrainStep:
         self.forward: Callable[[torch.Tensor], torch.Tensor] = self.model if built.forward is None else built.forward
         self.graphed = False
 
+    @property
+    def compiled_graphs(self) -> int | None:
+        """The compiled graphs one step runs, at least (None where nothing is compiled): one per unit, each
+        compiled with its checkpoint inside, or one for a model compiled whole."""
+        return (len(self.built.units) or 1) if self.compiled else None
+
     def capture(self, sample: torch.Tensor) -> None:
         """Capture forward and backward as CUDA graphs (the optimizer step stays eager)."""
         if self.te is not None:

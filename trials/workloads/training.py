@@ -214,4 +214,4 @@ def why_this_number(spec: TrialSpec, device: str, step: Any, batches: list, reco
 
     p50 = record["step_ms_p50"]
     record.update(energy.measure(one, energy.calls_for(p50), device).fields(spec.tokens))
-    record.update(kernels.breakdown_fields(spec.profile, one, device, p50))
+    record.update(kernels.breakdown_fields(spec.profile, one, device, p50, compiled=step.compiled_graphs))
