@@ -60,8 +60,10 @@ def below_floor(layers: pd.DataFrame) -> pd.DataFrame:
     """The layers whose SQNR is under the floor of its direction (SQNR_FLOOR_DB), worst first."""
     if layers.empty:
         return pd.DataFrame(columns=["cell", "module", "direction", "SQNR dB", "floor dB"])
-    floor = layers["direction"].map(SQNR_FLOOR_DB)
-    low = layers[layers["sqnr_db"] < floor].assign(floor=floor)
+    # the floor column set on the whole frame, then filtered: assigned to an empty selection, a full-length
+    # column gave it every row (all NaN but the floor: 168 "layers under their floor" where none was)
+    layers = layers.assign(floor=layers["direction"].map(SQNR_FLOOR_DB))
+    low = layers[layers["sqnr_db"] < layers["floor"]]
     return (low.sort_values("sqnr_db")
             .rename(columns={"sqnr_db": "SQNR dB", "floor": "floor dB"})[["cell", "module", "direction", "SQNR dB",
                                                                           "floor dB"]]
