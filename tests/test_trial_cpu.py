@@ -332,6 +332,10 @@ def test_source_identity_is_juicytalks_own_never_an_enclosing_repositorys(tmp_pa
     assert source_identity(copy / "trials") != identity  # the hash follows the code
     own_sha = commit(copy)  # JuicyTalk's own checkout: its sha
     assert source_identity(copy / "trials") == own_sha
+    # what a record says: this code's own identity (it hashed no file, the sha256 of nothing, from trials/measure/)
+    from trials.measure.fingerprint import git_sha
+
+    assert git_sha() == source_identity(repo / "trials") and "e3b0c44298fc" not in git_sha()
 
 
 def test_torchao_float8_trial_converts_the_block_linears_and_keeps_the_head():

@@ -75,10 +75,15 @@ def source_identity(package_dir: str | Path) -> str:
     return revision or f"{juicytalk_version() or 'unversioned'}+src.{source_hash(root)}"
 
 
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # trials/ (absolute: Ray workers move cwd); this is trials/measure/
+
+
 @functools.lru_cache(maxsize=1)
 def git_sha() -> str:
-    """Source identity of the code this was imported from (absolute path: Ray workers move cwd)."""
-    return source_identity(Path(__file__).resolve().parent)
+    """Source identity of the code this was imported from. (Given this module's own folder, trials/measure/,
+    it hashed no file: every record from its move (b0f18bb) to this fix says ``...+src.e3b0c44298fc``, sha256 of
+    nothing, in place of the commit.)"""
+    return source_identity(PACKAGE_DIR)
 
 
 def fingerprint(device: str) -> dict[str, str | None]:
