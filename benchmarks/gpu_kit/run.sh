@@ -29,36 +29,50 @@ python3 -c "import torch, transformer_engine, torchao, ray, transformers; print(
 transformer_engine.__version__, 'torchao', torchao.__version__, 'ray', ray.__version__, 'transformers',
 transformers.__version__)" 2>&1 | quiet
 
+# A step writes to a file, never into a pipe, and its timeout kills 20 s after its TERM (-k): a sweep stopped on
+# TERM once ran past the call's limit, the processes it started (Ray's) holding a `| tee` pipe open, and the
+# store's .tgz after it was never made. `step NAME SECONDS COMMAND...` runs one and prints its quiet output.
+step() {
+  local name=$1 secs=$2
+  shift 2
+  timeout -k 20 "$secs" "$@" > "$OUT/$name.raw" 2>&1
+  quiet < "$OUT/$name.raw" > "$OUT/$name.txt"
+  rm -f "$OUT/$name.raw"
+}
 sweep() {  # $1 seconds, $2 sweep file, $3 name: the sweep into juicytalk-results, its output and its store
   echo "== python3 -m orchestrator.cli sweep $2 --out juicytalk-results --no-progress --no-report at $(el) s"
-  timeout "$1" python3 -m orchestrator.cli sweep "$2" --out juicytalk-results --no-progress --no-report 2>&1 \
-    | quiet | tee "$OUT/$3.txt"
+  step "$3" "$1" python3 -m orchestrator.cli sweep "$2" --out juicytalk-results --no-progress --no-report
+  tail -40 "$OUT/$3.txt"
   tar czf "$OUT/$3-store.tgz" -C juicytalk-results "$3"
 }
 
 if [ "${TESTS_S:-0}" -gt 0 ]; then
-  echo "== python3 -m pytest -m gpu -n 4 (all but tests/test_disturbance.py) at $(el) s"
-  timeout "$TESTS_S" python3 -m pytest -m gpu -n 4 -q -p no:cacheprovider --durations=15 tests \
-    --deselect tests/test_disturbance.py 2>&1 | quiet | tee "$OUT/gpu-tests.txt"
+  # -v: each test's name and outcome as it ends, so a run cut by its timeout still says which failed
+  echo "== python3 -m pytest -m gpu -n 4 -v (all but tests/test_disturbance.py) at $(el) s"
+  step gpu-tests "$TESTS_S" python3 -m pytest -m gpu -n 4 -v -p no:cacheprovider --durations=15 tests \
+    --deselect tests/test_disturbance.py
+  grep -v " PASSED " "$OUT/gpu-tests.txt" | tail -60
   echo "== python3 -m pytest -m gpu tests/test_disturbance.py (alone) at $(el) s"
-  timeout 90 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_disturbance.py 2>&1 | tail -5 \
-    | tee -a "$OUT/gpu-tests.txt"
+  step gpu-disturbance 90 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_disturbance.py
+  tail -5 "$OUT/gpu-disturbance.txt"
 fi
 if [ "${SEED_S:-0}" -gt 0 ]; then
   echo "== python3 benchmarks/sweep_start.py examples/seed.yaml --out /tmp/seed at $(el) s"
-  timeout "$SEED_S" python3 benchmarks/sweep_start.py examples/seed.yaml --out /tmp/seed 2>&1 | quiet \
-    | tee "$OUT/seed.txt"
+  step seed "$SEED_S" python3 benchmarks/sweep_start.py examples/seed.yaml --out /tmp/seed
+  cat "$OUT/seed.txt"
 fi
 [ "${FULL_DEPTH_S:-0}" -gt 0 ] && sweep "$FULL_DEPTH_S" examples/full-depth.yaml full-depth
 [ "${NUMERICS_S:-0}" -gt 0 ] && sweep "$NUMERICS_S" examples/fp8-numerics-shapes.yaml fp8-numerics-shapes
 if [ "${PLAIN_S:-0}" -gt 0 ]; then
   echo "== python3 benchmarks/hf_loop.py --sweep examples/full-depth.yaml --only ${PLAIN_ONLY:=L32-torch-bf16} at $(el) s"
-  timeout "$PLAIN_S" python3 benchmarks/hf_loop.py --sweep examples/full-depth.yaml --only "$PLAIN_ONLY" --rounds 2 \
-    --steps 8 --warmup 3 --json "$OUT/plain-torch.json" 2>&1 | quiet | tee "$OUT/plain.txt"
+  step plain "$PLAIN_S" python3 benchmarks/hf_loop.py --sweep examples/full-depth.yaml --only "$PLAIN_ONLY" \
+    --rounds 2 --steps 8 --warmup 3 --json "$OUT/plain-torch.json"
+  cat "$OUT/plain.txt"
 fi
 if [ "${TE_PLAIN_S:-0}" -gt 0 ]; then
   echo "== python3 benchmarks/te_hf_loop.py --sweep examples/full-depth.yaml --only ${TE_ONLY:=te-fp8-delayed} at $(el) s"
-  timeout "$TE_PLAIN_S" python3 benchmarks/te_hf_loop.py --sweep examples/full-depth.yaml --only "$TE_ONLY" \
-    --rounds 2 --steps 8 --warmup 3 --json "$OUT/plain-te.json" 2>&1 | quiet | tee -a "$OUT/plain.txt"
+  step plain-te "$TE_PLAIN_S" python3 benchmarks/te_hf_loop.py --sweep examples/full-depth.yaml --only "$TE_ONLY" \
+    --rounds 2 --steps 8 --warmup 3 --json "$OUT/plain-te.json"
+  cat "$OUT/plain-te.txt"
 fi
 echo "== done at $(el) s"
