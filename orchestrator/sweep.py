@@ -15,7 +15,7 @@ it is ever executed.
     samples: 1                # independent trials per cell (seed + sample)
     resources: {gpu: 1, cpu: 2}
     max_concurrent: null      # at most this many trials at once (default: as resources allow)
-    trial_timeout_s: 1800     # a trial running longer is killed and recorded as status timeout
+    trial_timeout_s: 1800     # a trial running longer (from its start) is killed and recorded as status timeout
     storage: ./juicytalk-results   # local path or a URI pyarrow understands; --out overrides
     launcher: warm            # warm: one process per GPU runs many trials; process: a fresh process per trial
     warm_max_trials: 32       # warm: a trial process is replaced after this many trials

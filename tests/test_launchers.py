@@ -28,8 +28,8 @@ CPU_CELL = ("n_layers: 1, seq_len: 32, batch_size: 8, train_steps: %d, bench_ste
 SLOW_CELL = f"model: '{SLOW_MODEL}', " + CPU_CELL.split(", ", 1)[1]  # ~22 ms a train step, little CPU
 NANOGPT = REPO / "tests" / "fixtures" / "nanogpt"
 RELATIVE_FACTORY = "py:nanogpt/model.py:build_full"  # relative to the warm sweep's folder, which it is run in
-TIMEOUT_S = 45  # trial_timeout_s of the killed-trial sweep: its ~4 s trials fit, a new process included even
-# on a slow 2-core host under the suite (an AVX2 host: 15 s was too short for the first trial's process start)
+TIMEOUT_S = 20  # trial_timeout_s of the killed-trial sweep: its ~4 s trials fit, timed from their start (it was 45
+# while the bound held a new process's start too: on an AVX2 host under the suite, 15 s did not cover the first's)
 
 
 def _sweep(out: Path, name: str, *extra: str, address: str | None = None, timeout: float = 600, cwd: Path = REPO):
@@ -172,6 +172,48 @@ def test_a_killed_trial_process_is_retried_once_and_one_past_its_timeout_is_kill
         rec = recs[256]  # (was test_timeout_kills_the_trial_process, and before it test_cluster.py's)
         assert rec["status"] == "timeout" and f"trial_timeout_s={TIMEOUT_S}" in rec["error"]
     wait_for(lambda: not _servers(), 30)  # the timed-out processes, and any kept ready, are gone
+
+
+# A trial server's protocol (trials/server.py: a request line on stdin, JSON replies on --reply-fd) with its
+# times set: `import_s` before it takes the request (a fresh server imports torch first), `run_s` of trial.
+SLOW_START_SERVER = """
+import json, os, sys, time
+import_s, run_s, reply = float(sys.argv[1]), float(sys.argv[2]), os.fdopen(int(sys.argv[3]), "w")
+time.sleep(import_s)
+request = json.loads(sys.stdin.readline())
+reply.write(json.dumps({"started": os.getpid()}) + "\\n"); reply.flush()
+time.sleep(run_s)
+open(request["out"], "w").write(json.dumps({**request["spec"], "status": "ok", "pid": os.getpid()}))
+reply.write(json.dumps({"out": request["out"], "retire": True, "why": "one trial"}) + "\\n"); reply.flush()
+"""
+
+
+@pytest.mark.parametrize("import_s, status", [(1.2, "ok"), (2.5, "timeout")])
+def test_trial_timeout_bounds_the_trials_run_from_its_start_and_separately_its_process_start(tmp_path, import_s,
+                                                                                             status):
+    """A trial of 1.2 s under trial_timeout_s 2: ok after a 1.2 s process start (their sum, 2.4 s, timed out
+    while the bound held both: a loaded host's imports spent a trial's time), timeout after a 2.5 s one."""
+    from orchestrator.launchers import LaunchSettings
+    from orchestrator.launchers.base import TrialProcess
+    from orchestrator.launchers.warm import WarmLauncher
+
+    class OneServer(WarmLauncher):
+        def _spawn(self) -> TrialProcess:
+            read_fd, write_fd = os.pipe()
+            log = tmp_path / f"server-{import_s}.log"
+            with open(log, "wb") as out:
+                proc = subprocess.Popen([sys.executable, "-c", SLOW_START_SERVER, str(import_s), "1.2", str(write_fd)],
+                                        stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                        pass_fds=(write_fd,), start_new_session=True)
+            os.close(write_fd)
+            return TrialProcess(proc, proc.stdin, os.fdopen(read_fd, "rb", buffering=0), log)
+
+    launcher = OneServer(LaunchSettings("warm", 1))
+    try:
+        record = launcher.run({"d_model": 32}, 2.0).record
+    finally:
+        launcher.close()
+    assert record["status"] == status, record
 
 
 def _interrupt(tmp_path: Path, sig: int, mid_trial: bool, env: dict[str, str]) -> int:

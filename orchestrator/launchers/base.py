@@ -233,7 +233,9 @@ class Launcher(ABC):
 
     def run(self, spec: dict[str, Any], timeout_s: float | None, on_start: Callable[[int], None] | None = None
             ) -> Outcome:
-        """Run one trial; a timeout becomes a record (status timeout), a dead child an Outcome.died."""
+        """Run one trial; a timeout becomes a record (status timeout), a dead child an Outcome.died.
+        ``timeout_s`` bounds the wait for the trial process to take the trial (a fresh one imports first), then,
+        from the trial's start, its run: a slow import under a loaded host spends none of the trial's time."""
         t0 = time.perf_counter()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         child = self._child or self._spawn()
@@ -246,6 +248,8 @@ class Launcher(ABC):
             while reply is not None and "started" in reply:
                 if on_start:
                     on_start(reply["started"])
+                if timeout_s is not None:  # the trial runs from here: trial_timeout_s bounds its run, as it bounds
+                    deadline = time.monotonic() + timeout_s  # a multi-rank trial's once its ranks start (ranks.py)
                 reply = child.reply(deadline)
         except TimeoutError:
             text = child.log_since(offset)
