@@ -203,13 +203,13 @@ def breakdown_fields(enabled: bool, run: Callable[[], Any], device: str, timed_m
     if not enabled:
         return {"breakdown_why": "profile: false"}
     try:
-        count = compiled is not None
-        found = profile(run, steps, device, compiled=count)
+        found = profile(run, steps, device, compiled=compiled is not None)
         if baseline is not None:
-            found = found.minus(profile(baseline, steps, device, compiled=count), per)
-        if count:
-            return {**found.fields(timed_ms), "compiled_eager_why": compiled_eager_why(found.compiled_calls, compiled)}
-        return found.fields(timed_ms)
+            found = found.minus(profile(baseline, steps, device, compiled=compiled is not None), per)
+        out = found.fields(timed_ms)
+        if compiled is not None:
+            out["compiled_eager_why"] = compiled_eager_why(found.compiled_calls, compiled)
+        return out
     except Exception as exc:  # noqa: BLE001 - CUPTI missing or busy (another profiler), driver limits
         log.warning("kernel breakdown failed: %s: %s", type(exc).__name__, exc)
         return {"breakdown_why": f"profiler: {type(exc).__name__}: {exc}"[:500]}
