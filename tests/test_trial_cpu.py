@@ -49,6 +49,7 @@ def test_tiny_trial_record(precision):
     json.dumps(rec)  # JSON-friendly as is
     assert (rec["effective_device"], rec["effective_backend"], rec["effective_precision"]) == ("cpu", "torch", precision)
     assert rec["effective_recipe"] is None and rec["timer"] == "perf_counter"
+    assert rec["fp8_flop_share"] == 0.0  # as a TE or an hf cell's: no FP8 asked (main: null on MiniGPT's torch)
     assert len(rec["loss_curve"]) == 6 and len(rec["step_times_ms"]) == 8 and len(rec["repeat_medians_ms"]) == 2
     assert 0 < rec["step_ms_min"] <= rec["step_ms_p50"] <= rec["step_ms_p90"] <= rec["step_ms_p99"]
     assert rec["tokens_per_step"] == 128 and rec["tokens_per_s"] > 0

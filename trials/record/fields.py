@@ -132,7 +132,7 @@ FIELDS: list[Field] = [
        "charged to the Linear whose forward made it (a weight read without calling its Linear stays BF16: TE's "
        "module there never runs). te on MiniGPT: its formula's share of the blocks (every block GEMM; the LM head "
        "BF16). torchao on MiniGPT: its formula's share of the Linears torchao converted (fp8_converted_names). "
-       "Null for torchao bf16 cells. Decides effective_precision."),
+       "Decides effective_precision."),
     # -- model size and work
     _f("model_class", "str", "The model's class (MiniGPT, LlamaForCausalLM, your factory's module)."),
     _f("model_config", "str", "JSON: the model's resolved config (transformers' to_json_string for hf models, the "

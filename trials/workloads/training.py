@@ -53,6 +53,8 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
     elif cfg is not None and record["fp8_flop_share"] is None and record.get("fp8_converted_names") is not None:
         names = json.loads(record["fp8_converted_names"])  # torchao's MiniGPT: the formula's FLOPs, its Linears'
         record["fp8_flop_share"] = named_fp8_share(cfg, step.built.model, names)
+    if res.precision != "fp8":  # nothing asked FP8: none of its FLOPs ran there, on every stack and model source
+        record["fp8_flop_share"] = 0.0
     if res.precision == "fp8" and not fp8_ran(record["fp8_flop_share"], record["fp8_converted_modules"]):
         record.update(effective_precision="bf16", effective_recipe=None)  # not an FP8 result: never paired as one
         share = record["fp8_flop_share"]
