@@ -337,6 +337,12 @@ def test_source_identity_is_juicytalks_own_never_an_enclosing_repositorys(tmp_pa
     from trials.measure.fingerprint import git_sha
 
     assert git_sha() == source_identity(repo / "trials") and "e3b0c44298fc" not in git_sha()
+    # run from a source tree on PYTHONPATH (the GPU hosts), a record names the version the tree declares (main: null)
+    from importlib.metadata import version
+
+    from trials.measure.fingerprint import declared_version
+
+    assert declared_version(repo) == version("juicytalk") and declared_version(repo / "trials") is None
 
 
 def test_torchao_float8_trial_converts_the_block_linears_and_keeps_the_head():

@@ -16,13 +16,30 @@ from . import nvml
 from ..backends import te_compat
 
 
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # trials/ (absolute: Ray workers move cwd); this is trials/measure/
+
+
+@functools.lru_cache(maxsize=1)
 def juicytalk_version() -> str | None:
+    """The installed package's version, else, run from a source tree on PYTHONPATH (as on the GPU hosts, where
+    no record named its version before), the version the tree's pyproject.toml declares."""
     try:
         from importlib.metadata import version
 
         return version("juicytalk")
     except Exception:  # noqa: BLE001 - running from a source tree without installing
+        return declared_version(PACKAGE_DIR.parent)
+
+
+def declared_version(root: Path) -> str | None:
+    """The version JuicyTalk's pyproject.toml under ``root`` declares; None where there is none (or another's)."""
+    import tomllib
+
+    try:
+        project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    except (OSError, KeyError, ValueError):
         return None
+    return project.get("version") if project.get("name") == "juicytalk" else None
 
 
 def git_revision(path: str | Path) -> str | None:
@@ -73,9 +90,6 @@ def source_identity(package_dir: str | Path) -> str:
         own = False
     revision = git_revision(root) if own else None
     return revision or f"{juicytalk_version() or 'unversioned'}+src.{source_hash(root)}"
-
-
-PACKAGE_DIR = Path(__file__).resolve().parents[1]  # trials/ (absolute: Ray workers move cwd); this is trials/measure/
 
 
 @functools.lru_cache(maxsize=1)
