@@ -23,9 +23,9 @@ from trials.models.hf import _causal_types  # noqa: E402 - after the importorski
 SHAPE = dict(d_model=64, n_layers=2, n_heads=4, vocab=96, seq_len=16, batch_size=2, device="cpu", backend="torch",
              precision="fp32")
 # run in the default suite: the Llama family, the two without SDPA, Falcon's own names, GPT-2 / OPT's MLP names,
-# MoE, head_dim-carrying types, MLA (DeepSeek-V3)
+# MoE, head_dim-carrying types, MLA (DeepSeek-V3), an encoder's LM head and XLM (causal only by their flags)
 FAST = ("llama", "gemma2", "bloom", "falcon", "gpt2", "opt", "mixtral", "qwen2_moe", "qwen3", "gemma3_text",
-        "deepseek_v3")
+        "deepseek_v3", "roberta", "xlm")
 ALL_TYPES = "JUICYTALK_HF_TYPES"  # set: every type runs (the suite's `slow` marker still runs, so opt in here)
 # cannot be a trial's model (a JuicyTalk trial feeds token ids and reads logits)
 SKIP: dict[str, str] = {}
@@ -52,6 +52,7 @@ BROKEN: dict[str, str] = {
     "d_model / n_heads",
     "mamba2": _REFUSED + "num_heads * head_dim must equal hidden_size * expand (its heads are not n_heads)",
     "prophetnet": _REFUSED + "num_hidden_layers cannot be set (num_encoder_layers / num_decoder_layers)",
+    "cpmant": _REFUSED + "its forward attends both ways (every position is context): it would read ahead",
     "reformer": _REFUSED + "ReformerModelWithLMHead needs is_decoder=True",
     "inkling2_text": _REFUSED + "vocab=96 does not reach the model (its LM head makes 200058 logits)",
     "inkling2_loop_text": _REFUSED + "vocab=96 does not reach the model (its LM head makes 200058 logits)",
@@ -116,6 +117,11 @@ def test_every_causal_lm_type_trains_one_step(model_type):
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 96).float(), ids.reshape(-1))
     loss.backward()
     assert torch.isfinite(loss)
+    later = ids.clone()
+    later[:, 10:] = (later[:, 10:] + 1) % 96  # every token from position 10 on changed
+    with torch.no_grad():  # causal: the logits before it cannot tell (main: BERT, RoBERTa, ELECTRA, XLM read ahead)
+        built.model.eval()  # (eval: PhiMoE's router samples while training)
+        torch.testing.assert_close(built.model(later)[:, :10], built.model(ids)[:, :10], rtol=0, atol=1e-5)
     facts = models.describe(spec)
     assert facts.shape["vocab"] == 96 and all(facts.shape[k] == v for k, v in shape.items() if k in facts.shape)
     assert facts.attn_implementation in ("sdpa", "eager", "flash_attention_2", "flex_attention") or \

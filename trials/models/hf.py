@@ -55,6 +55,13 @@ ROTARY_WIDTH = "rotary_dim"
 # a per-layer pattern written as [[pattern, repeats], ...] (GPT-Neo's [[["global", "local"], 12]] for 24 layers):
 # with n_layers given, the first pattern repeats to fill them
 LAYER_PATTERN = "attention_types"
+# the config flags that make a type's causal LM class attend causally: an encoder type's LM head (transformers'
+# BertLMHeadModel and kin: "add is_decoder=True" to use it standalone), XLM's ``causal``; set True for every type
+# that has one, over a config.json's False too: each position would otherwise read the token its loss predicts
+CAUSAL_FLAGS = ("is_decoder", "causal")
+# types whose causal LM class, as transformers builds it, attends both ways whatever the config says
+READS_AHEAD = {"cpmant": "transformers' CPM-Ant forward makes every position context (its attention mask is all "
+                         "ones), so each position reads the token its next-token loss predicts"}
 EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")  # the types' names
 # other config values that set the model's size: shown beside the shape fields where transformers' defaults
 # supplied them (a bare ``hf:qwen2_moe`` keeps its 60 experts of 1408)
@@ -163,6 +170,8 @@ def _config(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int) -
     from transformers import AutoConfig
 
     model_type, items = _base(target)
+    if model_type in READS_AHEAD:
+        raise ModelError(f"hf:{target}: not a causal LM to train: {READS_AHEAD[model_type]}")
     values = dict(items)
     try:
         base = AutoConfig.for_model(model_type, **values)  # the file's values over the type's defaults
@@ -220,6 +229,10 @@ def _config(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int) -
             and getattr(base, "languages", None):  # X-MOD's adapters need a language for input without lang_ids
         values["default_language"] = base.languages[0]
         derived.append("default_language")
+    for flag in CAUSAL_FLAGS:
+        if flag in base.to_dict() and not values.get(flag, getattr(base, flag)):
+            values[flag] = True
+            derived.append(flag)
     try:
         cfg = AutoConfig.for_model(model_type, **values)
     except Exception as exc:  # noqa: BLE001 - a config class's own validation, in its words
