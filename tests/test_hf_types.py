@@ -53,7 +53,7 @@ BROKEN: dict[str, str] = {
     "mamba2": _REFUSED + "num_heads * head_dim must equal hidden_size * expand (its heads are not n_heads)",
     "prophetnet": _REFUSED + "num_hidden_layers cannot be set (num_encoder_layers / num_decoder_layers)",
     "cpmant": _REFUSED + "its forward attends both ways (every position is context): it would read ahead",
-    "reformer": _REFUSED + "ReformerModelWithLMHead needs is_decoder=True",
+    "reformer": _REFUSED + "axial_pos_embds_dim (64, 192) must sum to d_model",
     "inkling2_text": _REFUSED + "vocab=96 does not reach the model (its LM head makes 200058 logits)",
     "inkling2_loop_text": _REFUSED + "vocab=96 does not reach the model (its LM head makes 200058 logits)",
 }
