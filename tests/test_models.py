@@ -228,6 +228,7 @@ def test_the_flop_count_survives_grouped_query_attention_kernels():
     (f"py:{FACTORIES}:raises", "model", "the factory raised RuntimeError: no weights for you"),
     (f"py:{FACTORIES}:wrong_shape", "model", r"gave logits of shape \(32, 96\); want \(batch, seq, vocab\)"),
     (f"py:{FACTORIES}:wrong_vocab", "model", r"gave logits of shape \(2, 16, 50\); want .* = \(2, 16, 96\)"),
+    (f"py:{FACTORIES}:reads_ahead", "model", r"the model reads ahead: .* positions 0-7 moved by up to .* position 8"),
 ])
 def test_a_model_that_cannot_be_built_is_one_line_naming_the_field(tmp_path, model, field, message):
     (tmp_path / "bad.json").write_text("{not json")

@@ -19,8 +19,9 @@ and spec: :func:`on_meta`), at the spec's own shape (no memory, no init), and ru
 (2, min(seq_len, 16)) token ids; where the factory or its forward cannot run on the meta device, it builds it on
 the CPU with the shape fields tiny (d_model 64, n_layers 1, n_heads 2, ffn 128) and runs the same pass there. It
 refuses a factory that cannot be imported, is not callable, raises, returns no ``nn.Module`` or whose logits are
-not (batch, seq, vocab) (vocab: the spec's, where given), saying what to return; and, for a trial that needs
-the model's units (``parallel: fsdp``, ``activation_checkpointing``), one whose units cannot be found.
+not (batch, seq, vocab) (vocab: the spec's, where given), saying what to return; one that reads ahead (built
+tiny on the CPU, its logits before the middle of a sequence move when the tokens after it change: not a causal
+LM); and, for a trial that needs the model's units (``parallel: fsdp``, ``activation_checkpointing``), one whose units cannot be found.
 
 Units (FSDP2 shards each, activation checkpointing recomputes them): the module's ``fsdp_units``
 attribute, a list of qualified submodule names (``["layers.0", "layers.1"]``: one per decoder layer,
@@ -49,6 +50,9 @@ log = logging.getLogger(__name__)
 PROBE_ROWS, PROBE_SEQ = 2, 16
 UNITS_ATTR = "fsdp_units"  # a factory's module names its units here (qualified submodule names)
 TINY_SHAPE = {"d_model": 64, "n_layers": 1, "n_heads": 2, "n_kv_heads": None, "ffn": 128}
+# the causality check builds the factory's module for real, tiny, on the CPU: only where it builds this small there
+# (a factory that keeps its own size whatever the shape fields say is not built for real by the dry run)
+CAUSAL_PROBE_PARAMS = 50_000_000
 
 
 def factory(target: str) -> Callable[[Any], Any]:
@@ -303,6 +307,9 @@ def check(spec: Any) -> None:
             raise
         except Exception as exc:  # noqa: BLE001
             raise ModelError(f"py:{target}: its forward pass raised {type(exc).__name__}: {exc}") from None
+    why = _reads_ahead(spec)
+    if why:
+        raise ModelError(f"py:{target}: {why}")
     if not needs_units(spec):
         return
     try:
@@ -338,6 +345,38 @@ def _probe(spec: Any, device: str) -> Any:
         raise ModelError(f"py:{target_of(spec)}: ids of shape {tuple(ids.shape)} gave logits of shape "
                          f"{tuple(logits.shape)}; want (batch, seq, vocab) = {want}{hint}")
     return module
+
+
+def _reads_ahead(spec: Any) -> str:
+    """Why the factory's module is no causal LM ('' where it is, or where this cannot tell): built tiny on the CPU
+    (TINY_SHAPE, FP32, eval, no grad), the logits before the middle of a sequence must not move when the tokens
+    from there on change. One that reads ahead trains a next-token loss on a model that sees the next token: its
+    loss falls for nothing (a missing causal mask: ``is_causal=False`` in scaled_dot_product_attention)."""
+    import torch
+
+    tiny = spec.replace(**TINY_SHAPE)
+    try:
+        size = param_count(_make(tiny, "meta", show=False))
+    except Exception:  # noqa: BLE001 - not on the meta device: check() built it tiny on the CPU already
+        size = 0
+    t = min(spec.seq_len, PROBE_SEQ)
+    if size > CAUSAL_PROBE_PARAMS or t < 2:
+        log.info("py:%s: not checked for reading ahead (%s)", target_of(spec), f"{size:,} parameters at the tiny "
+                 "shape" if t >= 2 else f"seq_len {spec.seq_len}")
+        return ""
+    module = _make(tiny, "cpu", show=False).float().eval()
+    vocab = _vocab(tiny, module) or 2
+    ids = torch.randint(0, vocab, (PROBE_ROWS, t), generator=torch.Generator().manual_seed(0))
+    later, half = ids.clone(), t // 2
+    later[:, half:] = (later[:, half:] + 1) % vocab  # every token from the middle on changed
+    with torch.no_grad():
+        before, after = (logits_of(module(x))[:, :half].float() for x in (ids, later))
+    moved = (after - before).abs().max().item()
+    if moved <= 1e-5 * (1 + before.abs().max().item()):
+        return ""
+    return (f"the model reads ahead: built tiny on the CPU, its logits at positions 0-{half - 1} moved by up to "
+            f"{moved:.3g} when the tokens from position {half} on changed; a causal LM's position t may see only "
+            "tokens 0..t (a causal mask, e.g. is_causal=True in scaled_dot_product_attention)")
 
 
 def target_of(spec: Any) -> str:
