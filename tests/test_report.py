@@ -700,6 +700,12 @@ def test_an_fp8_cell_that_ran_no_fp8_is_never_paired_as_fp8():
     assert any("torchao fp8 tensorwise ran no FP8 worth the name (0 modules converted, 0% of the step's FLOPs in "
                "FP8" in line and "not an FP8 result" in line for line in lines), lines
     assert any("at d_model 512" in line and "40% of its step's FLOPs ran in FP8" in line for line in lines), lines
+    # eager torchao: the line says its casts fuse only under torch.compile (main: a bare "slower beyond noise")
+    assert any("at d_model 512" in line and "eager: torchao's FP8 casts are fused only under torch.compile" in line
+               for line in lines), lines
+    df.loc[df["backend"].isin(["torchao", "torch"]), "compile"] = True
+    compiled = headline(df, pair_cells(df))
+    assert any("at d_model 512" in line for line in compiled) and not any("eager:" in line for line in compiled)
     only = headline(df[df["d_model"] == 256], pair_cells(df[df["d_model"] == 256]))
     assert "No cell ran in FP8." in only and "This run has no FP8 cells." not in only, only
 

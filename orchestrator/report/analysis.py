@@ -355,6 +355,7 @@ def _pair_row(kind: str, shape: tuple, base: CellStats, other: CellStats, resamp
     # reference's: the ratio of medians over samples, with an interval where both have two or more
     row.update({k: _get(other.record, k) for k in KNOBS})
     row["fp8_flop_share"] = _get(other.record, "fp8_flop_share")  # how much of the candidate ran in FP8 GEMMs
+    row["candidate_stack"] = backend_of(other.record)
     if base.losses and other.losses:
         loss_lo, loss_hi = bootstrap_ratio(other.losses, base.losses, resamples, rng)
         row.update(reference_loss=_median(base.losses), candidate_loss=_median(other.losses),

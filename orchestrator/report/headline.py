@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from trials.backends import STACKS
 from trials.numbers import fmt_sig
 
 from .analysis import (BOOTSTRAP_SEED, EXECUTION_KEYS, SHAPE_KEYS, CellStats, Pairs, bootstrap_ratio, cell_table,
@@ -48,6 +49,10 @@ def best_of_each(rows: pd.DataFrame, reference: str) -> list[str]:
         share = known(best.get("fp8_flop_share"))
         if reference == "BF16" and share is not None and share < FULL_SHARE:
             line += f"; {share:.0%} of its step's FLOPs ran in FP8 GEMMs (fp8_flop_share), the rest in BF16"
+        stack = STACKS.get(str(best.get("candidate_stack")))
+        if reference == "BF16" and stack is not None and stack.fp8_casts_need_compile and not known(best["compile"]):
+            line += (f"; eager: {stack.name}'s FP8 casts are fused only under torch.compile, so this is not its best "
+                     "(add compile: true)")
         bound = g[g["launch_bound"].fillna(False).astype(bool)] if "launch_bound" in g else g.iloc[:0]
         if not bound.empty:
             line += "; " + launch_bound_note(" and ".join(_where(r) for _, r in bound.sort_values("n_params").iterrows()))

@@ -48,6 +48,9 @@ class Stack:
     # (the memory plan, trials/measure/memory_plan.py): TE caches each weight's FP8 cast and its transpose; torchao casts
     # its weights afresh in every step
     fp8_weight_cache_bytes: int = 0
+    # its FP8 casts (amax, scale, cast) run as separate kernels unless torch.compile fuses them into the ops around
+    # them: an eager FP8 cell times them unfused (torchao: slower than its BF16 twin eager), not the stack's best
+    fp8_casts_need_compile: bool = False
 
     def graphs_apply(self, workload: str) -> bool:
         """``cuda_graphs: true`` is a way to run this stack's ``workload`` (every stack graphs its decode)."""
@@ -72,7 +75,8 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           compiles=True, needs_cuda=False, infer=True, graphs=False, infer_recipes=("tensorwise", "rowwise"),
           serve_needs_cuda=True, fp8_rows=16,  # cuBLASLt's row-scaled FP8 GEMM refuses 8 rows on H200
           fp8_all_gather=("tensorwise",),  # enable_fsdp_float8_all_gather is tensorwise only
-          fp8_filter_auto=("tensorwise", "rowwise")),  # torchao.float8._auto_filter_for_recipe
+          fp8_filter_auto=("tensorwise", "rowwise"),  # torchao.float8._auto_filter_for_recipe
+          fp8_casts_need_compile=True),  # torchao's float8 training README: use torch.compile for performance
 )}
 BACKENDS = ("auto", *STACKS)  # auto: te where Transformer Engine runs, else torch
 RECIPES = tuple(r for s in STACKS.values() for r in s.recipes)
