@@ -41,7 +41,6 @@ BROKEN: dict[str, str] = {
     "dbrx": _REFUSED + "DbrxAttentionConfig has no rope_theta (its sizes live in attn_config / ffn_config)",
     "dots1": _REFUSED + "transformers cannot build its default MoE (num_local_experts None)",
     "lfm2_moe": _REFUSED + "transformers cannot build it: 'NoneType' object is not subscriptable",
-    "nemotron": _REFUSED + "transformers cannot build it: head_dim None",
     "gemma3n_text": _REFUSED + "its per-layer KV-sharing layers do not fit 2 layers",
     "gemma4_assistant": _REFUSED + "hidden_size_per_layer_input does not follow d_model",
     "hrm_text": _REFUSED + "n_layers=2 does not reach the model (num_hidden_layers is derived, 16)",
@@ -170,6 +169,7 @@ def test_head_sizes_that_do_not_follow_d_model_over_n_heads_are_kept_or_scaled_n
     assert config(TrialSpec(model="hf:qwen3_moe", **SHAPE)).num_key_value_heads == 1  # 32 over 4: 4 over 1
     assert config(TrialSpec(model="hf:llama", **{**SHAPE, "n_heads": 8})).num_key_value_heads == 8  # MHA stays
     assert config(TrialSpec(model="hf:xmod", **SHAPE)).default_language == "en_XX"
+    assert config(TrialSpec(model="hf:nemotron", **SHAPE)).num_key_value_heads == 4  # None: as many as heads
     assert config(TrialSpec(model="hf:gpt_neo", **SHAPE)).attention_layers == ["global", "local"]  # of 24
     with pytest.raises(SpecError) as refused:
         check_model(TrialSpec(model="hf:deepseek_v2", **SHAPE))

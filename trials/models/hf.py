@@ -220,6 +220,10 @@ def _config(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int) -
             for name in _settable(base, kv_names):
                 values[name] = _kv_heads(given["n_heads"], given["n_heads"] * kv0 // heads0)
             derived += kv_names
+    for name in _settable(base, kv_names) if "n_kv_heads" not in given and isinstance(heads, int) else ():
+        if values.get(name, getattr(base, name, None)) is None:  # transformers' documented default: as many KV
+            values[name] = heads                                  # heads as heads (Nemotron's config leaves None)
+            derived.append(name)
     if "vocab" in given:  # special token ids past a smaller vocabulary mean nothing here (the data has none)
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
             token = values.get(key, getattr(base, key, None))
