@@ -799,3 +799,26 @@ def test_loss_gap_per_learning_rate_against_the_references_seed_noise(tmp_path):
         assert r["verdict"] == ("within FP32's seed noise" if excess <= 0 else f"outside by {excess:.3g} nats")
     html = open(report.html_path).read()
     assert html.count('id="chart-loss_gap"') == 1
+
+
+def test_a_headline_over_cells_of_one_size_names_what_tells_them_apart():
+    """Full depth at seq 256 and at seq 4096 (batch 1, full checkpointing): two pairs at one d_model x n_layers.
+    The sentence names the best one's seq_len, batch_size and checkpointing (main: "at d_model 4096 x 32 layers",
+    either cell) and counts "settings", not sizes; over sizes alone it names none of them."""
+    from orchestrator.report.analysis import pair_cells
+    from orchestrator.report.headline import headline
+
+    recs = []
+    for seq, batch, ac, fp8_ms in ((256, 8, "none", 12.0), (4096, 1, "full", 8.0)):
+        for backend, precision, recipe, ms in (("te", "fp8", "delayed", fp8_ms), ("te", "bf16", None, 10.0)):
+            rec = _rec(512, backend, precision, recipe, ms)
+            rec.update(seq_len=seq, batch_size=batch, tokens_per_step=seq * batch, activation_checkpointing=ac,
+                       cell_id=f"{rec['cell_id']}-{seq}")
+            recs.append(rec)
+    df = prepare(pd.DataFrame(recs))
+    line = next(x for x in headline(df, pair_cells(df)) if "te-fp8-delayed vs te-bf16" in x)
+    assert "best 1.25x" in line and "at d_model 512 x 2 layers, seq_len 4096, batch_size 1, activation_checkpointing " \
+        "full (" in line and "1 of 2 settings faster" in line and "tokens_per_step" not in line, line
+    one = df[df["seq_len"] == 256]
+    line = next(x for x in headline(one, pair_cells(one)) if "te-fp8-delayed vs te-bf16" in x)
+    assert "at d_model 512 x 2 layers (" in line and "0 of 1 sizes faster" in line, line

@@ -21,12 +21,23 @@ def _reasons(frame: pd.DataFrame) -> list[str]:
     return sorted({str(e).splitlines()[0] for e in frame["error"].dropna()})
 
 
-def _where(row: pd.Series) -> str:
-    """A size in words: its d_model and depth, or its parameter count where the model chose those itself."""
+def _where(row: pd.Series, also: list[str] = ()) -> str:
+    """A size in words: its d_model and depth, or its parameter count where the model chose those itself, and
+    ``also``'s settings (those that tell the rows of one sentence apart: seq_len, activation_checkpointing)."""
     d_model, layers = known(row["d_model"]), known(row["n_layers"])
     size = (f"{fmt_sig(row['n_params'] / 1e6)}M parameters" if d_model is None or layers is None
             else f"d_model {int(d_model)} x {int(layers)} layers")
+    size += "".join(f", {k} {row[k]}" for k in also)
     return size + (" (CUDA graphs)" if row["cuda_graphs"] else "")
+
+
+def _varying(rows: pd.DataFrame) -> list[str]:
+    """The shape, schedule and execution fields whose values differ among ``rows`` of one size (d_model and
+    n_layers): a sentence over them names each, or its "at d_model 4096 x 32 layers" could be either of two cells
+    (seq 256 or 4096). Fields that follow the size (n_heads, ffn) or others (tokens_per_step) never differ there."""
+    keys = [k for k in SHAPE_KEYS if k in rows and k not in ("d_model", "n_layers", "cuda_graphs", "tokens_per_step")]
+    sizes = rows.astype({"d_model": str, "n_layers": str}).groupby(["d_model", "n_layers"], dropna=False)
+    return [k for k in keys if any(g[k].astype(str).nunique() > 1 for _, g in sizes)]
 
 
 def best_of_each(rows: pd.DataFrame, reference: str) -> list[str]:
@@ -44,8 +55,9 @@ def best_of_each(rows: pd.DataFrame, reference: str) -> list[str]:
                     else "")
         verdict = ("faster beyond noise" if best["ci_low"] > 1 else "slower beyond noise" if best["ci_high"] < 1
                    else f"within noise of {reference}")
-        line = (f"{model + ': ' if model else ''}{cand} vs {best['reference']}: best {fmt_sig(best['ratio'])}x{interval} at {_where(best)} "
-                f"({verdict}); {int((g['ratio'] > 1).sum())} of {len(g)} sizes faster")
+        also = _varying(g)
+        line = (f"{model + ': ' if model else ''}{cand} vs {best['reference']}: best {fmt_sig(best['ratio'])}x{interval} at {_where(best, also)} "
+                f"({verdict}); {int((g['ratio'] > 1).sum())} of {len(g)} {'settings' if also else 'sizes'} faster")
         share = known(best.get("fp8_flop_share"))
         if reference == "BF16" and share is not None and share < FULL_SHARE:
             line += f"; {share:.0%} of its step's FLOPs ran in FP8 GEMMs (fp8_flop_share), the rest in BF16"
@@ -55,7 +67,7 @@ def best_of_each(rows: pd.DataFrame, reference: str) -> list[str]:
                      "(add compile: true)")
         bound = g[g["launch_bound"].fillna(False).astype(bool)] if "launch_bound" in g else g.iloc[:0]
         if not bound.empty:
-            line += "; " + launch_bound_note(" and ".join(_where(r) for _, r in bound.sort_values("n_params").iterrows()))
+            line += "; " + launch_bound_note(" and ".join(_where(r, also) for _, r in bound.sort_values("n_params").iterrows()))
         lines.append(line + ".")
     return lines
 
