@@ -76,3 +76,24 @@ def test_a_tiny_torchao_tensorwise_model_reads_every_fp8_layer_finite_and_the_sa
         assert first[f"sqnr_{d}_min_db"] == min(layers["sqnr"][d]) and first[f"sqnr_{d}_worst"] in layers["modules"]
     for cls in fp8_floors.OPERANDS:
         assert all(0 <= v <= 1 for kind in ("underflow", "saturation") for v in layers["cast"][cls][kind])
+
+
+def test_a_compiled_units_fp8_modules_are_read_under_the_models_own_names():
+    """Compiled per unit, a decoder layer's modules sit under torch.compile's ``_orig_mod``: the full-depth H200
+    study's worst layer read ``model.model.layers.23._orig_mod.self_attn.k_proj``, a name the model (and the
+    record's fp8_converted_names) does not have. The reads now name every module as the model does."""
+    pytest.importorskip("torchao")
+    import json
+
+    from trials.backends import numerics
+    from trials.measure.fp8_layers import fp8_modules
+    from trials.workloads.train_step import build_train_step
+
+    spec = TrialSpec(model="hf:llama", d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, ffn=64, vocab=96, seq_len=16,
+                     batch_size=2, backend="torchao", precision="fp8", recipe="tensorwise", compile=True,
+                     device="cpu")
+    step = build_train_step(spec, "torchao", "fp8", "cpu")  # compile is lazy: nothing is compiled here
+    raw = [name for name, _ in numerics("torchao").fp8_modules(step.model)]
+    assert any("._orig_mod." in name for name in raw), raw
+    names = [name for name, _ in fp8_modules(numerics("torchao"), step.model)]
+    assert names == json.loads(step.built.info["fp8_converted_names"]) and len(names) == 14

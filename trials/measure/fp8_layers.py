@@ -145,13 +145,24 @@ def _module_pass(seam: ModuleType, module: nn.Module, x: torch.Tensor, dy: torch
     return y.detach(), xi.grad.detach(), dw
 
 
+# submodule names that torch's wrappers insert (torch.compile's OptimizedModule, checkpoint_wrapper), not the model's
+WRAPPERS = ("_orig_mod", "_checkpoint_wrapped_module")
+
+
+def fp8_modules(seam: ModuleType, model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The seam's FP8 modules of ``model``, named as the model names them (fp8_converted_names): without the
+    wrappers' segments a compiled unit adds (``layers.23._orig_mod.self_attn.k_proj`` read as
+    ``layers.23.self_attn.k_proj``)."""
+    return [(".".join(p for p in name.split(".") if p not in WRAPPERS), m) for name, m in seam.fp8_modules(model)]
+
+
 def read_layers(step: Any, seam: ModuleType, held: tuple[torch.Tensor, torch.Tensor], device: str
                 ) -> list[LayerRead]:
     """Every FP8 module of ``step.model``, read on the held batch (the module docstring). One forward and
     backward of the whole model in FP8 gives each module's input and upstream gradient (the cross-entropy's on
     the held targets); each module is then run alone on them, in FP8 and in BF16. Parameters' gradients are
     left as they were found (cleared: a training step leaves none)."""
-    modules = seam.fp8_modules(step.model)
+    modules = fp8_modules(seam, step.model)
     seen: dict[str, dict[str, torch.Tensor]] = {name: {} for name, _ in modules}
 
     def keep(name: str):
@@ -232,7 +243,7 @@ class OutlierSampler:
         self.trend.seconds += time.perf_counter() - t
 
     def _sample(self, i: int) -> None:
-        modules = self.seam.fp8_modules(self.step.model)
+        modules = fp8_modules(self.seam, self.step.model)
         got: dict[str, tuple[float, float]] = {}
 
         def keep(name: str):
