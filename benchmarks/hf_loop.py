@@ -19,7 +19,6 @@ Usage (repository root): PYTHONPATH=. python benchmarks/hf_loop.py [--sweep exam
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from orchestrator.sweep import load_sweep
-from plain_check import compare  # benchmarks/ is this script's directory
+from plain_check import compare, keep  # benchmarks/ is this script's directory
 from trials import TrialSpec
 
 HF_NAMES = {"vocab": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers",
@@ -116,11 +115,8 @@ def main() -> int:
     for cell in cells:
         spec = cell.spec.replace(device="cuda", train_steps=args.warmup, warmup_steps=args.warmup,
                                  bench_steps=args.steps, repeats=1, profile=False)
-        row = compare(cell.label, spec, "step_ms_p50", lambda: plain_loop(spec, args.steps, args.warmup), args.rounds)
-        if row is not None:
-            rows.append(row)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        keep(rows, compare(cell.label, spec, "step_ms_p50", lambda: plain_loop(spec, args.steps, args.warmup),
+                           args.rounds), args.json)
     return 0
 
 

@@ -8,6 +8,7 @@ hf_decode_loop.py and decode_loop.py (MiniGPT) is :func:`graphed_ms_per_step`.
 
 from __future__ import annotations
 
+import json
 import statistics
 from typing import Any, Callable
 
@@ -34,6 +35,16 @@ def compare(label: str, spec: TrialSpec, field: str, plain: Callable[[], float],
     print(f"{label}: trial {t:.3f} {unit}  plain {p:.3f} {unit}  trial/plain {t / p:.3f}"
           f"{'' if abs(t / p - 1) <= GOAL else f'  (outside {GOAL:.0%})'}", flush=True)
     return {"cell": label, "trial_ms": t, "plain_ms": p, "ratio": t / p, "trial_rounds": trial, "plain_rounds": loop}
+
+
+def keep(rows: list[dict[str, Any]], row: dict[str, Any] | None, path: str | None) -> None:
+    """Add ``row`` (None: the trial did not end ok) and, with ``path``, write every row so far as JSON: a run cut
+    by its device call's limit keeps the cells it finished (they were written only at the end before)."""
+    if row is not None:
+        rows.append(row)
+    if path:
+        with open(path, "w") as fh:
+            json.dump(rows, fh, indent=1)
 
 
 def graphed_ms_per_step(step: Callable[[], None], reset: Callable[[], None], steps: int, repeats: int) -> list[float]:

@@ -140,7 +140,7 @@ def by_flags(args: argparse.Namespace, te) -> list[dict]:
 
 def by_sweep(args: argparse.Namespace, te) -> list[dict]:
     from orchestrator.sweep import load_sweep
-    from plain_check import compare
+    from plain_check import compare, keep
 
     cells = [c for c in load_sweep(args.sweep).cells
              if c.spec.source.name == "hf" and c.spec.backend == "te" and any(o in c.label for o in args.only)]
@@ -151,10 +151,8 @@ def by_sweep(args: argparse.Namespace, te) -> list[dict]:
                                  bench_steps=args.steps, repeats=1, profile=False)
         recipe = (te_compat.make_recipe(spec.recipe, spec.fp8_format, spec.amax_history_len, spec.amax_compute_algo)
                   if spec.precision == "fp8" else None)
-        row = compare(cell.label, spec, "step_ms_p50", lambda: plain_loop(
-            Shape.of(spec), te, spec.te_layer, recipe, args.steps, args.warmup)["ms_p50"], args.rounds)
-        if row is not None:
-            rows.append(row)
+        keep(rows, compare(cell.label, spec, "step_ms_p50", lambda: plain_loop(
+            Shape.of(spec), te, spec.te_layer, recipe, args.steps, args.warmup)["ms_p50"], args.rounds), args.json)
     return rows
 
 

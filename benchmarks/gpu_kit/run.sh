@@ -3,8 +3,14 @@
 # the te-kit and this gpu-kit copied beside it (.te-kit/, .gpu-kit/: git-ignored, named in the call's carry):
 #
 #   TESTS_S=300 SEED_S=120 bash benchmarks/gpu_kit/run.sh
-#   FULL_DEPTH_S=400 bash benchmarks/gpu_kit/run.sh               (carry juicytalk-results too, to resume a store)
+#   FULL_DEPTH_S=400 bash benchmarks/gpu_kit/run.sh               (to resume a store, carry it: see below)
 #   NUMERICS_S=300 PLAIN_S=150 TE_PLAIN_S=120 bash benchmarks/gpu_kit/run.sh
+#
+# A store to resume travels as .gpu-run/results.tar.xz (git-ignored; `tar cJf .gpu-run/results.tar.xz
+# juicytalk-results`, a few hundred KB): the working tree, the kits and juicytalk-results as it is came to more
+# than the 64 MiB a call carries. It is unpacked here when present. CALL_S (default 590) is the call's own limit:
+# each step gets at most what is left of it, less 25 s for the store's .tgz, so that a late step is cut short
+# instead of the call (a call cut by its limit returned no .tgz of the study it was running).
 #
 # Each step runs where its variable gives it seconds (a device call has at most 600 s, the kits' install ~20 s
 # of it), in this order: TESTS_S every `-m gpu` test (tests/test_disturbance.py alone after the rest: it looks
@@ -20,6 +26,8 @@ OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 t0=$(date +%s)
 el() { echo $(( $(date +%s) - t0 )); }
+CALL_S=${CALL_S:-590}
+[ -f .gpu-run/results.tar.xz ] && tar xJf .gpu-run/results.tar.xz
 { source .te-kit/install.sh && source .gpu-kit/install.sh; } > "$OUT/kit.txt" 2>&1 || { tail -20 "$OUT/kit.txt"; exit 1; }
 export PYTHONPATH=.:$PYTHONPATH
 quiet() { grep -v -i "warning\|warn(\|^\s*$"; }
@@ -33,8 +41,10 @@ transformers.__version__)" 2>&1 | quiet
 # TERM once ran past the call's limit, the processes it started (Ray's) holding a `| tee` pipe open, and the
 # store's .tgz after it was never made. `step NAME SECONDS COMMAND...` runs one and prints its quiet output.
 step() {
-  local name=$1 secs=$2
+  local name=$1 secs=$2 left=$(( CALL_S - $(el) - 25 - 20 ))  # 20: the kill after TERM
   shift 2
+  if [ "$left" -lt 10 ]; then echo "   ($name: skipped, no time left of CALL_S=${CALL_S})"; return 0; fi
+  if [ "$secs" -gt "$left" ]; then secs=$left; echo "   ($name: cut to ${secs} s, what is left of CALL_S=${CALL_S})"; fi
   timeout -k 20 "$secs" "$@" > "$OUT/$name.raw" 2>&1
   quiet < "$OUT/$name.raw" > "$OUT/$name.txt"
   rm -f "$OUT/$name.raw"
