@@ -47,8 +47,7 @@ BROKEN: dict[str, str] = {
     "nemotron_h": _REFUSED + "n_layers=2 does not reach the model (layers come from its hybrid pattern)",
     "zamba": _REFUSED + "layers_block_type does not follow n_layers", "zamba2": _REFUSED + "layers_block_type does "
     "not follow n_layers",
-    "kolibri1_1": _REFUSED + "index_num_heads does not follow n_heads", "xlnet": _REFUSED + "d_head does not follow "
-    "d_model / n_heads",
+    "kolibri1_1": _REFUSED + "index_num_heads does not follow n_heads",
     "mamba2": _REFUSED + "num_heads * head_dim must equal hidden_size * expand (its heads are not n_heads)",
     "prophetnet": _REFUSED + "num_hidden_layers cannot be set (num_encoder_layers / num_decoder_layers)",
     "cpmant": _REFUSED + "its forward attends both ways (every position is context): it would read ahead",
@@ -170,6 +169,8 @@ def test_head_sizes_that_do_not_follow_d_model_over_n_heads_are_kept_or_scaled_n
     assert config(TrialSpec(model="hf:llama", **{**SHAPE, "n_heads": 8})).num_key_value_heads == 8  # MHA stays
     assert config(TrialSpec(model="hf:xmod", **SHAPE)).default_language == "en_XX"
     assert config(TrialSpec(model="hf:nemotron", **SHAPE)).num_key_value_heads == 4  # None: as many as heads
+    xlnet = config(TrialSpec(model="hf:xlnet", **SHAPE))  # its d_head follows; "bi" would read ahead
+    assert (xlnet.d_head, xlnet.attn_type) == (16, "uni")
     assert config(TrialSpec(model="hf:gpt_neo", **SHAPE)).attention_layers == ["global", "local"]  # of 24
     with pytest.raises(SpecError) as refused:
         check_model(TrialSpec(model="hf:deepseek_v2", **SHAPE))

@@ -55,10 +55,14 @@ ROTARY_WIDTH = "rotary_dim"
 # a per-layer pattern written as [[pattern, repeats], ...] (GPT-Neo's [[["global", "local"], 12]] for 24 layers):
 # with n_layers given, the first pattern repeats to fill them
 LAYER_PATTERN = "attention_types"
-# the config flags that make a type's causal LM class attend causally: an encoder type's LM head (transformers'
-# BertLMHeadModel and kin: "add is_decoder=True" to use it standalone), XLM's ``causal``; set True for every type
-# that has one, over a config.json's False too: each position would otherwise read the token its loss predicts
-CAUSAL_FLAGS = ("is_decoder", "causal")
+# config settings that make a type's causal LM class attend causally, name -> (the value that reads ahead, the
+# causal one): an encoder type's LM head (transformers' BertLMHeadModel and kin: "add is_decoder=True" to use it
+# standalone), XLM's ``causal``, XLNet's ``attn_type`` ("bi" without a permutation mask, "uni" causal). Set for
+# every type that has one, over a config.json's value too: each position would otherwise read the token its
+# loss predicts
+CAUSAL = {"is_decoder": (False, True), "causal": (False, True), "attn_type": ("bi", "uni")}
+# a head's width under the names the types give it: it follows d_model / n_heads when the spec sets either
+HEAD_WIDTHS = ("head_dim", "d_head")
 # types whose causal LM class, as transformers builds it, attends both ways whatever the config says
 READS_AHEAD = {"cpmant": "transformers' CPM-Ant forward makes every position context (its attention mask is all "
                          "ones), so each position reads the token its next-token loss predicts"}
@@ -195,11 +199,10 @@ def _config(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int) -
     hidden0, heads0 = getattr(base, "hidden_size", None), _first(base, "n_heads")
     reshaped = bool({"d_model", "n_heads"} & set(given)) and isinstance(hidden, int) and isinstance(heads, int) \
         and heads > 0
-    if reshaped and "head_dim" in base.to_dict() and not _has(base, MLA_QK[0]):
-        # the type's head_dim was for its own shape: it follows (a type that computes head_dim, as Falcon
-        # does, follows by itself; MLA's is its rope part, MLA_SIZES)
-        values["head_dim"] = hidden // heads
-        derived.append("head_dim")
+    for width in HEAD_WIDTHS if reshaped and not _has(base, MLA_QK[0]) else ():
+        if width in base.to_dict():  # the type's head width was for its own shape: it follows (a type that
+            values[width] = hidden // heads  # computes it, as Falcon does, follows by itself; MLA's is its
+            derived.append(width)  # rope part, MLA_SIZES)
     rotary0 = getattr(base, ROTARY_WIDTH, None) if _has(base, ROTARY_WIDTH) else None
     if reshaped and isinstance(rotary0, int) and isinstance(hidden0, int) and isinstance(heads0, int) and heads0:
         head0, head = hidden0 // heads0, hidden // heads  # the rotary width keeps its share of the head, even
@@ -233,10 +236,10 @@ def _config(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int) -
             and getattr(base, "languages", None):  # X-MOD's adapters need a language for input without lang_ids
         values["default_language"] = base.languages[0]
         derived.append("default_language")
-    for flag in CAUSAL_FLAGS:
-        if flag in base.to_dict() and not values.get(flag, getattr(base, flag)):
-            values[flag] = True
-            derived.append(flag)
+    for name, (ahead, causal) in CAUSAL.items():
+        if name in base.to_dict() and values.get(name, getattr(base, name)) == ahead:
+            values[name] = causal
+            derived.append(name)
     try:
         cfg = AutoConfig.for_model(model_type, **values)
     except Exception as exc:  # noqa: BLE001 - a config class's own validation, in its words
@@ -246,8 +249,8 @@ def _config(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int) -
         raise ModelError(f"hf:{target}: {type(cfg).__name__} has routed experts but num_experts_per_tok is None "
                          "(transformers' default for the type), so its router has no top-k: give "
                          "num_experts_per_tok in a config.json (hf:path/to/config.json)")
-    for name in POSITIONS:
-        if hasattr(cfg, name) and getattr(cfg, name) < seq_len:
+    for name in POSITIONS:  # (a negative one is no limit: XLNet's -1, which refuses to be set)
+        if hasattr(cfg, name) and 0 <= getattr(cfg, name) < seq_len:
             setattr(cfg, name, seq_len)
     cfg.use_cache = False
     for key, value in cfg.to_dict().items():
