@@ -7,6 +7,8 @@ what the cells that did run compare instead. The sweep prints the same lines aft
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 import pandas as pd
 
@@ -21,7 +23,7 @@ def _reasons(frame: pd.DataFrame) -> list[str]:
     return sorted({str(e).splitlines()[0] for e in frame["error"].dropna()})
 
 
-def _where(row: pd.Series, also: list[str] = ()) -> str:
+def _where(row: pd.Series, also: Sequence[str] = ()) -> str:
     """A size in words: its d_model and depth, or its parameter count where the model chose those itself, and
     ``also``'s settings (those that tell the rows of one sentence apart: seq_len, activation_checkpointing)."""
     d_model, layers = known(row["d_model"]), known(row["n_layers"])

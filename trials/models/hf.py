@@ -199,10 +199,12 @@ def _config(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int) -
     hidden0, heads0 = getattr(base, "hidden_size", None), _first(base, "n_heads")
     reshaped = bool({"d_model", "n_heads"} & set(given)) and isinstance(hidden, int) and isinstance(heads, int) \
         and heads > 0
-    for width in HEAD_WIDTHS if reshaped and not _has(base, MLA_QK[0]) else ():
-        if width in base.to_dict():  # the type's head width was for its own shape: it follows (a type that
-            values[width] = hidden // heads  # computes it, as Falcon does, follows by itself; MLA's is its
-            derived.append(width)  # rope part, MLA_SIZES)
+    if reshaped and not _has(base, MLA_QK[0]):
+        # the type's head width was for its own shape: it follows (a type that computes it, as Falcon does,
+        # follows by itself; MLA's is its rope part, MLA_SIZES)
+        for width in (w for w in HEAD_WIDTHS if w in base.to_dict()):
+            values[width] = hidden // heads
+            derived.append(width)
     rotary0 = getattr(base, ROTARY_WIDTH, None) if _has(base, ROTARY_WIDTH) else None
     if reshaped and isinstance(rotary0, int) and isinstance(hidden0, int) and isinstance(heads0, int) and heads0:
         head0, head = hidden0 // heads0, hidden // heads  # the rotary width keeps its share of the head, even
@@ -223,9 +225,10 @@ def _config(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int) -
             for name in _settable(base, kv_names):
                 values[name] = _kv_heads(given["n_heads"], given["n_heads"] * kv0 // heads0)
             derived += kv_names
-    for name in _settable(base, kv_names) if "n_kv_heads" not in given and isinstance(heads, int) else ():
-        if values.get(name, getattr(base, name, None)) is None:  # transformers' documented default: as many KV
-            values[name] = heads                                  # heads as heads (Nemotron's config leaves None)
+    if "n_kv_heads" not in given and isinstance(heads, int):
+        # None KV heads: transformers' documented default, as many as heads (Nemotron's config leaves it None)
+        for name in (n for n in _settable(base, kv_names) if values.get(n, getattr(base, n, None)) is None):
+            values[name] = heads
             derived.append(name)
     if "vocab" in given:  # special token ids past a smaller vocabulary mean nothing here (the data has none)
         for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
