@@ -13,7 +13,7 @@ one process on one GPU, interleaved round by round:
            median taken
 Prints one line per cell with both medians and trial/plain; the goal is |trial/plain - 1| <= 0.02.
 Usage (repository root): PYTHONPATH=. python benchmarks/hf_loop.py [--sweep examples/your-model.yaml]
-       [--rounds 3] [--steps 20] [--only SUBSTR]
+       [--rounds 3] [--steps 20] [--only SUBSTR ...]
 """
 
 from __future__ import annotations
@@ -105,11 +105,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--only", default="", help="cells whose label contains this")
+    ap.add_argument("--only", nargs="+", default=[""], help="cells whose label contains any of these")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
     cells = [c for c in load_sweep(args.sweep).cells  # TE cells: benchmarks/te_hf_loop.py
-             if c.spec.source.name == "hf" and c.spec.backend in ("torch", "torchao") and args.only in c.label
+             if c.spec.source.name == "hf" and c.spec.backend in ("torch", "torchao")
+             and any(o in c.label for o in args.only)
              and c.spec.activation_checkpointing in ("none", "full")]  # selective: no plain-loop twin here
     rows = []
     for cell in cells:

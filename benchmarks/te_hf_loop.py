@@ -30,6 +30,7 @@ import gc
 import json
 import statistics
 import sys
+import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from plain_check import GcWatch, compare, keep  # benchmarks/ is this script's directory
 from trials import TrialSpec
 from trials.backends import te_compat
 from trials.backends import te_convert
@@ -62,6 +64,21 @@ class Shape:
     lr: float = 3e-4
     seed: int = 0
 
+    @staticmethod
+    def add_args(p: argparse.ArgumentParser, seq_len: int, batch_size: int) -> None:
+        """The flags :meth:`from_args` reads: the model type, its shape fields, the batch, lr and seed."""
+        p.add_argument("--model", default="llama", help="transformers model_type (llama, qwen2, mistral, ...)")
+        for k in SHAPE_TO_HF:
+            p.add_argument(f"--{k.replace('_', '-')}", dest=k, type=int)
+        p.add_argument("--seq-len", type=int, default=seq_len)
+        p.add_argument("--batch-size", type=int, default=batch_size)
+        p.add_argument("--lr", type=float, default=3e-4)
+        p.add_argument("--seed", type=int, default=0)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "Shape":
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
     @classmethod
     def of(cls, spec: TrialSpec) -> "Shape":
         return cls(**{f.name: getattr(spec, f.name) for f in fields(cls) if f.name != "model"},
@@ -82,8 +99,12 @@ def build(shape: Shape, te_layer: str, te) -> tuple[torch.nn.Module, list]:
     return model, steps
 
 
-def plain_loop(shape: Shape, te, te_layer: str, recipe: Any, steps: int, warmup: int) -> dict:
-    """Median ms per step of the plain loop over the converted model, and what the conversion did."""
+def plain_loop(shape: Shape, te, te_layer: str, recipe: Any, steps: int, warmup: int, reset: bool = True,
+               gc_off: bool = False) -> dict:
+    """Median ms per step of the plain loop over the converted model (GPU, between CUDA events; and the host's
+    time in the Python of a step, which a launch-bound step waits on), and what the conversion did. ``reset``:
+    clear TE's process-wide FP8 state afterwards, as run_trial does (benchmarks/te_state_carryover.py: without).
+    ``gc_off``: Python's collector off during the timed steps (benchmarks/host_jitter.py); ``gc``: what it did."""
     model, plan = build(shape, te_layer, te)
     vocab = model.config.vocab_size
     opt = make_optimizer(model, shape.lr, "cuda")
@@ -103,27 +124,32 @@ def plain_loop(shape: Shape, te, te_layer: str, recipe: Any, steps: int, warmup:
     first = step().item()
     for _ in range(warmup - 1):
         step()
-    events = []
-    for _ in range(steps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        loss = step()
-        end.record()
-        events.append((start, end))
-    torch.cuda.synchronize()
+    events, host = [], []
+    with GcWatch(off=gc_off) as collector:
+        for _ in range(steps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = time.perf_counter()
+            start.record()
+            loss = step()
+            end.record()
+            host.append((time.perf_counter() - t0) * 1e3)
+            events.append((start, end))
+        torch.cuda.synchronize()
     per_step = [s.elapsed_time(e) for s, e in events]
     out = {"ms_p50": statistics.median(per_step), "ms_min": min(per_step), "ms_max": max(per_step),
+           "host_ms_p50": statistics.median(host), "gc": str(collector),
            "loss_first": first, "loss_last": loss.item(), "converted": sum(s.converts for s in plan),
            "kept": [s.name for s in plan if not s.converts]}
     del model, opt, x, y, data
+    if reset:  # as run_trial leaves TE: the next loop or trial reduces no amax of this model
+        te_compat.reset_te_state()
     gc.collect()
     torch.cuda.empty_cache()
     return out
 
 
 def by_flags(args: argparse.Namespace, te) -> list[dict]:
-    shape = Shape(args.model, args.seq_len, args.batch_size, **{k: getattr(args, k) for k in SHAPE_TO_HF},
-                  lr=args.lr, seed=args.seed)
+    shape = Shape.from_args(args)
     d = TrialSpec()  # the harness's FP8 defaults (format, amax history)
     rows = []
     for cell in args.cells:
@@ -140,7 +166,6 @@ def by_flags(args: argparse.Namespace, te) -> list[dict]:
 
 def by_sweep(args: argparse.Namespace, te) -> list[dict]:
     from orchestrator.sweep import load_sweep
-    from plain_check import compare, keep
 
     cells = [c for c in load_sweep(args.sweep).cells
              if c.spec.source.name == "hf" and c.spec.backend == "te" and any(o in c.label for o in args.only)]
@@ -161,13 +186,7 @@ def main() -> int:
     p.add_argument("--sweep", help="time every hf: TE cell of this sweep file against the trial (see above)")
     p.add_argument("--only", nargs="+", default=[""], help="--sweep: cells whose label contains any of these")
     p.add_argument("--rounds", type=int, default=3, help="--sweep: trial and plain loop, alternately, this often")
-    p.add_argument("--model", default="llama", help="transformers model_type (llama, qwen2, mistral, ...)")
-    for k in SHAPE_TO_HF:
-        p.add_argument(f"--{k.replace('_', '-')}", dest=k, type=int)
-    p.add_argument("--seq-len", type=int, default=1024)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--seed", type=int, default=0)
+    Shape.add_args(p, seq_len=1024, batch_size=4)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--cells", nargs="+", default=["none:bf16", "swap:bf16", "swap:fp8:delayed"],

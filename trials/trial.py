@@ -56,6 +56,9 @@ def run_trial(spec: TrialSpec, capability: Capability | None = None, process_tri
     device = "cpu"
     baseline = None
     try:
+        # TE's process-wide FP8 state (every delayed-scaling module ever run, reduced at each autocast exit) left by
+        # whatever ran TE in this process before: a plain loop, a user's script (benchmarks/te_state_carryover.py)
+        te_compat.reset_te_state()
         distributed.select_device(spec.world_size, spec.parallel)
         cap = capability or probe(spec.device, want_te=spec.backend in ("te", "auto"), want_torchao=wants_torchao(spec))
         record.update(gpu_name=cap.gpu_name, compute_capability=cap.compute_capability,

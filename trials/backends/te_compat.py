@@ -263,11 +263,33 @@ def reset_te_state() -> None:
             cached = getattr(base, name, None)
             if hasattr(cached, "clear"):
                 cached.clear()
+    manager = _fp8_state_manager()
+    if manager is None:
+        log.warning("this Transformer Engine has no FP8GlobalStateManager.reset(); FP8 state not cleared")
+        return
+    manager.reset()
+
+
+def _fp8_state_manager() -> Any:
+    """TE's ``FP8GlobalStateManager`` class (None where this TE has none)."""
     for name in ("transformer_engine.pytorch.quantization", "transformer_engine.pytorch.fp8"):  # newer, older TE
         try:
-            manager = getattr(importlib.import_module(name), "FP8GlobalStateManager")
+            return getattr(importlib.import_module(name), "FP8GlobalStateManager")
         except (ImportError, AttributeError):
             continue
-        manager.reset()
-        return
-    log.warning("this Transformer Engine has no FP8GlobalStateManager.reset(); FP8 state not cleared")
+    return None
+
+
+def registered_amax_tensors() -> int | None:
+    """How many amax tensors TE's delayed-scaling reduction runs over at each autocast exit, forward and backward
+    together: every FP8 module that ever ran under delayed scaling in this process since the last
+    :func:`reset_te_state`, of this model or any earlier one (TE registers a module on its first FP8 forward and
+    never forgets it). None where TE is not imported or keeps these buffers elsewhere."""
+    import sys
+
+    if "transformer_engine.pytorch" not in sys.modules:
+        return None
+    manager = _fp8_state_manager()
+    state = getattr(manager, "quantization_state", manager)  # TE 2.20 keeps them on a state object; older TE on the class
+    buffers = getattr(state, "global_amax_buffer", None)
+    return None if buffers is None else sum(len(v) for v in buffers.values())
