@@ -8,11 +8,11 @@ hf_decode_loop.py and decode_loop.py (MiniGPT) is :func:`graphed_ms_per_step`.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import statistics
-import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -39,37 +39,15 @@ def compare(label: str, spec: TrialSpec, field: str, plain: Callable[[], float],
     return {"cell": label, "trial_ms": t, "plain_ms": p, "ratio": t / p, "trial_rounds": trial, "plain_rounds": loop}
 
 
-class GcWatch:
-    """Python's garbage collections while the block runs: how many per generation and the seconds they took
-    (``gc.callbacks``). ``off``: collect first, then keep the collector off for the block, as ``timeit`` does."""
-
-    def __init__(self, off: bool = False):
-        self.off = off
-        self.count = [0, 0, 0]
-        self.seconds = 0.0
-        self._t = 0.0
-
-    def _callback(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._t = time.perf_counter()
-        else:
-            self.count[info["generation"]] += 1
-            self.seconds += time.perf_counter() - self._t
-
-    def __enter__(self) -> "GcWatch":
-        if self.off:
-            gc.collect()
-            gc.disable()
-        gc.callbacks.append(self._callback)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        gc.callbacks.remove(self._callback)
-        if self.off:
-            gc.enable()
-
-    def __str__(self) -> str:
-        return f"gc {'off' if self.off else 'on'}: {self.count} collections (gen 0/1/2), {self.seconds * 1e3:.1f} ms"
+@contextlib.contextmanager
+def gc_off() -> Iterator[None]:
+    """Python's automatic garbage collection off inside (a collection first), as ``timeit`` times."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def keep(rows: list[dict[str, Any]], row: dict[str, Any] | None, path: str | None) -> None:

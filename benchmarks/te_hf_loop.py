@@ -26,6 +26,7 @@ Two ways to call it (repository root, one process, one GPU, TE imported once):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import statistics
@@ -38,10 +39,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from plain_check import GcWatch, compare, keep  # benchmarks/ is this script's directory
+from plain_check import compare, gc_off as collector_off, keep  # benchmarks/ is this script's directory
 from trials import TrialSpec
 from trials.backends import te_compat
 from trials.backends import te_convert
+from trials.measure.gc_pauses import GcPauses
 from trials.workloads.train_step import make_optimizer
 
 SHAPE_TO_HF = {"vocab": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers",
@@ -125,7 +127,7 @@ def plain_loop(shape: Shape, te, te_layer: str, recipe: Any, steps: int, warmup:
     for _ in range(warmup - 1):
         step()
     events, host = [], []
-    with GcWatch(off=gc_off) as collector:
+    with collector_off() if gc_off else contextlib.nullcontext(), GcPauses() as collector:
         for _ in range(steps):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             t0 = time.perf_counter()
@@ -137,7 +139,7 @@ def plain_loop(shape: Shape, te, te_layer: str, recipe: Any, steps: int, warmup:
         torch.cuda.synchronize()
     per_step = [s.elapsed_time(e) for s, e in events]
     out = {"ms_p50": statistics.median(per_step), "ms_min": min(per_step), "ms_max": max(per_step),
-           "host_ms_p50": statistics.median(host), "gc": str(collector),
+           "host_ms_p50": statistics.median(host), "gc": f"gc {'off' if gc_off else 'on'}: {collector}",
            "loss_first": first, "loss_last": loss.item(), "converted": sum(s.converts for s in plan),
            "kept": [s.name for s in plan if not s.converts]}
     del model, opt, x, y, data

@@ -203,6 +203,17 @@ def test_te_backend_without_gpu_is_unsupported():
     assert rec["status"] == "unsupported" and "te" in rec["error"]
 
 
+def test_the_garbage_collections_of_the_timed_steps_are_counted_and_timed():
+    """Every forward of this model runs one full collection; only the timed steps' are the record's (2 x 3), not
+    the training's, the warm-up's, the FLOP count's or the generation check's."""
+    rec = run_trial(TrialSpec(model="py:tests.fixtures.factories:collects_each_forward", vocab=96, d_model=32,
+                              seq_len=16, batch_size=2, train_steps=3, warmup_steps=2, bench_steps=3, repeats=2,
+                              gen_len=4, device="cpu"))
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["timing_gc_full_collections"] == 6
+    assert rec["timing_gc_ms_per_step"] > 0
+
+
 def test_divergence_is_recorded():
     rec = run_trial(TrialSpec(lr=1e4, precision="fp32", **{**TINY, "train_steps": 20}))
     assert rec["status"] == "diverged" and "non-finite" in rec["error"]

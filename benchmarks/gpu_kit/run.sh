@@ -13,8 +13,8 @@
 # instead of the call (a call cut by its limit returned no .tgz of the study it was running).
 #
 # Each step runs where its variable gives it seconds (a device call has at most 600 s, the kits' install ~20 s
-# of it), in this order: TESTS_S every `-m gpu` test (tests/test_disturbance.py alone after the rest: it looks
-# for other CUDA processes), SEED_S the seed example's start (benchmarks/sweep_start.py), CARRY_S TE's FP8 state
+# of it), in this order: TESTS_S every `-m gpu` test, or those TESTS_K selects (pytest -k; tests/test_disturbance.py
+# alone after the rest: it looks for other CUDA processes), SEED_S the seed example's start (benchmarks/sweep_start.py), CARRY_S TE's FP8 state
 # carried from one model to the next at full depth (benchmarks/te_state_carryover.py), JITTER_S the garbage
 # collector's part in a launch-bound step's spread (benchmarks/host_jitter.py), DATA_S the token ids' part in a
 # step's time (benchmarks/data_power.py, DATA_CELL), FULL_DEPTH_S the full-depth study (examples/full-depth.yaml;
@@ -62,13 +62,16 @@ sweep() {  # $1 seconds, $2 sweep file, $3 name: the sweep into juicytalk-result
 
 if [ "${TESTS_S:-0}" -gt 0 ]; then
   # -v: each test's name and outcome as it ends, so a run cut by its timeout still says which failed
-  echo "== python3 -m pytest -m gpu -n 4 -v (all but tests/test_disturbance.py) at $(el) s"
+  whole=${TESTS_K:+no}
+  echo "== python3 -m pytest -m gpu -n 4 -v -k '${TESTS_K:=not test_disturbance}' at $(el) s"
   step gpu-tests "$TESTS_S" python3 -m pytest -m gpu -n 4 -v -p no:cacheprovider --durations=15 tests \
-    --deselect tests/test_disturbance.py
+    --deselect tests/test_disturbance.py -k "$TESTS_K"
   grep -v " PASSED " "$OUT/gpu-tests.txt" | tail -60
-  echo "== python3 -m pytest -m gpu tests/test_disturbance.py (alone) at $(el) s"
-  step gpu-disturbance 90 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_disturbance.py
-  tail -5 "$OUT/gpu-disturbance.txt"
+  if [ -z "$whole" ]; then
+    echo "== python3 -m pytest -m gpu tests/test_disturbance.py (alone) at $(el) s"
+    step gpu-disturbance 90 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_disturbance.py
+    tail -5 "$OUT/gpu-disturbance.txt"
+  fi
 fi
 if [ "${SEED_S:-0}" -gt 0 ]; then
   echo "== python3 benchmarks/sweep_start.py examples/seed.yaml --out /tmp/seed at $(el) s"

@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 
 from .disturbance import Disturbance, watch
+from .gc_pauses import GcPauses
 
 HOST_PROBE_STEPS = 10  # untimed steps that measure the host's issue time (CUDA only: on CPU a step is synchronous)
 
@@ -40,6 +41,7 @@ class BenchResult:
     last_loss: float
     timer: str  # "cuda_event" or "perf_counter"
     disturbance: Disturbance  # what else ran during the timed blocks
+    gc: GcPauses  # Python's garbage collections during the timed blocks
 
 
 def benchmark(step: Step, batches: list[tuple[torch.Tensor, torch.Tensor]], device: str,
@@ -52,7 +54,7 @@ def benchmark(step: Step, batches: list[tuple[torch.Tensor, torch.Tensor]], devi
     host_ms = _host_issue_ms(step, batches) if cuda else None
     all_ms: list[float] = []
     medians: list[float] = []
-    with watch(device) as seen:  # what else ran on the host and the GPU meanwhile
+    with watch(device) as seen, GcPauses() as collected:  # what else ran meanwhile, and the collector
         for _ in range(repeats):
             ms, loss = (_timed_block_cuda if cuda else _timed_block_cpu)(step, batches, bench_steps)
             all_ms.extend(ms)
@@ -65,6 +67,7 @@ def benchmark(step: Step, batches: list[tuple[torch.Tensor, torch.Tensor]], devi
         last_loss=last_loss,
         timer="cuda_event" if cuda else "perf_counter",
         disturbance=seen,
+        gc=collected,
     )
 
 

@@ -203,6 +203,10 @@ FIELDS: list[Field] = [
     _f("timing_disturbed", "bool", "Something else took the trial's CPU or GPU while its steps were timed: its "
        "threads waited for a CPU >= 20% of the time (timing_wait_share), or another compute process shared its GPU."),
     _f("timing_disturbed_why", "str", "What disturbed the timed steps, in words (null: nothing seen)."),
+    _f("timing_gc_ms_per_step", "float", "Training: ms per timed step the trial's host spent in Python's garbage "
+       "collector (its own pauses, not another process's; a launch-bound step waits on them in full)."),
+    _f("timing_gc_full_collections", "int", "Training: full (generation 2) garbage collections during the timed "
+       "steps; each walks every Python object of the process (~0.1 s with torch and transformers loaded)."),
     # -- energy, power and clocks (trials/measure/energy.py): a window of its own right after timing
     _f("energy_window_s", "float", "Length of the energy window: the timed step (infer: a whole generation) repeated "
        "for at least 1 s, edges on ticks of NVML's energy counter, s."),

@@ -108,6 +108,7 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
     # by the host-issue rule until the profile's gap is known (why_this_number); a diverged cell keeps this one
     record["launch_bound"], record["launch_bound_by"] = launch_bound(stats["step_ms_p50"], result.host_ms_per_step)
     record.update(result.disturbance.fields())
+    record.update(result.gc.fields(len(result.step_ms)))
     if not math.isfinite(result.last_loss):
         record.update(status="diverged", error="non-finite loss during the benchmark")
         return
