@@ -822,3 +822,15 @@ def test_a_headline_over_cells_of_one_size_names_what_tells_them_apart():
     one = df[df["seq_len"] == 256]
     line = next(x for x in headline(one, pair_cells(one)) if "te-fp8-delayed vs te-bf16" in x)
     assert "at d_model 512 x 2 layers (" in line and "0 of 1 sizes faster" in line, line
+
+
+def test_a_minigpt_only_field_names_no_other_model_source():
+    """An hf:llama record keeps the spec's arch default ("gpt"): beside a MiniGPT-llama row it made the series
+    "arch=gpt model=hf:llama" in the H100 numerics study's report."""
+    rows = []
+    for spec in (TrialSpec(model="minigpt", arch="llama", d_model=64, n_layers=2),
+                 TrialSpec(model="hf:llama", d_model=64, n_layers=2)):
+        rows.append({**empty_record(), **spec.to_dict()})
+    df = prepare(pd.DataFrame(rows))
+    assert list(df["arch"]) == ["llama", None]
+    assert not any("arch=gpt" in s for s in df["series"]), list(df["series"])

@@ -20,7 +20,7 @@ import pandas as pd
 
 from trials.backends import STACKS
 from trials.measure.launch import launch_bound
-from trials.spec import TrialSpec, axis_fields, default_for, variant_name
+from trials.spec import TrialSpec, applies, axis_fields, default_for, only_fields, variant_name
 
 # "The same cell apart from its variant": pairs must agree on every shape, schedule and execution field
 # (declared with TrialSpec). Two different specs are never merged into one cell.
@@ -98,10 +98,21 @@ def prepare(records: pd.DataFrame) -> pd.DataFrame:
     df["workload"] = df["workload"].fillna("train")  # records from before the workload field trained
     model = _SPEC_DEFAULTS["model"]  # records from before the model field ran MiniGPT
     df["model"] = df["model"].fillna(model) if "model" in df else model
+    _clear_minigpt_only(df)
     keys = varying_keys(df)
     df["series"] = [series_label(r, keys) for r in df[keys].to_dict("records")] if keys else ""
     df["size_label"] = [size_label(d, l) for d, l in zip(df["d_model"], df["n_layers"])]
     return df
+
+
+def _clear_minigpt_only(df: pd.DataFrame) -> None:
+    """MiniGPT's own fields (``arch``) to None on rows of another model source, in place. A record keeps the
+    spec's default there ("gpt" on an hf:llama cell), which series names and tables would show as "arch=gpt"
+    beside MiniGPT-llama rows: a Llama called a GPT."""
+    for name in only_fields("minigpt"):
+        if name in df:
+            keep = {m: applies(name, {"model": m}) for m in df["model"].unique()}  # a few models: each parsed once
+            df[name] = df[name].astype(object).where(df["model"].map(keep).astype(bool), None)
 
 
 def _judge_launch_bound(df: pd.DataFrame) -> None:
