@@ -130,6 +130,22 @@ def test_implausible_speedup_is_flagged(tmp_path):
     assert "Sanity checks" in md and "| fp8 speedup | 2.0 |" in md
 
 
+def test_a_gpu_cell_whose_timed_steps_spread_is_flagged_and_a_steady_one_is_not(tmp_path):
+    """The full-depth TE swap FP8 cell's steps on an H200 (its record's step_times_ms): sd 16% of the median."""
+    from trials.measure.metrics import step_stats
+
+    store = Store(str(tmp_path), "spread")
+    store.ensure()
+    spread = [249.3, 297.1, 315.6, 239.9, 223.8, 203.2, 205.0, 226.3, 280.9, 237.5]
+    for rec, steps in ((_rec(512, "te", "bf16", None, 20.0), [20.0 * j for j in JITTER]),
+                       (_rec(512, "te", "fp8", "delayed", 15.0), spread)):
+        rec.update(timer="cuda_event", step_times_ms=steps, **step_stats(steps))
+        store.write_record(rec)
+    md = open(build_report(store.root).md_path).read()
+    flagged = [line for line in md.splitlines() if "| unsteady steps |" in line]
+    assert len(flagged) == 1 and "te-fp8-delayed" in flagged[0], flagged
+
+
 def test_a_compiled_cell_whose_steps_ran_eager_is_flagged_in_the_report_and_the_summary(tmp_path):
     """compiled_eager_why (trials/measure/kernels.py) becomes a sanity check and the summary's why: the
     full-depth study's compiled cells timed eager code and nothing said so."""
