@@ -28,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from orchestrator.sweep import load_sweep
-from plain_check import compare, keep  # benchmarks/ is this script's directory
+from plain_check import Measured, compare, kernel_classes, keep  # benchmarks/ is this script's directory
 from trials import TrialSpec
 
 HF_NAMES = {"vocab": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers",
@@ -64,8 +64,8 @@ def plain_model(spec: TrialSpec) -> nn.Module:
     return model
 
 
-def plain_loop(spec: TrialSpec, steps: int, warmup: int) -> float:
-    """Median step of the plain loop, ms."""
+def plain_loop(spec: TrialSpec, steps: int, warmup: int, profiled: bool = False) -> Measured:
+    """Median step of the plain loop, ms; ``profiled``: then its kernels per class (a few more steps)."""
     model = plain_model(spec)
     vocab = model.config.vocab_size
     if spec.compile:  # each decoder layer, as torchtitan compiles (the trial does the same: train_step.py)
@@ -78,25 +78,31 @@ def plain_loop(spec: TrialSpec, steps: int, warmup: int) -> float:
     # ids from the first 128 only until the your-model study's torchao check; its README has both measurements)
     batches = [torch.randint(0, vocab, (spec.batch_size, spec.seq_len + 1), device="cuda", generator=gen)
                for _ in range(4)]
-    times = []
-    for i in range(warmup + steps):
-        seq = batches[i % len(batches)]
+    turn = iter(range(10**9))
+
+    def step() -> None:
+        seq = batches[next(turn) % len(batches)]
         x, y = seq[:, :-1], seq[:, 1:]
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
         logits = forward(input_ids=x, use_cache=False).logits
         loss = F.cross_entropy(logits.float().view(-1, vocab), y.reshape(-1))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+    times = []
+    for i in range(warmup + steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
         end.record()
         if i >= warmup:
             times.append((start, end))
     torch.cuda.synchronize()
     ms = statistics.median(s.elapsed_time(e) for s, e in times)
+    out = Measured(ms, kernel_classes(step, ms) if profiled else None)
     del model, opt, forward
     torch.cuda.empty_cache()
-    return ms
+    return out
 
 
 def main() -> int:
@@ -107,6 +113,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--only", nargs="+", default=[""], help="cells whose label contains any of these")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--kernels", action="store_true", help="profile both sides' steps: kernel ms per class, and gap")
     args = ap.parse_args()
     cells = [c for c in load_sweep(args.sweep).cells  # TE cells: benchmarks/te_hf_loop.py
              if c.spec.source.name == "hf" and c.spec.backend in ("torch", "torchao")
@@ -115,9 +122,9 @@ def main() -> int:
     rows = []
     for cell in cells:
         spec = cell.spec.replace(device="cuda", train_steps=args.warmup, warmup_steps=args.warmup,
-                                 bench_steps=args.steps, repeats=1, profile=False)
-        keep(rows, compare(cell.label, spec, "step_ms_p50", lambda: plain_loop(spec, args.steps, args.warmup),
-                           args.rounds), args.json)
+                                 bench_steps=args.steps, repeats=1, profile=args.kernels)
+        keep(rows, compare(cell.label, spec, "step_ms_p50",
+                           lambda: plain_loop(spec, args.steps, args.warmup, args.kernels), args.rounds), args.json)
     return 0
 
 

@@ -12,31 +12,68 @@ import contextlib
 import gc
 import json
 import statistics
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
 
 from trials import TrialSpec, run_trial
+from trials.measure import kernels
 
 GOAL = 0.02
 
 
-def compare(label: str, spec: TrialSpec, field: str, plain: Callable[[], float], rounds: int,
+@dataclass
+class Measured:
+    """What a plain loop measured: its median ``ms`` and, where it was profiled (``--kernels``), its step's kernel
+    time per class (trials/measure/kernels.CLASSES) and ``gap``, the step less its kernels: the GPU's idle time."""
+
+    ms: float
+    kernel_ms: dict[str, float] | None = None
+
+
+def kernel_classes(run: Callable[[], Any], ms: float, steps: int = 5) -> dict[str, float]:
+    """``run``'s step under the profiler the trial uses (trials/measure/kernels.profile): kernel ms per class, and
+    the gap to ``ms``, the step's timed median."""
+    found = kernels.profile(run, steps, "cuda")
+    return {**{c: v for c, v in found.ms().items() if v}, "gap": ms - found.total_ms}
+
+
+def _trial_classes(rec: dict[str, Any]) -> dict[str, float] | None:
+    if rec.get("kernel_ms_total") is None:
+        return None
+    return {**{c: rec[f"kernel_ms_{c}"] for c in kernels.CLASSES if rec.get(f"kernel_ms_{c}")},
+            "gap": rec["kernel_gap_ms"]}
+
+
+def compare(label: str, spec: TrialSpec, field: str, plain: Callable[[], float | Measured], rounds: int,
             unit: str = "ms") -> dict[str, Any] | None:
     """``rounds`` times: ``run_trial(spec)[field]``, then ``plain()``; the medians, their ratio and every round,
-    or None when the trial did not end ok (said on stdout)."""
+    or None when the trial did not end ok (said on stdout). Where both sides were profiled (the trial's
+    ``profile: true``, the loop's :class:`Measured` kernels), each side's last round per kernel class too: a
+    difference in the GEMMs is the GPU's, one in the gap is the host's."""
     trial, loop = [], []
+    sides: dict[str, dict[str, float] | None] = {}
     for _ in range(rounds):
         rec = run_trial(spec)
         if rec["status"] != "ok":
             print(f"{label}: trial {rec['status']}: {rec['error']}", flush=True)
             return None
         trial.append(rec[field])
-        loop.append(plain())
+        got = plain()
+        got = got if isinstance(got, Measured) else Measured(got)
+        loop.append(got.ms)
+        sides = {"trial": _trial_classes(rec), "plain": got.kernel_ms}
     t, p = statistics.median(trial), statistics.median(loop)
     print(f"{label}: trial {t:.3f} {unit}  plain {p:.3f} {unit}  trial/plain {t / p:.3f}"
           f"{'' if abs(t / p - 1) <= GOAL else f'  (outside {GOAL:.0%})'}", flush=True)
-    return {"cell": label, "trial_ms": t, "plain_ms": p, "ratio": t / p, "trial_rounds": trial, "plain_rounds": loop}
+    row = {"cell": label, "trial_ms": t, "plain_ms": p, "ratio": t / p, "trial_rounds": trial, "plain_rounds": loop}
+    if sides and all(sides.values()):
+        classes = sorted(set(sides["trial"]) | set(sides["plain"]), key=lambda c: -sides["trial"].get(c, 0.0))
+        print("  kernel ms per step, last round (trial / plain): " + ", ".join(
+            f"{c} {sides['trial'].get(c, 0.0):.1f} / {sides['plain'].get(c, 0.0):.1f}" for c in classes), flush=True)
+        row["kernel_ms"] = sides
+    return row
 
 
 @contextlib.contextmanager

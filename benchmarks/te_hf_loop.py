@@ -39,7 +39,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from plain_check import compare, gc_off as collector_off, keep  # benchmarks/ is this script's directory
+from plain_check import Measured, compare, gc_off as collector_off, kernel_classes, keep  # benchmarks/: this dir
 from trials import TrialSpec
 from trials.backends import te_compat
 from trials.backends import te_convert
@@ -102,11 +102,12 @@ def build(shape: Shape, te_layer: str, te) -> tuple[torch.nn.Module, list]:
 
 
 def plain_loop(shape: Shape, te, te_layer: str, recipe: Any, steps: int, warmup: int, reset: bool = True,
-               gc_off: bool = False) -> dict:
+               gc_off: bool = False, profiled: bool = False) -> dict:
     """Median ms per step of the plain loop over the converted model (GPU, between CUDA events; and the host's
     time in the Python of a step, which a launch-bound step waits on), and what the conversion did. ``reset``:
     clear TE's process-wide FP8 state afterwards, as run_trial does (benchmarks/te_state_carryover.py: without).
-    ``gc_off``: Python's collector off during the timed steps (benchmarks/host_jitter.py); ``gc``: what it did."""
+    ``gc_off``: Python's collector off during the timed steps (benchmarks/host_jitter.py); ``gc``: what it did.
+    ``profiled``: its kernels per class too (``kernel_ms``; a few more steps, after the timed ones)."""
     model, plan = build(shape, te_layer, te)
     vocab = model.config.vocab_size
     opt = make_optimizer(model, shape.lr, "cuda")
@@ -140,6 +141,7 @@ def plain_loop(shape: Shape, te, te_layer: str, recipe: Any, steps: int, warmup:
     per_step = [s.elapsed_time(e) for s, e in events]
     out = {"ms_p50": statistics.median(per_step), "ms_min": min(per_step), "ms_max": max(per_step),
            "host_ms_p50": statistics.median(host), "gc": f"gc {'off' if gc_off else 'on'}: {collector}",
+           "kernel_ms": kernel_classes(step, statistics.median(per_step)) if profiled else None,
            "loss_first": first, "loss_last": loss.item(), "converted": sum(s.converts for s in plan),
            "kept": [s.name for s in plan if not s.converts]}
     del model, opt, x, y, data
@@ -175,11 +177,15 @@ def by_sweep(args: argparse.Namespace, te) -> list[dict]:
     rows = []
     for cell in cells:
         spec = cell.spec.replace(device="cuda", train_steps=args.warmup, warmup_steps=args.warmup,
-                                 bench_steps=args.steps, repeats=1, profile=False)
+                                 bench_steps=args.steps, repeats=1, profile=args.kernels)
         recipe = (te_compat.make_recipe(spec.recipe, spec.fp8_format, spec.amax_history_len, spec.amax_compute_algo)
                   if spec.precision == "fp8" else None)
-        keep(rows, compare(cell.label, spec, "step_ms_p50", lambda: plain_loop(
-            Shape.of(spec), te, spec.te_layer, recipe, args.steps, args.warmup)["ms_p50"], args.rounds), args.json)
+
+        def plain() -> Measured:
+            r = plain_loop(Shape.of(spec), te, spec.te_layer, recipe, args.steps, args.warmup, profiled=args.kernels)
+            return Measured(r["ms_p50"], r["kernel_ms"])
+
+        keep(rows, compare(cell.label, spec, "step_ms_p50", plain, args.rounds), args.json)
     return rows
 
 
@@ -194,6 +200,7 @@ def main() -> int:
     p.add_argument("--cells", nargs="+", default=["none:bf16", "swap:bf16", "swap:fp8:delayed"],
                    help="te_layer:precision[:recipe], te_layer one of none, swap, transformer_layer")
     p.add_argument("--json", help="write the rows here")
+    p.add_argument("--kernels", action="store_true", help="--sweep: profile both sides' steps: kernel ms per class")
     args = p.parse_args()
     te = te_compat.import_te()
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} TE {te_compat.te_version()}", flush=True)

@@ -21,7 +21,8 @@
 # a sweep resumes whatever its store under juicytalk-results holds), NUMERICS_S issue 46's numerics study
 # (examples/fp8-numerics-shapes.yaml), TE_PLAIN_S / PLAIN_S the full-depth cells' plain loops
 # (benchmarks/te_hf_loop.py, hf_loop.py; TE_ONLY / PLAIN_ONLY: label substrings, space
-# separated, pick the cells; ROUNDS, default 2, the interleaved rounds of each). What each
+# separated, pick the cells; ROUNDS, default 2, the interleaved rounds of each; KERNELS=1: both sides profiled,
+# kernel ms per class and the GPU's idle gap side by side). What each
 # printed, and each study's store as a .tgz, land in $OUT. The host has no plotly: reports are made afterwards,
 # off the host, with `juicytalk report`.
 set -o pipefail
@@ -103,14 +104,14 @@ if [ "${TE_PLAIN_S:-0}" -gt 0 ]; then
   echo "== python3 benchmarks/te_hf_loop.py --sweep examples/full-depth.yaml --only ${TE_ONLY:=te-} --rounds $ROUNDS at $(el) s"
   # shellcheck disable=SC2086 # TE_ONLY: substrings, one argument each
   step plain-te "$TE_PLAIN_S" python3 benchmarks/te_hf_loop.py --sweep examples/full-depth.yaml --only $TE_ONLY \
-    --rounds "$ROUNDS" --steps 8 --warmup 3 --json "$OUT/plain-te.json"
+    --rounds "$ROUNDS" --steps 8 --warmup 3 --json "$OUT/plain-te.json" ${KERNELS:+--kernels}
   cat "$OUT/plain-te.txt"
 fi
 if [ "${PLAIN_S:-0}" -gt 0 ]; then
   echo "== python3 benchmarks/hf_loop.py --sweep examples/full-depth.yaml --only ${PLAIN_ONLY:=L32-} --rounds $ROUNDS at $(el) s"
   # shellcheck disable=SC2086
   step plain "$PLAIN_S" python3 benchmarks/hf_loop.py --sweep examples/full-depth.yaml --only $PLAIN_ONLY \
-    --rounds "$ROUNDS" --steps 8 --warmup 3 --json "$OUT/plain-torch.json"
+    --rounds "$ROUNDS" --steps 8 --warmup 3 --json "$OUT/plain-torch.json" ${KERNELS:+--kernels}
   cat "$OUT/plain.txt"
 fi
 echo "== done at $(el) s"
