@@ -9,7 +9,8 @@ one process on one GPU, interleaved round by round:
            ``convert_to_float8_training`` called directly for fp8 cells (``lm_head`` and dims not multiples of
            16 kept), ``torch.compile`` of each decoder layer for compile cells, transformers' own
            ``gradient_checkpointing_enable`` for ``activation_checkpointing: full`` cells, fused AdamW, fp32
-           cross-entropy on the logits, random token batches; each step timed with its own CUDA event pair, the
+           cross-entropy on the logits, random token batches; after as many untimed steps as the trial runs
+           before its timed ones (plain_check.untimed_steps), each step timed with its own CUDA event pair, the
            median taken
 Prints one line per cell with both medians and trial/plain; the goal is |trial/plain - 1| <= 0.02.
 Usage (repository root): PYTHONPATH=. python benchmarks/hf_loop.py [--sweep examples/your-model.yaml]
@@ -28,7 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from orchestrator.sweep import load_sweep
-from plain_check import Measured, compare, kernel_classes, keep  # benchmarks/ is this script's directory
+from plain_check import Measured, compare, kernel_classes, keep, untimed_steps  # benchmarks/: this directory
 from trials import TrialSpec
 
 HF_NAMES = {"vocab": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers",
@@ -110,7 +111,7 @@ def main() -> int:
     ap.add_argument("--sweep", default=str(Path(__file__).resolve().parent.parent / "examples" / "your-model.yaml"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=5, help="the trial's training and warm-up steps")
     ap.add_argument("--only", nargs="+", default=[""], help="cells whose label contains any of these")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--kernels", action="store_true", help="profile both sides' steps: kernel ms per class, and gap")
@@ -124,7 +125,8 @@ def main() -> int:
         spec = cell.spec.replace(device="cuda", train_steps=args.warmup, warmup_steps=args.warmup,
                                  bench_steps=args.steps, repeats=1, profile=args.kernels)
         keep(rows, compare(cell.label, spec, "step_ms_p50",
-                           lambda: plain_loop(spec, args.steps, args.warmup, args.kernels), args.rounds), args.json)
+                           lambda: plain_loop(spec, args.steps, untimed_steps(spec), args.kernels), args.rounds),
+             args.json)
     return 0
 
 

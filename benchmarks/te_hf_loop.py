@@ -14,7 +14,8 @@ Two ways to call it (repository root, one process, one GPU, TE imported once):
   --sweep FILE   every ``hf:`` TE cell of a sweep file (``examples/your-model.yaml``: Llama-3-8B, Qwen2.5-7B and
                  Mistral-7B layer shapes), interleaved round by round: the trial (``run_trial``'s step_ms_p50)
                  and this loop at the cell's shape, batch and recipe; one line per cell with both medians and
-                 trial/plain (the goal: |trial/plain - 1| <= 0.02).
+                 trial/plain (the goal: |trial/plain - 1| <= 0.02). The loop warms up as many steps as the
+                 trial runs untimed (plain_check.untimed_steps).
   --cells ...    this loop alone at the shape given by flags, one line per cell (te_layer:precision[:recipe]).
 
     PYTHONPATH=. python benchmarks/te_hf_loop.py --sweep examples/your-model.yaml --rounds 3
@@ -39,7 +40,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from plain_check import Measured, compare, gc_off as collector_off, kernel_classes, keep  # benchmarks/: this dir
+from plain_check import (Measured, compare, gc_off as collector_off, kernel_classes, keep,  # benchmarks/: this dir
+                         untimed_steps)
 from trials import TrialSpec
 from trials.backends import te_compat
 from trials.backends import te_convert
@@ -182,7 +184,8 @@ def by_sweep(args: argparse.Namespace, te) -> list[dict]:
                   if spec.precision == "fp8" else None)
 
         def plain() -> Measured:
-            r = plain_loop(Shape.of(spec), te, spec.te_layer, recipe, args.steps, args.warmup, profiled=args.kernels)
+            r = plain_loop(Shape.of(spec), te, spec.te_layer, recipe, args.steps, untimed_steps(spec),
+                           profiled=args.kernels)
             return Measured(r["ms_p50"], r["kernel_ms"])
 
         keep(rows, compare(cell.label, spec, "step_ms_p50", plain, args.rounds), args.json)
