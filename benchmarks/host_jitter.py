@@ -13,33 +13,14 @@ ran during the timed steps with the time they took.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-import torch
-
-from te_hf_loop import Shape, plain_loop  # benchmarks/ is this script's directory
-from trials import TrialSpec
-from trials.backends import te_compat
+from te_hf_loop import plain_loop, runs_parser, runs_setup  # benchmarks/ is this script's directory
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    Shape.add_args(p, seq_len=256, batch_size=8)
-    p.add_argument("--te-layer", default="swap", choices=["swap", "transformer_layer"])
-    p.add_argument("--precision", default="fp8", choices=["bf16", "fp8"])
-    p.add_argument("--recipe", default="delayed", help="TE recipe name, as a sweep's recipe field (fp8)")
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--steps", type=int, default=20)
-    args = p.parse_args()
-    te = te_compat.import_te()
-    d = TrialSpec()
-    recipe = (te_compat.make_recipe(args.recipe, d.fp8_format, d.amax_history_len, d.amax_compute_algo)
-              if args.precision == "fp8" else None)
-    shape = Shape.from_args(args)
-    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} TE {te_compat.te_version()}; {shape}; "
-          f"{args.te_layer} {args.precision} {args.recipe if recipe else ''}", flush=True)
+    args = runs_parser(__doc__.split("\n")[0], steps=20).parse_args()
+    te, recipe, shape = runs_setup(args)
     for run in range(args.runs):
         for gc_off in (False, True):
             r = plain_loop(shape, te, args.te_layer, recipe, args.steps, args.warmup, gc_off=gc_off)

@@ -16,31 +16,17 @@ registered before it, the GPU ms per step (CUDA events, median) and the host's m
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 
-from te_hf_loop import Shape, plain_loop  # benchmarks/ is this script's directory
-from trials import TrialSpec
+from te_hf_loop import plain_loop, runs_parser, runs_setup  # benchmarks/ is this script's directory
 from trials.backends import te_compat
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    Shape.add_args(p, seq_len=256, batch_size=8)
-    p.add_argument("--te-layer", default="swap", choices=["swap", "transformer_layer"])
-    p.add_argument("--recipe", default="delayed", help="TE recipe name, as a sweep's recipe field")
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--steps", type=int, default=10)
-    args = p.parse_args()
-    te = te_compat.import_te()
-    d = TrialSpec()
-    recipe = te_compat.make_recipe(args.recipe, d.fp8_format, d.amax_history_len, d.amax_compute_algo)
-    shape = Shape.from_args(args)
-    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} TE {te_compat.te_version()}; {shape}; "
-          f"{args.te_layer} fp8 {args.recipe}", flush=True)
+    args = runs_parser(__doc__.split("\n")[0], steps=10).parse_args()
+    te, recipe, shape = runs_setup(args)
     for reset in (False, True):
         te_compat.reset_te_state()
         for run in range(args.runs):
