@@ -12,13 +12,29 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from rich.console import Console
 from rich.text import Text
 
+if TYPE_CHECKING:  # imported where used: `juicytalk --help` loads neither
+    import pyarrow as pa
+
+    from .store import Store
+
 DEFAULT_OUT = "./juicytalk-results"
 PROG = "juicytalk"
+
+
+def summary_records(store: Store) -> pa.Table:
+    """The columns of every record in ``store`` that the sweep's closing summary (progress.SUMMARY_COLUMNS) and its
+    efficiency line (efficiency.INPUT_COLUMNS) read: naming them here by hand once left the summary without a
+    served cell's decode p50 and a compiled cell's ``compiled_eager_why``, which its tests, handed whole records,
+    never saw."""
+    from .efficiency import INPUT_COLUMNS
+    from .progress import SUMMARY_COLUMNS
+
+    return store.read_records(list(dict.fromkeys([*SUMMARY_COLUMNS, *INPUT_COLUMNS])))
 
 
 def _fail(message: str) -> int:
@@ -158,11 +174,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"{PROG}: error: storage: {exc}; {done} of {len(sweep.cells) * sweep.samples} trials have intact "
               "records; free space and rerun the same command to resume", file=sys.stderr)
         return 1
-    from .efficiency import INPUT_COLUMNS, describe, run_efficiency
+    from .efficiency import describe, run_efficiency
 
     store = Store(storage, sweep.name)
-    records = store.read_records(["cell_id", "sample", "step_ms_p50", "error", "timing_disturbed_why", "precision",
-                                  "effective_precision", "fp8_flop_share", *INPUT_COLUMNS])
+    records = summary_records(store)
     print_table(console, summary_table(outcome.items, outcome.statuses, records))
     for line in reasons_below(outcome.items, outcome.statuses, records):
         console.print(Text(line), soft_wrap=True)  # an error's text, never markup

@@ -84,16 +84,19 @@ class SweepProgress:
         return Group(line, table)
 
 
+# The record columns the summary reads (:func:`_reasons`): the sweep reads just these (and its efficiency's) back
+SUMMARY_COLUMNS = ("cell_id", "sample", "step_ms_p50", "decode_ms_per_token_p50", "error", "timing_disturbed_why",
+                   "precision", "effective_precision", "fp8_flop_share", "compiled_eager_why")
+
+
 def _reasons(records: Any) -> tuple[dict[str, str | None], dict[str, str]]:
     """(key -> p50 text, key -> the first line of its record's error, or for a trial that ran ok but whose timed
     steps something else slowed, what did (trials/measure/disturbance.py), or that asked FP8 and ran none, or asked
     compile and ran eager code (compiled_eager_why), so) from the records."""
     p50, why = {}, {}
     if records is not None and records.num_rows:
-        names = ("cell_id", "sample", "step_ms_p50", "decode_ms_per_token_p50", "error", "timing_disturbed_why",
-                 "precision", "effective_precision", "fp8_flop_share", "compiled_eager_why")
         columns = (records.column(n).to_pylist() if n in records.column_names else [None] * records.num_rows
-                   for n in names)
+                   for n in SUMMARY_COLUMNS)
         for cid, s, step, decode, error, disturbed, asked, ran, share, eager in zip(*columns):
             p50[f"{cid}-s{s}"] = f"{step:.2f}" if step is not None else f"{decode:.2f}/tok" if decode is not None else None
             # an ok FP8 trial that ran no FP8 worth the name (trials.measure.metrics.fp8_ran) is not an FP8 result

@@ -91,24 +91,29 @@ def test_the_summary_prints_an_error_that_looks_like_console_markup(tmp_path):
     assert "[/__w/pytorch/third_party/gloo/pair.cc:553]" in console.export_text()
 
 
-def test_the_summary_shows_an_inference_trials_decode_step_per_token():
-    """An infer record has no training step: the summary's p50 column read '-' for every served cell on the H200."""
-    import pyarrow as pa
+def test_the_summary_shows_an_inference_trials_decode_step_and_a_compiled_cells_eager_run(tmp_path):
+    """An infer record has no training step: the summary's p50 column read '-' for every served cell on the H200.
+    Read back as the sweep reads its records (cli.summary_records): that read named its columns by hand and left
+    out the decode p50 and compiled_eager_why, so the CLI's summary still read '-' and never said 'ran eager'."""
     from rich.console import Console
 
+    from orchestrator.cli import summary_records
     from orchestrator.progress import summary_table
     from orchestrator.work import WorkItem
     from trials import TrialSpec
 
-    train, infer = WorkItem.of(TrialSpec(), 0), WorkItem.of(TrialSpec(workload="infer"), 0)
-    records = pa.Table.from_pylist([
-        {"cell_id": train.cell_id, "sample": 0, "step_ms_p50": 12.5, "decode_ms_per_token_p50": None, "error": None},
-        {"cell_id": infer.cell_id, "sample": 0, "step_ms_p50": None, "decode_ms_per_token_p50": 3.365, "error": None}])
+    train, infer = WorkItem.of(TrialSpec(backend="torch", compile=True), 0), WorkItem.of(TrialSpec(workload="infer"), 0)
+    store = Store(str(tmp_path), "s")
+    store.ensure()
+    store.write_record(_record(train.cell_id, 0, step_ms_p50=12.5, compiled_eager_why="ran eager code: 0 graphs"))
+    store.write_record(_record(infer.cell_id, 0, decode_ms_per_token_p50=3.365))
     console = Console(record=True, width=300)
-    console.print(summary_table([train, infer], {train.key: "ok", infer.key: "ok"}, records))
-    rows = [[c.strip() for c in line.split("│")] for line in console.export_text().splitlines() if "-s0" in line]
+    console.print(summary_table([train, infer], {train.key: "ok", infer.key: "ok"}, summary_records(store)))
+    text = console.export_text()
+    rows = [[c.strip() for c in line.split("│")] for line in text.splitlines() if "-s0" in line]
     p50 = {row[5]: row[4] for row in rows}  # key -> p50 ms
     assert p50 == {train.key: "12.50", infer.key: "3.37/tok"}, rows
+    assert "ran eager code: 0 graphs" in text
 
 
 def test_the_summary_says_an_fp8_trial_that_ran_no_fp8_is_not_an_fp8_result():
