@@ -15,6 +15,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from trials.measure.steadiness import unsteady_spread
 from trials.record.fields import FINAL_STATUSES
 
 from .store import Store
@@ -86,26 +87,29 @@ class SweepProgress:
 
 # The record columns the summary reads (:func:`_reasons`): the sweep reads just these (and its efficiency's) back
 SUMMARY_COLUMNS = ("cell_id", "sample", "step_ms_p50", "decode_ms_per_token_p50", "error", "timing_disturbed_why",
-                   "precision", "effective_precision", "fp8_flop_share", "compiled_eager_why")
+                   "precision", "effective_precision", "fp8_flop_share", "compiled_eager_why", "step_ms_std", "timer")
 
 
 def _reasons(records: Any) -> tuple[dict[str, str | None], dict[str, str]]:
     """(key -> p50 text, key -> the first line of its record's error, or for a trial that ran ok but whose timed
     steps something else slowed, what did (trials/measure/disturbance.py), or that asked FP8 and ran none, or asked
-    compile and ran eager code (compiled_eager_why), so) from the records."""
+    compile and ran eager code (compiled_eager_why), or whose GPU steps spread (trials/measure/steadiness.py), so) from
+    the records."""
     p50, why = {}, {}
     if records is not None and records.num_rows:
         columns = (records.column(n).to_pylist() if n in records.column_names else [None] * records.num_rows
                    for n in SUMMARY_COLUMNS)
-        for cid, s, step, decode, error, disturbed, asked, ran, share, eager in zip(*columns):
+        for cid, s, step, decode, error, disturbed, asked, ran, share, eager, std, timer in zip(*columns):
             p50[f"{cid}-s{s}"] = f"{step:.2f}" if step is not None else f"{decode:.2f}/tok" if decode is not None else None
             # an ok FP8 trial that ran no FP8 worth the name (trials.measure.metrics.fp8_ran) is not an FP8 result
             not_fp8 = (f"ran {ran}, not an FP8 result: " + (f"{share:.0%} of its FLOPs in FP8" if share is not None
                                                             else "no FP8") + " (fp8_skipped_why)"
                        if asked == "fp8" and ran not in ("fp8", None) else "")
+            spread = unsteady_spread(std, step, timer)
+            unsteady = f"unsteady steps: sd {spread:.0%} of the median" if spread is not None else ""
             why[f"{cid}-s{s}"] = (str(error).splitlines()[0] if error else
                                   "; ".join(w for w in (not_fp8, eager, f"timing disturbed: {disturbed}" if disturbed
-                                                        else "") if w))
+                                                        else "", unsteady) if w))
     return p50, why
 
 

@@ -116,6 +116,30 @@ def test_the_summary_shows_an_inference_trials_decode_step_and_a_compiled_cells_
     assert "ran eager code: 0 graphs" in text
 
 
+def test_the_summary_says_a_gpu_cell_whose_steps_spread_is_unsteady(tmp_path):
+    """The full-depth TE swap FP8 cell's steps on an H200 (sd 16% of the median): the report flagged it, the sweep's
+    summary said nothing; the same rule (trials/measure/steadiness.py) now says it in both. A CPU cell's
+    host-clock steps are not judged."""
+    from rich.console import Console
+
+    from orchestrator.cli import summary_records
+    from orchestrator.progress import summary_table
+    from orchestrator.work import WorkItem
+    from trials import TrialSpec
+    from trials.measure.metrics import step_stats
+
+    gpu, cpu = WorkItem.of(TrialSpec(backend="te", precision="fp8"), 0), WorkItem.of(TrialSpec(device="cpu"), 0)
+    spread = step_stats([249.3, 297.1, 315.6, 239.9, 223.8, 203.2, 205.0, 226.3, 280.9, 237.5])
+    store = Store(str(tmp_path), "s")
+    store.ensure()
+    store.write_record(_record(gpu.cell_id, 0, timer="cuda_event", **spread))
+    store.write_record(_record(cpu.cell_id, 0, timer="perf_counter", **spread))
+    console = Console(record=True, width=300)
+    console.print(summary_table([gpu, cpu], {gpu.key: "ok", cpu.key: "ok"}, summary_records(store)))
+    unsteady = [line for line in console.export_text().splitlines() if "unsteady steps" in line]
+    assert len(unsteady) == 1 and gpu.key in unsteady[0] and "sd 16% of the median" in unsteady[0], unsteady
+
+
 def test_the_summary_says_an_fp8_trial_that_ran_no_fp8_is_not_an_fp8_result():
     """hf:gpt2 on torchao converts nothing: its trial is ok, and its row says it ran BF16 (issue 44 item 1)."""
     import pyarrow as pa

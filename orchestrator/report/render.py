@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from trials.measure.steadiness import unsteady_spread
 from trials.record.atomic import write_text_atomic
 from trials.numbers import fmt_sig, round_sig
 
@@ -258,9 +259,6 @@ def why_sections(df: pd.DataFrame, pair_rows: pd.DataFrame, timing: Timing, what
 
 MAX_PLAUSIBLE_FP8_SPEEDUP = 1.7  # end to end; published FP8 gains are ~1.1-1.5x for 1-10B models
 MAX_PLAUSIBLE_MFU = 0.8
-# timed steps whose sd is over this share of their median: the full-depth TE swap FP8 cell's steps ran 203-316 ms
-# (sd 16% of the median) on an H200, and its plain loop read 212-269 ms from run to run on an H100
-MAX_STEADY_SPREAD = 0.10
 
 
 def sanity_flags(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
@@ -286,13 +284,12 @@ def sanity_flags(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
                     "why": "the GPU waits on the host: this time measures launch overhead, not only the GPU; "
                            "compare with cuda_graphs" + ("" if not getattr(r, "compile", False) else
                                             " (compiled cells: torch.compile mode reduce-overhead)")})
-    gpu = ok[ok["timer"] == "cuda_event"]  # on CPU the host clock times steps that are all host work
-    for r in gpu[gpu["step_ms_std"] > MAX_STEADY_SPREAD * gpu["step_ms_p50"]].itertuples():
-        spread = r.step_ms_std / r.step_ms_p50
-        out.append({"cell": r.cell_label, "check": "unsteady steps", "value": round(spread, 3),
-                    "why": f"its timed steps' sd is {spread:.0%} of their median: a median of steps that spread so "
-                           "(the host's pace where launch-bound) moves by about as much from one run to the next; "
-                           "take more samples before reading a gap under that"})
+    for r in ok[["cell_label", "step_ms_std", "step_ms_p50", "timer"]].itertuples():
+        if (spread := unsteady_spread(r.step_ms_std, r.step_ms_p50, r.timer)) is not None:
+            out.append({"cell": r.cell_label, "check": "unsteady steps", "value": round(spread, 3),
+                        "why": f"its timed steps' sd is {spread:.0%} of their median: a median of steps that spread "
+                               "so (the host's pace where launch-bound) moves by about as much from one run to the "
+                               "next; take more samples before reading a gap under that"})
     neighbours = concurrent_trials(df)[ok.index]  # failed trials shared the host too
     shared: dict[Any, dict] = {}  # record index -> its "shared host" row: one per record, every reason in it
     for r, n in zip(ok[["cell_label", "timer", "launch_bound", "cuda_graphs"]].itertuples(), neighbours):
