@@ -6,7 +6,8 @@ draws depends on its operands' bits, not only its FLOPs. The harness trains on a
 vocabulary, and read 1.6-3.2% slower than the trial on the full-depth torch and TE BF16 cells (an H100), every
 round. This trains one model of a sweep's cell (benchmarks/hf_loop.py's plain model) on each kind in turn, round
 after round, and prints per kind the median ms per step (CUDA events), the mean SM clock and board power over an
-energy window of the same steps (trials/measure/energy.py), and the step's final loss:
+energy window of the same steps (trials/measure/energy.py), and the step's final loss (the step:
+hf_loop.plain_training):
   task          the harness's batches (ArithmeticSequences: ids < 128)
   random-128    uniform ids < 128
   random-vocab  uniform ids over the whole vocabulary (hf_loop.py's plain loop)
@@ -22,9 +23,8 @@ import statistics
 import sys
 
 import torch
-import torch.nn.functional as F
 
-from hf_loop import plain_model  # benchmarks/ is this script's directory
+from hf_loop import plain_training  # benchmarks/ is this script's directory
 from orchestrator.sweep import load_sweep
 from trials.measure import energy
 from trials.workloads.data import ArithmeticSequences
@@ -61,21 +61,8 @@ def main() -> int:
     args = ap.parse_args()
     cell = next(c for c in load_sweep(args.sweep).cells if c.label == args.cell)
     spec = cell.spec.replace(device="cuda")
-    model = plain_model(spec)
-    if spec.compile:
-        for i, layer in enumerate(model.model.layers):
-            model.model.layers[i] = torch.compile(layer)
-    vocab = model.config.vocab_size
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01, fused=True)
+    vocab, step = plain_training(spec)
     data = {k: batches(k, vocab, spec.batch_size, spec.seq_len, spec.seed) for k in args.kinds}
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        logits = model(input_ids=x, use_cache=False).logits  # (b, t, vocab)
-        loss = F.cross_entropy(logits.float().view(-1, vocab), y.reshape(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
 
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__}; {cell.label}: {args.rounds} rounds of "
           f"{args.steps} timed steps per kind, then an energy window", flush=True)

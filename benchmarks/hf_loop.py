@@ -23,6 +23,7 @@ import argparse
 import statistics
 import sys
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -65,30 +66,41 @@ def plain_model(spec: TrialSpec) -> nn.Module:
     return model
 
 
-def plain_loop(spec: TrialSpec, steps: int, warmup: int, profiled: bool = False) -> Measured:
-    """Median step of the plain loop, ms; ``profiled``: then its kernels per class (a few more steps)."""
+def plain_training(spec: TrialSpec) -> tuple[int, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    """(vocab, ``step(x, y) -> loss``): :func:`plain_model`, each decoder layer compiled for compile cells (as
+    torchtitan compiles, and the trial: train_step.py), and one training step over it: fp32 cross-entropy on the
+    logits, backward, fused AdamW. The step holds the model and its optimizer."""
     model = plain_model(spec)
     vocab = model.config.vocab_size
-    if spec.compile:  # each decoder layer, as torchtitan compiles (the trial does the same: train_step.py)
+    if spec.compile:
         for i, layer in enumerate(model.model.layers):
             model.model.layers[i] = torch.compile(layer)
-    forward = model
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01, fused=True)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = model(input_ids=x, use_cache=False).logits  # (b, t, vocab)
+        loss = F.cross_entropy(logits.float().view(-1, vocab), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return vocab, step
+
+
+def plain_loop(spec: TrialSpec, steps: int, warmup: int, profiled: bool = False) -> Measured:
+    """Median step of the plain loop, ms; ``profiled``: then its kernels per class (a few more steps)."""
+    vocab, train = plain_training(spec)
     gen = torch.Generator(device="cuda").manual_seed(spec.seed)
-    # ids over the whole vocabulary, as the harness's sequences and te_hf_loop's batches cover it (this loop fed
-    # ids from the first 128 only until the your-model study's torchao check; its README has both measurements)
+    # uniform ids over the whole vocabulary (the harness's are arithmetic sequences over the first 128: on the
+    # full-depth torch BF16 cell both, and Zipfian ids, timed within 1%: benchmarks/data_power.py)
     batches = [torch.randint(0, vocab, (spec.batch_size, spec.seq_len + 1), device="cuda", generator=gen)
                for _ in range(4)]
     turn = iter(range(10**9))
 
     def step() -> None:
         seq = batches[next(turn) % len(batches)]
-        x, y = seq[:, :-1], seq[:, 1:]
-        logits = forward(input_ids=x, use_cache=False).logits
-        loss = F.cross_entropy(logits.float().view(-1, vocab), y.reshape(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        train(seq[:, :-1], seq[:, 1:])
 
     times = []
     for i in range(warmup + steps):
@@ -101,7 +113,7 @@ def plain_loop(spec: TrialSpec, steps: int, warmup: int, profiled: bool = False)
     torch.cuda.synchronize()
     ms = statistics.median(s.elapsed_time(e) for s, e in times)
     out = Measured(ms, kernel_classes(step, ms) if profiled else None)
-    del model, opt, forward
+    train = step = None  # drops the model and its optimizer (held by the step) before the cache is emptied
     torch.cuda.empty_cache()
     return out
 
