@@ -70,7 +70,7 @@ def test_multi_rank_settings_that_cannot_run_name_their_field(values, field):
 
 
 SHARD_CHECK = """
-import torch, torch.distributed as dist, torch.nn as nn
+import pathlib, sys, torch, torch.distributed as dist, torch.nn as nn
 from torch.distributed.fsdp import fully_shard
 from trials.parallel.ranks import local_shard
 dist.init_process_group("gloo")
@@ -83,7 +83,7 @@ fully_shard(model)
 for name, p in model.named_parameters():
     mine = local_shard(full[name], p)
     assert mine.shape[0] < full[name].shape[0] and torch.equal(mine, p.to_local()), name
-print("rank", dist.get_rank(), "ok")
+pathlib.Path(sys.argv[1], f"rank{dist.get_rank()}.ok").touch()  # a file each: the ranks share one stdout
 """
 
 
@@ -93,9 +93,10 @@ def test_a_whole_tensor_is_cut_as_fsdp2_cut_the_parameter(tmp_path):
     script = tmp_path / "shard.py"
     script.write_text(SHARD_CHECK)
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                          f"--master-port={_free_port()}", str(script)], cwd=REPO, capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
-    assert run.returncode == 0 and "rank 0 ok" in run.stdout and "rank 1 ok" in run.stdout, run.stderr[-3000:]
+                          f"--master-port={_free_port()}", str(script), str(tmp_path)], cwd=REPO, capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.glob("*.ok")) == ["rank0.ok", "rank1.ok"]
 
 
 def test_fp8_all_gather_is_accepted_where_a_stack_builds_it():
