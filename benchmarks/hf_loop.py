@@ -30,11 +30,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from orchestrator.sweep import load_sweep
-from plain_check import Measured, compare, kernel_classes, keep, untimed_steps  # benchmarks/: this directory
+from plain_check import (HF_NAMES, Measured, compare, hf_model, kernel_classes, keep,  # benchmarks/: this directory
+                         untimed_steps)
 from trials import TrialSpec
-
-HF_NAMES = {"vocab": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers",
-            "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "ffn": "intermediate_size"}
 
 
 def fp8_layer(mod: nn.Module, fqn: str) -> bool:
@@ -44,18 +42,9 @@ def fp8_layer(mod: nn.Module, fqn: str) -> bool:
 
 
 def plain_model(spec: TrialSpec) -> nn.Module:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    values = {HF_NAMES[f]: getattr(spec, f) for f in HF_NAMES if getattr(spec, f) is not None}
-    cfg = AutoConfig.for_model(spec.model.removeprefix("hf:"), **values)
-    cfg.max_position_embeddings = max(cfg.max_position_embeddings, spec.seq_len)
-    cfg.use_cache = False
-    for key, value in cfg.to_dict().items():
-        if "dropout" in key and isinstance(value, float):
-            setattr(cfg, key, 0.0)
-    torch.manual_seed(spec.seed)
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa")
+    """The cell's model (plain_check.hf_model), checkpointed and converted to float8 as the cell asks."""
+    model = hf_model(spec.model.removeprefix("hf:"), {k: getattr(spec, k) for k in HF_NAMES}, spec.seq_len,
+                     spec.seed)
     if spec.activation_checkpointing == "full":  # every decoder layer recomputed, as a user asks transformers
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if spec.precision == "fp8":

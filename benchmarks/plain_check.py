@@ -22,6 +22,28 @@ from trials.measure import kernels
 from trials.measure.bench import HOST_PROBE_STEPS
 
 GOAL = 0.02
+# a sweep's shape fields -> transformers' config keys, for the plain loops' own builds of ``hf:`` models
+HF_NAMES = {"vocab": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers",
+            "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "ffn": "intermediate_size"}
+
+
+def hf_model(model_type: str, shape: dict[str, int | None], seq_len: int, seed: int) -> torch.nn.Module:
+    """A transformers model as a user writes it, without trials/models/hf.py: ``AutoConfig.for_model`` with the
+    ``shape`` fields that are not None (the type's own otherwise), room for ``seq_len`` positions, no KV cache, no
+    dropout (a trial trains without: its loss curve is the model's, not the mask's), seeded random init on the
+    GPU (a CPU init of 8B weights takes minutes), BF16, SDPA. Shared by every plain loop, so that the TE and the
+    torch/torchao checks time one and the same model."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(model_type, **{HF_NAMES[k]: v for k, v in shape.items() if v is not None})
+    cfg.max_position_embeddings = max(cfg.max_position_embeddings, seq_len)
+    cfg.use_cache = False
+    for key, value in cfg.to_dict().items():
+        if ("dropout" in key or "pdrop" in key) and isinstance(value, float):  # GPT-2 says pdrop
+            setattr(cfg, key, 0.0)
+    torch.manual_seed(seed)
+    with torch.device("cuda"):
+        return AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa").train()
 
 
 def untimed_steps(spec: TrialSpec) -> int:

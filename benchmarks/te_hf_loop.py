@@ -40,17 +40,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from plain_check import (Measured, compare, gc_off as collector_off, kernel_classes, keep,  # benchmarks/: this dir
-                         untimed_steps)
+from plain_check import (HF_NAMES, Measured, compare, gc_off as collector_off, hf_model,  # benchmarks/: this dir
+                         kernel_classes, keep, untimed_steps)
 from trials import TrialSpec
 from trials.backends import te_compat
 from trials.backends import te_convert
 from trials.measure.gc_pauses import GcPauses
 from trials.workloads.train_step import make_optimizer
-
-SHAPE_TO_HF = {"vocab": "vocab_size", "d_model": "hidden_size", "n_layers": "num_hidden_layers",
-               "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "ffn": "intermediate_size"}
-
 
 @dataclass(frozen=True)
 class Shape:
@@ -72,7 +68,7 @@ class Shape:
     def add_args(p: argparse.ArgumentParser, seq_len: int, batch_size: int) -> None:
         """The flags :meth:`from_args` reads: the model type, its shape fields, the batch, lr and seed."""
         p.add_argument("--model", default="llama", help="transformers model_type (llama, qwen2, mistral, ...)")
-        for k in SHAPE_TO_HF:
+        for k in HF_NAMES:
             p.add_argument(f"--{k.replace('_', '-')}", dest=k, type=int)
         p.add_argument("--seq-len", type=int, default=seq_len)
         p.add_argument("--batch-size", type=int, default=batch_size)
@@ -90,15 +86,8 @@ class Shape:
 
 
 def build(shape: Shape, te_layer: str, te) -> tuple[torch.nn.Module, list]:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    values = {hf: getattr(shape, k) for k, hf in SHAPE_TO_HF.items() if getattr(shape, k) is not None}
-    cfg = AutoConfig.for_model(shape.model, **values)
-    cfg.max_position_embeddings = max(cfg.max_position_embeddings, shape.seq_len)
-    cfg.use_cache = False
-    torch.manual_seed(shape.seed)
-    with torch.device("cuda"):  # initialised on the GPU, as the harness builds it (a CPU init of 1B weights takes ~10 s)
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa").train()
+    """The shape's model (plain_check.hf_model) and, unless ``te_layer`` is none, its conversion to TE."""
+    model = hf_model(shape.model, {k: getattr(shape, k) for k in HF_NAMES}, shape.seq_len, shape.seed)
     steps = [] if te_layer == "none" else te_convert.convert(model, te, te_layer)
     return model, steps
 
@@ -146,7 +135,7 @@ def plain_loop(shape: Shape, te, te_layer: str, recipe: Any, steps: int, warmup:
            "kernel_ms": kernel_classes(step, statistics.median(per_step)) if profiled else None,
            "loss_first": first, "loss_last": loss.item(), "converted": sum(s.converts for s in plan),
            "kept": [s.name for s in plan if not s.converts]}
-    del model, opt, x, y, data
+    model = opt = x = y = data = None  # clears step()'s cells too: the model goes before the cache is emptied
     if reset:  # as run_trial leaves TE: the next loop or trial reduces no amax of this model
         te_compat.reset_te_state()
     gc.collect()
