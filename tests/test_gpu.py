@@ -502,3 +502,81 @@ def test_torchao_keeps_transformers_moe_experts_in_bf16_and_trains(recipe):
     assert ("rowwise recipe only" in why[kept[0]]) == (recipe == "tensorwise"), why[kept[0]]
     # q, k, v, o of 2 layers in FP8: a fifth of the step's FLOPs, an FP8 result still (metrics.FP8_MIN_SHARE)
     assert rec["effective_precision"] == "fp8" and 0.05 < rec["fp8_flop_share"] < 0.5, rec["fp8_flop_share"]
+
+
+@needs_cuda
+def test_a_phase_has_its_own_peak_and_the_trial_keeps_its_whole_peak():
+    """trials.measure.memory: the timed decode's peak (memory.phase) is its own, and the trial's snapshot still
+    holds what was allocated before the phase (an infer cell's BF16 training)."""
+    from trials.measure import memory
+
+    big, small = 256 << 20, 16 << 20
+    baseline = memory.reset("cuda")
+    x = torch.empty(big, dtype=torch.uint8, device="cuda")
+    del x
+    record: dict = {}
+    with memory.phase("cuda", record) as own:
+        y = torch.empty(small, dtype=torch.uint8, device="cuda")
+        del y
+    snap = memory.snapshot(baseline, record)
+    assert snap["peak_mem_allocated_bytes"] >= baseline.allocated_bytes + big
+    assert baseline.allocated_bytes + small <= own.allocated < baseline.allocated_bytes + big
+
+
+@needs_cuda
+def test_a_trial_starts_with_no_ooms_or_allocation_retries_of_an_earlier_trial():
+    """torch counts OOMs and allocation retries over the process; a warm launcher's next trial reports its own."""
+    from trials.measure import memory
+
+    try:  # an OOM caught and survived, as a teacher-forced read's is
+        torch.empty(2 * torch.cuda.get_device_properties(0).total_memory, dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError:
+        pass
+    assert torch.cuda.memory_stats()["num_ooms"] >= 1
+    snap = memory.snapshot(memory.reset("cuda"), {})
+    assert snap["num_ooms"] == 0 and snap["num_alloc_retries"] == 0
+
+
+@needs_cuda
+def test_an_infer_cells_peak_memory_is_the_whole_trials_and_its_decode_peak_the_timed_generations():
+    """The BF16 training before the timed decode holds weights, gradients and AdamW's two moments (each as large
+    as the inference model's weights): the trial's peak is at least 4x weight_bytes, the decode's below it."""
+    rec = run_trial(TrialSpec(workload="infer", backend="torch", precision="bf16", d_model=512, n_layers=2,
+                              seq_len=64, batch_size=4, train_steps=4, bench_steps=2, prompt_len=8, gen_len=8,
+                              profile=False, device="cuda"))
+    assert rec["status"] == "ok", rec["error"]
+    weights = rec["weight_bytes"]
+    assert rec["peak_mem_allocated_bytes"] >= 4 * weights > rec["peak_decode_mem_bytes"] >= weights
+    assert rec["peak_mem_reserved_bytes"] >= rec["peak_mem_allocated_bytes"]
+
+
+@needs_cuda
+def test_the_busy_time_of_kernels_on_two_streams_is_their_union_and_of_one_stream_their_sum():
+    """trials.measure.kernels.profile reads each kernel's interval: a kernel spinning on a side stream (as NCCL's
+    does, waiting for the other ranks) beside the default stream's GEMMs counts once in the busy time the gap is
+    taken from, and in full in the classes' sum; one stream's busy time is its kernels' sum."""
+    from trials.measure.kernels import profile
+
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+
+    def gemms():
+        for _ in range(20):
+            a @ a
+
+    def beside():
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(10_000_000)  # ~5 ms of spinning on one SM
+        gemms()
+        torch.cuda.current_stream().wait_stream(side)
+
+    gemms(), beside()
+    serial = profile(gemms, 3, "cuda")
+    assert serial.busy_ms == pytest.approx(serial.total_ms, rel=1e-4)
+    both = profile(beside, 3, "cuda")
+    gemm = both.ms()["gemm_bf16"]
+    spin = both.total_ms - gemm
+    print(f"\ngemms {gemm:.3f} ms beside {spin:.3f} ms spinning: busy {both.busy_ms:.3f} ms per step")
+    assert max(gemm, spin) * (1 - 1e-6) <= both.busy_ms < both.total_ms - 0.5 * min(gemm, spin)
+    assert both.fields(both.total_ms)["kernel_gap_ms"] == pytest.approx(both.total_ms - both.busy_ms)

@@ -90,7 +90,7 @@ def run_trial(spec: TrialSpec, capability: Capability | None = None, process_tri
             with distributed.session(spec.world_size, spec.parallel, device) as ranks:
                 numerics = runner(spec.workload)(spec, res, cfg, record, t0, ranks)
             if numerics is not None:  # a second model (the BF16 partner) trains: after the cell's own peaks
-                record.update(memory.snapshot(baseline))
+                record.update(memory.snapshot(baseline, record))
                 baseline = None
                 memory.release(device)
                 record.update(numerics(partners))
@@ -102,7 +102,7 @@ def run_trial(spec: TrialSpec, capability: Capability | None = None, process_tri
         log.warning("trial %s: %s", record["status"], record["error"].splitlines()[0], exc_info=log.isEnabledFor(logging.DEBUG))
     finally:
         if baseline is not None:
-            record.update(memory.snapshot(baseline))
+            record.update(memory.snapshot(baseline, record))
         te_compat.reset_te_state()  # a process may run more trials: leave nothing of this one behind
         memory.release(device)
         record.update(finished_at=_now(), duration_s=time.perf_counter() - t0)

@@ -2,15 +2,20 @@
 
 The allocator numbers say what the model needed; NVML sees what the driver charged this process
 (CUDA context and library workspaces included), which is what decides an OOM on a shared GPU.
-A process may run several trials (the warm launcher): :func:`reset` starts every counter afresh and
-:func:`release` hands back what the last trial left, so each trial's figures are its own.
+A process may run several trials (the warm launcher): :func:`reset` starts every counter afresh (the
+peaks, and the OOM and retry counts, which torch accumulates over the process until they are reset on
+their own) and :func:`release` hands back what the last trial left, so each trial's figures are its own.
+The allocator keeps one high-water mark: a part of a trial that wants a peak of its own (the timed
+decode) takes it through :func:`phase`, which keeps the trial's peak so far in the record for :func:`snapshot`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 
@@ -28,14 +33,69 @@ class Baseline:
     rss_reset: bool  # the host RSS high-water mark could be reset (else peak_rss_bytes stays unknown)
 
 
+@dataclass(frozen=True)
+class Peaks:
+    """The allocator's high-water marks, bytes."""
+
+    allocated: int
+    reserved: int
+
+    @classmethod
+    def now(cls) -> "Peaks":
+        """Since the allocator's last reset."""
+        return cls(int(torch.cuda.max_memory_allocated()), int(torch.cuda.max_memory_reserved()))
+
+    @classmethod
+    def of(cls, record: dict) -> "Peaks | None":
+        """The trial's peaks so far that a :func:`phase` wrote into its record (None: no phase yet)."""
+        if record.get(PEAK_FIELDS[0]) is None:
+            return None
+        return cls(*(int(record[f]) for f in PEAK_FIELDS))
+
+
+PEAK_FIELDS = ("peak_mem_allocated_bytes", "peak_mem_reserved_bytes")  # Peaks' two, as the record names them
+
+
+def over_both(earlier: Peaks | None, since: Peaks) -> Peaks:
+    """The peaks over a whole trial: those kept before the allocator's last reset (None: no reset since the
+    trial began) and those since."""
+    if earlier is None:
+        return since
+    return Peaks(max(earlier.allocated, since.allocated), max(earlier.reserved, since.reserved))
+
+
 def reset(device: str) -> Baseline:
-    """Start this trial's peaks."""
+    """Start this trial's peaks and counters."""
     rss_reset = _reset_peak_rss()
     allocated = 0
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
+        torch.cuda.reset_accumulated_memory_stats()  # num_ooms, num_alloc_retries: an earlier trial's otherwise
         allocated = int(torch.cuda.memory_allocated())
     return Baseline(device, allocated, rss_reset)
+
+
+@dataclass
+class PhasePeak:
+    """A phase's own peak allocated device memory, bytes: None until the phase ends, and on CPU."""
+
+    allocated: int | None = None
+
+
+@contextmanager
+def phase(device: str, record: dict) -> Iterator[PhasePeak]:
+    """Measure the peak of the code inside (the timed generations) without losing the trial's: the allocator
+    keeps one high-water mark, so the trial's peaks so far go into ``record``'s peak fields before it is reset,
+    and :func:`snapshot` (given the record) takes the larger of those and the allocator's."""
+    out = PhasePeak()
+    if device != "cuda":
+        yield out
+        return
+    kept = over_both(Peaks.of(record), Peaks.now())
+    record.update(zip(PEAK_FIELDS, (kept.allocated, kept.reserved)))
+    torch.cuda.reset_peak_memory_stats()
+    yield out
+    out.allocated = int(torch.cuda.max_memory_allocated())
 
 
 def _reset_peak_rss() -> bool:
@@ -74,18 +134,18 @@ def nvml_process_bytes() -> int | None:
     return None
 
 
-def snapshot(baseline: Baseline) -> dict[str, int | None]:
-    """Peaks since :func:`reset` plus allocator OOM counters."""
+def snapshot(baseline: Baseline, record: dict) -> dict[str, int | None]:
+    """Peaks and allocator OOM counters since :func:`reset`: the whole trial's, the peaks a :func:`phase` kept
+    in ``record`` folded in."""
     host = {"peak_rss_bytes": peak_rss_bytes() if baseline.rss_reset else None,
             "mem_at_start_bytes": baseline.allocated_bytes}
     if baseline.device != "cuda":
-        return {"peak_mem_allocated_bytes": None, "peak_mem_reserved_bytes": None,
-                "nvml_process_mem_bytes": None, "num_ooms": None, "num_alloc_retries": None, **host}
+        return {**dict.fromkeys(PEAK_FIELDS), "nvml_process_mem_bytes": None, "num_ooms": None, "num_alloc_retries": None, **host}
     stats = torch.cuda.memory_stats()
+    peaks = over_both(Peaks.of(record), Peaks.now())
     return {
         **host,
-        "peak_mem_allocated_bytes": int(torch.cuda.max_memory_allocated()),
-        "peak_mem_reserved_bytes": int(torch.cuda.max_memory_reserved()),
+        **dict(zip(PEAK_FIELDS, (peaks.allocated, peaks.reserved))),
         "nvml_process_mem_bytes": nvml_process_bytes(),
         "num_ooms": int(stats.get("num_ooms", 0)),
         "num_alloc_retries": int(stats.get("num_alloc_retries", 0)),

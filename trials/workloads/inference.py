@@ -115,7 +115,7 @@ def run(spec: TrialSpec, res: Resolution, cfg: Any, record: dict[str, Any], t0: 
         forced = reference.tokens[:, :-1]  # the decode steps' inputs: the reference's own greedy tokens
         keep = teacher_forced.served_rows(spec.batch_size, spec.prompt_len + spec.gen_len - 1)
         ref_log_probs = _guarded(lambda: ref_generator.forced(prompts, forced, keep))
-    del ref_generator
+    ref_generator = None  # frees the reference model (held by the closure too) before the served one is built
     if recipe is not None:
         _calibrate(model, te, recipe, data)
         if spec.weights == "fp8":
@@ -133,10 +133,10 @@ def run(spec: TrialSpec, res: Resolution, cfg: Any, record: dict[str, Any], t0: 
     generator.generate(prompts, spec.gen_len)  # warm-up: kernels chosen, caches filled
     if res.device == "cuda":
         torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    with disturbance.watch(res.device) as seen:  # what else ran on the host and the GPU meanwhile
+    # decode_mem: the timed generations' own peak, the trial's (training, the reference) kept whole beside it;
+    # seen: what else ran on the host and the GPU meanwhile
+    with memory.phase(res.device, record) as decode_mem, disturbance.watch(res.device) as seen:
         runs: list[Generation] = [generator.generate(prompts, spec.gen_len) for _ in range(spec.bench_steps)]
-    peak = int(torch.cuda.max_memory_allocated()) if res.device == "cuda" else None
     record["bench_s"] = time.perf_counter() - t_bench
 
     tokens = runs[-1].tokens
@@ -144,7 +144,8 @@ def run(spec: TrialSpec, res: Resolution, cfg: Any, record: dict[str, Any], t0: 
     decode = [ms for g in runs for ms in g.decode_ms]
     record.update(_timing(prefill, decode, spec))
     record.update(decode_rows=rows, weight_bytes=weight_bytes, kv_cache_bytes=generator.cache_bytes,
-                  **seen.fields(), peak_decode_mem_bytes=peak, timer="cuda_event" if res.device == "cuda" else "perf_counter",
+                  **seen.fields(), peak_decode_mem_bytes=decode_mem.allocated,
+                  timer="cuda_event" if res.device == "cuda" else "perf_counter",
                   gen_tokens=torch.cat([prompts[0], tokens[0]]).tolist(),
                   gen_stride_accuracy=_stride_accuracy(prompts, tokens, stride, vocab, spec.batch_size))
     if fp8:
