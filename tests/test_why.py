@@ -125,3 +125,47 @@ def test_cpu_breakdown_adds_up_to_the_wall_clock_step():
     real = profile(lambda: a @ a, 2, "cpu")
     assert real.wall_ms is not None and real.wall_ms > 0
     assert real.fields(real.wall_ms)["kernel_gap_ms"] >= 0
+
+
+def test_busy_time_is_the_union_of_kernel_intervals_over_streams():
+    """Kernels on two streams (NCCL's beside the compute) overlap: the GPU is busy for the union of their
+    intervals, not their sum. Nested, overlapping, touching, empty and out-of-order intervals."""
+    from trials.measure.kernels import busy_us
+
+    assert busy_us([]) == 0.0
+    assert busy_us([(0.0, 100.0), (60.0, 90.0)]) == 100.0  # an all-reduce nested in the compute
+    assert busy_us([(0.0, 10.0), (5.0, 15.0)]) == 15.0  # overlapping in part
+    assert busy_us([(20.0, 25.0), (0.0, 10.0), (10.0, 20.0)]) == 25.0  # touching, out of order
+    assert busy_us([(3.0, 3.0), (0.0, 1.0)]) == 1.0  # an empty interval adds nothing
+    assert busy_us([(0.0, 4.0), (1.0, 2.0), (3.0, 9.0), (20.0, 21.0), (8.0, 12.0)]) == 13.0
+    # one stream: kernels never overlap, and the union is the sum the breakdown recorded before
+    starts = [0.0, 7.5, 8.25, 30.0, 31.125]
+    lengths = [5.0, 0.5, 12.0, 1.0, 40.0]
+    serial = [(s, s + n) for s, n in zip(starts, lengths)]
+    assert all(a[1] <= b[0] for a, b in zip(serial, serial[1:]))
+    assert busy_us(reversed(serial)) == pytest.approx(sum(lengths), rel=1e-12)
+
+
+def test_an_all_reduce_overlapping_the_compute_leaves_the_gap_of_the_idle_gpu():
+    """A 100 ms compute step with a 30 ms all-reduce on NCCL's stream beside it, and the GPU idle a share of the
+    timed step: the classes stay sums (130 ms of kernels), the gap is the idle time (was 130 ms of kernels
+    against the step: a negative gap, and a multi-rank step was never launch-bound)."""
+    from trials.measure.kernels import Breakdown, Kernel, busy_us
+    from trials.measure.launch import LAUNCH_BOUND_GAP_SHARE, launch_bound
+
+    compute, comm = (0.0, 100.0), (60.0, 90.0)  # ms on the GPU's clock, one profiled step
+    found = Breakdown(1, 0.1, [Kernel("nvjet_sm90_tst_128x256", "gemm_bf16", 100.0, 1),
+                               Kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "comm", 30.0, 1)],
+                      busy_ms=busy_us([compute, comm]))
+    idle = 2 * LAUNCH_BOUND_GAP_SHARE * 100.0  # the host held the GPU back this long
+    timed = 100.0 + idle
+    f = found.fields(timed)
+    assert f["kernel_ms_total"] == 130.0 and f["kernel_ms_comm"] == 30.0 and f["kernel_ms_gemm_bf16"] == 100.0
+    assert f["kernel_gap_ms"] == pytest.approx(idle)
+    assert launch_bound(timed, 10.0, f["kernel_gap_ms"]) == (True, "kernel_gap")
+    # a decode token: a generation's busy time less its prefill's, per token, as the kernels are
+    prefill = Breakdown(1, 0.1, [Kernel("nvjet_sm90_tst_128x256", "gemm_bf16", 20.0, 1)], busy_ms=20.0)
+    token = found.minus(prefill, per=8)
+    assert token.busy == pytest.approx((100.0 - 20.0) / 8) and token.total_ms == pytest.approx((130.0 - 20.0) / 8)
+    # without the union (CPU operators' self times never overlap) the busy time is the sum
+    assert Breakdown(1, 0.1, [Kernel("aten::mm", "gemm_bf16", 4.0, 1)]).fields(5.0)["kernel_gap_ms"] == 1.0

@@ -2,12 +2,16 @@
 
 A speedup says how much faster; the breakdown says why not more. After the timed blocks (never
 inside them) :func:`profile` runs a few more steps under ``torch.profiler`` and sums every GPU
-kernel's device time, then :func:`classify` puts each kernel in one class by its name. Their sum
-beside the timed p50 is the step's GPU busy time; the rest is the GPU waiting (on the host, on a
-sync). On CPU the same is done with aten operators' self time, so every trial fills the same fields; but
-the profiler slows a CPU step (it runs on the same cores), so the operators' times are scaled by the
-timed step over the profiled step's own wall clock: the classes and the gap then add up to the timed
-step, the gap being host time outside aten operators (Python, the optimizer's loop), never GPU idle.
+kernel's device time, then :func:`classify` puts each kernel in one class by its name. The time at
+least one kernel ran (:func:`busy_us`, the union of their intervals over every stream) beside the
+timed p50 is the step's GPU busy time; the rest is the GPU waiting (on the host, on a sync). It is
+not the classes' sum where streams overlap: a DDP/FSDP all-reduce on NCCL's stream runs beside the
+compute (and spins while it waits for the other ranks), so a 100 ms step with 30 ms of it overlapped
+sums to 130 ms of kernels, and the sum would leave a gap of -30 ms. On CPU the same is done with aten
+operators' self time, so every trial fills the same fields; but the profiler slows a CPU step (it
+runs on the same cores), so the operators' times are scaled by the timed step over the profiled
+step's own wall clock: the classes and the gap then add up to the timed step, the gap being host
+time outside aten operators (Python, the optimizer's loop), never GPU idle.
 
 The rules are declared once, here, in the order they are tried (the first match wins): an FP8 GEMM
 is a GEMM whose name carries an FP8 type, and is tried before the cast rules that also match FP8
@@ -22,7 +26,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 # Class -> what it holds. The record has one ``kernel_ms_<class>`` field per class (trials/record/fields.py).
 CLASSES: dict[str, str] = {
@@ -71,6 +75,25 @@ TABLE_ROWS = 40  # kernels kept in the record's kernel_table, largest first
 COMPILED_REGION = "Torch-Compiled Region"  # Dynamo's profiler event around each run of a compiled graph
 
 
+def busy_us(intervals: Iterable[tuple[float, float]]) -> float:
+    """Length of the union of (start, end) intervals: the time at least one of them ran.
+
+    Kernels on several streams overlap (NCCL's beside the compute, nested in it or not); their sum counts the
+    overlap twice, the union once. Where none overlap the union is their sum."""
+    total = 0.0
+    start = end = None
+    for s, e in sorted(intervals):
+        if e <= s:
+            continue
+        if end is None or s > end:  # a new busy stretch: close the last one
+            if end is not None:
+                total += end - start
+            start, end = s, e
+        else:
+            end = max(end, e)
+    return total + (end - start if end is not None else 0.0)
+
+
 def classify(name: str) -> str:
     """The class of one kernel (or CPU operator) name."""
     low = name.lower()
@@ -97,6 +120,8 @@ class Breakdown:
     kernels: list[Kernel] = field(default_factory=list)
     wall_ms: float | None = None  # CPU: wall clock per profiled step, profiler included; None on GPUs
     compiled_calls: float | None = None  # compiled graphs run per step (COMPILED_REGION events); None: not counted
+    busy_ms: float | None = None  # GPU: per step, the time at least one kernel ran (busy_us); None: total_ms (CPU
+    #                               operators' self times, which never overlap)
 
     def ms(self) -> dict[str, float]:
         out = dict.fromkeys(CLASSES, 0.0)
@@ -106,7 +131,13 @@ class Breakdown:
 
     @property
     def total_ms(self) -> float:
+        """The kernels' summed time per step: the classes' sum."""
         return sum(k.ms for k in self.kernels)
+
+    @property
+    def busy(self) -> float:
+        """The time per step the device was busy: overlapping streams counted once."""
+        return self.total_ms if self.busy_ms is None else self.busy_ms
 
     def minus(self, other: "Breakdown", per: int) -> "Breakdown":
         """(self - other) / per, kernel by kernel: a decode token's share of a whole generation, from a
@@ -121,20 +152,22 @@ class Breakdown:
         wall = (self.wall_ms - other.wall_ms) / per if self.wall_ms is not None and other.wall_ms is not None else None
         calls = (None if self.compiled_calls is None or other.compiled_calls is None
                  else (self.compiled_calls - other.compiled_calls) / per)
-        return Breakdown(self.steps, self.profile_s + other.profile_s, sorted(out, key=lambda k: -k.ms), wall, calls)
+        busy = None if self.busy_ms is None or other.busy_ms is None else (self.busy_ms - other.busy_ms) / per
+        return Breakdown(self.steps, self.profile_s + other.profile_s, sorted(out, key=lambda k: -k.ms), wall, calls,
+                         busy)
 
     def fields(self, timed_ms: float) -> dict[str, Any]:
         """The record's breakdown fields; ``timed_ms`` is the timed p50 the kernels are set against.
 
         On CPU (``wall_ms`` known) every operator time is scaled by timed_ms / wall_ms: the profiled step ran
-        slower than the timed one, and only shares of it compare with the wall-clock step."""
+        slower than the timed one, and only shares of it compare with the wall-clock step. The classes and
+        kernel_ms_total are sums; the gap is timed_ms less :attr:`busy` (overlapping streams counted once)."""
         scale = timed_ms / self.wall_ms if self.wall_ms and timed_ms == timed_ms else 1.0
         out: dict[str, Any] = {f"kernel_ms_{c}": v * scale for c, v in self.ms().items()}
         table = [{"name": k.name[:240], "class": k.cls, "ms": round(k.ms * scale, 5), "calls": round(k.calls, 2)}
                  for k in self.kernels[:TABLE_ROWS]]
-        total = self.total_ms * scale
-        out.update(kernel_ms_total=total, kernel_gap_ms=timed_ms - total, profile_steps=self.steps,
-                   profile_s=self.profile_s, kernel_table=json.dumps(table))
+        out.update(kernel_ms_total=self.total_ms * scale, kernel_gap_ms=timed_ms - self.busy * scale,
+                   profile_steps=self.steps, profile_s=self.profile_s, kernel_table=json.dumps(table))
         if self.compiled_calls is not None:
             out["compiled_calls_per_step"] = self.compiled_calls
         return out
@@ -181,6 +214,10 @@ def profile(run: Callable[[], Any], steps: int, device: str, host_ops: bool = Fa
             torch.cuda.synchronize()
         wall_ms = None if cuda else (time.perf_counter() - t_steps) * 1e3 / steps
     kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    # the kernel events key_averages sums below (those with device time), each with its interval on the GPU's clock
+    busy = (busy_us((e.time_range.start, e.time_range.end) for e in prof.events()
+                    if e.device_type == kind and not e.is_user_annotation and e.self_device_time_total > 0)
+            / 1e3 / steps if cuda else None)
     kernels, regions = [], 0
     for e in prof.key_averages():
         if e.key.startswith(COMPILED_REGION):
@@ -191,7 +228,7 @@ def profile(run: Callable[[], Any], steps: int, device: str, host_ops: bool = Fa
         if us > 0:
             kernels.append(Kernel(e.key, classify(e.key), us / 1e3 / steps, e.count / steps))
     kernels.sort(key=lambda k: -k.ms)
-    return Breakdown(steps, time.perf_counter() - t0, kernels, wall_ms, regions / steps if compiled else None)
+    return Breakdown(steps, time.perf_counter() - t0, kernels, wall_ms, regions / steps if compiled else None, busy)
 
 
 def breakdown_fields(enabled: bool, run: Callable[[], Any], device: str, timed_ms: float,

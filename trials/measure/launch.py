@@ -8,8 +8,9 @@ import math
 LAUNCH_BOUND_GAP_SHARE = 0.2
 """A step is launch-bound when the GPU idled at least this share of it: ``kernel_gap_ms >= 0.2 * step_ms_p50``.
 
-The profiler's gap (the timed step less its kernels' device time) is the GPU waiting on the host, measured
-directly. 20% sits between the two groups a real H200 run of an 8B Llama (32 layers) gave: the GPU-bound
+The profiler's gap (the timed step less the time at least one of its kernels ran: kernels on overlapping streams,
+a DDP/FSDP all-reduce beside the compute, count once; trials/measure/kernels.py) is the GPU waiting on the host,
+measured directly. 20% sits between the two groups a real H200 run of an 8B Llama (32 layers) gave: the GPU-bound
 steps idled 2-8% (TE BF16 swap 12.9 of 206.5 ms, TE BF16 transformer_layer 15.6 of 197.1, torch BF16 8.9
 of 223.7, torch BF16 compiled with full checkpointing 12.2 of 519.0), the FP8 steps the host held back
 idled 25-33% (TE FP8 delayed transformer_layer 46.6 of 188.8, swap 78.6 of 238.7). The host-issue rule
