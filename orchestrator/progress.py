@@ -70,8 +70,9 @@ class SweepProgress:
         remaining = len(keys) - len(done_now) - len(failed)
         eta = "-"
         if new_done and remaining:
-            per_trial = elapsed / len(new_done)
-            eta = f"{per_trial * remaining / max(1, len(running) or 1):.0f}s"
+            # elapsed / finished is already the wall time per trial at the concurrency the sweep ran at: it is
+            # not divided by the trials running again (4 at a time, 16 of 32 done in 400 s: 400 s left, not 100)
+            eta = f"{elapsed / len(new_done) * remaining:.0f}s"
         line = Text.assemble(
             (f"{len(done_now)}/{len(keys)} done", "bold green"), "  ",
             (f"{len(running)} running", "bold yellow"), "  ",
