@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import plotly.graph_objects as go
 import pytest
@@ -343,15 +345,18 @@ def test_inference_section_pairs_fp8_weights_with_bf16_and_shows_where_fp8_is_sl
     store = Store(str(tmp_path), "inf")
     store.ensure()
     want = {(768, 1): 0.8, (768, 32): 1.1, (4096, 1): 1.3, (4096, 32): 1.4}
-    for (d, b), speedup in want.items():
-        base = dict(workload="infer", d_model=d, n_layers=4, batch_size=b, backend="te", cuda_graphs=True,
-                    prompt_len=32, gen_len=32)
-        store.write_record(_infer_rec(TrialSpec(precision="bf16", **base), 1.0 * d / 768, 5.0, 2000, None))
-        store.write_record(_infer_rec(TrialSpec(precision="fp8", weights="fp8", **base), 1.0 * d / 768 / speedup,
-                                      5.0 / 1.25, 1000 + 50, 0.97))
-    twin = dict(workload="infer", d_model=4096, n_layers=4, batch_size=32, cuda_graphs=True, prompt_len=32, gen_len=32)
-    store.write_record(_infer_rec(TrialSpec(backend="torch", precision="bf16", **twin), 4096 / 768 / 1.25, 5.0, 2000,
-                                  None))  # the twin decodes 1.25x faster than TE BF16 here
+    for sample, j in enumerate((1.0, 1.01)):  # two samples: verdicts are judged over samples
+        for (d, b), speedup in want.items():
+            base = dict(workload="infer", d_model=d, n_layers=4, batch_size=b, backend="te", cuda_graphs=True,
+                        prompt_len=32, gen_len=32)
+            store.write_record({**_infer_rec(TrialSpec(precision="bf16", **base), j * d / 768, 5.0 * j, 2000, None),
+                                "sample": sample})
+            store.write_record({**_infer_rec(TrialSpec(precision="fp8", weights="fp8", **base), j * d / 768 / speedup,
+                                             j * 5.0 / 1.25, 1000 + 50, 0.97), "sample": sample})
+        twin = dict(workload="infer", d_model=4096, n_layers=4, batch_size=32, cuda_graphs=True, prompt_len=32,
+                    gen_len=32)
+        store.write_record({**_infer_rec(TrialSpec(backend="torch", precision="bf16", **twin), j * 4096 / 768 / 1.25,
+                                         5.0 * j, 2000, None), "sample": sample})  # decodes 1.25x faster than TE BF16
     store.write_record(_knob_rec(TrialSpec(d_model=768, n_layers=4, backend="te", precision="bf16"), 20.0))  # training
     report = build_report(str(tmp_path / "inf"), out_html=str(tmp_path / "r.html"))
     md = (tmp_path / "results.md").read_text()
@@ -361,6 +366,9 @@ def test_inference_section_pairs_fp8_weights_with_bf16_and_shows_where_fp8_is_sl
     rows = [dict(zip(head, (v.strip() for v in r))) for r in lines[1:]]
     got = {(int(r["d_model"]), int(r["batch"])): float(r["decode speedup"]) for r in rows}
     assert got == pytest.approx(want, rel=1e-3)
+    # a decode step yields a token for each row (32 at batch 32): its time is per step, not per token
+    assert "BF16 ms/decode step" in head and "fastest BF16 ms/decode step" in head
+    assert "ms/token" not in md and "ms per token" not in md
     assert all(float(r["prefill speedup"]) == pytest.approx(1.25, rel=1e-3) and
                float(r["weights FP8/BF16"]) == pytest.approx(0.525) and float(r["greedy agreement (secondary)"]) == pytest.approx(0.97)
                and r["tf top-1 agreement"] == "-"
@@ -655,7 +663,8 @@ def test_te_cells_of_your_model_pair_within_their_te_layer(tmp_path):
           .itertuples()}
     swap = [line for line in report.headline if "te-fp8-delayed vs te-bf16" in line]
     assert [line.split(": te-")[0] for line in swap] == ["hf:llama", "hf:mistral"], report.headline
-    assert "best 1.16x" in swap[0] and "best 1.30x" in swap[1] and all("1 of 1 sizes" in line for line in swap)
+    assert "best 1.16x" in swap[0] and "best 1.30x" in swap[1]
+    assert all("0 of 1 sizes faster beyond noise, 1 not judged (one sample a side)" in line for line in swap)
     assert sp == {("te-fp8-delayed", "te-bf16"): pytest.approx(193.0 / 166.0, rel=1e-9),
                   ("te-fp8-delayed-transformer_layer", "te-bf16-transformer_layer"): pytest.approx(190.0 / 163.0,
                                                                                                rel=1e-9)}
@@ -834,10 +843,11 @@ def test_a_headline_over_cells_of_one_size_names_what_tells_them_apart():
     df = prepare(pd.DataFrame(recs))
     line = next(x for x in headline(df, pair_cells(df)) if "te-fp8-delayed vs te-bf16" in x)
     assert "best 1.25x" in line and "at d_model 512 x 2 layers, seq_len 4096, batch_size 1, activation_checkpointing " \
-        "full (" in line and "1 of 2 settings faster" in line and "tokens_per_step" not in line, line
+        "full (" in line and "0 of 2 settings faster beyond noise, 2 not judged" in line and "tokens_per_step" not in \
+        line, line
     one = df[df["seq_len"] == 256]
     line = next(x for x in headline(one, pair_cells(one)) if "te-fp8-delayed vs te-bf16" in x)
-    assert "at d_model 512 x 2 layers (" in line and "0 of 1 sizes faster" in line, line
+    assert "at d_model 512 x 2 layers (" in line and "0 of 1 sizes faster beyond noise" in line, line
 
 
 def test_a_minigpt_only_field_names_no_other_model_source():
@@ -850,3 +860,193 @@ def test_a_minigpt_only_field_names_no_other_model_source():
     df = prepare(pd.DataFrame(rows))
     assert list(df["arch"]) == ["llama", None]
     assert not any("arch=gpt" in s for s in df["series"]), list(df["series"])
+
+
+# -- what the report's answers may claim (crossover, intervals, pairing keys) --------------------------------------
+
+def test_the_crossover_is_where_fp8_stays_above_one_not_its_first_upward_crossing():
+    """The H200 eager grid read 0.88, 1.08, 0.99, 0.94, 1.41 over five sizes: the first crossing (sizes 1-2) was
+    reported as "FP8 faster from here on" beside two sizes below 1.0 after it; it crosses for good after its
+    last dip (sizes 4-5). A line that ends below 1.0 has no crossover."""
+    from orchestrator.report.analysis import crossover
+
+    xs, ys = [1e8, 1.5e8, 2e8, 2.5e8, 3.2e8], [0.88, 1.08, 0.99, 0.94, 1.41]
+    t = (1.0 - 0.94) / (1.41 - 0.94)
+    want = math.exp(math.log(2.5e8) + t * (math.log(3.2e8) - math.log(2.5e8)))
+    assert crossover(xs, ys) == pytest.approx(want, rel=1e-12)
+    assert crossover(xs[:4], ys[:4]) is None  # ends below 1.0
+    assert crossover(xs[:2], ys[:2]) == pytest.approx(
+        math.exp(math.log(1e8) + (0.12 / 0.20) * (math.log(1.5e8) - math.log(1e8))), rel=1e-12)
+
+
+def test_sizes_count_as_faster_only_where_the_interval_clears_one():
+    """Point estimates all >= 1.0, one interval holding 1 and one over steps: the headline counted 3 of 3 sizes
+    faster and the crossover table said "FP8 faster at every size measured"."""
+    from orchestrator.report.headline import best_of_each
+
+    g = pd.DataFrame({"n_params": [1e8, 2e8, 3e8], "ratio": [1.01, 1.2, 1.3], "ci_low": [0.95, 1.1, 1.25],
+                      "ci_high": [1.07, 1.3, 1.35], "ci_method": ["samples", "samples", "steps"],
+                      "candidate": "te-fp8-delayed", "reference": "te-bf16", "candidate_stack": "te",
+                      "d_model": [512, 768, 1024], "n_layers": 2, "cuda_graphs": False, "compile": False})
+    [line] = best_of_each(g, "BF16")
+    assert "1 of 3 sizes faster beyond noise, 1 within noise, 1 not judged (one sample a side)" in line, line
+
+    from orchestrator.report.render import crossover_note
+
+    note = crossover_note(None, g)
+    assert "faster at every size" not in note
+    assert note.endswith("1 of 3 sizes faster beyond noise, 1 within noise, 1 not judged (one sample a side)"), note
+    assert crossover_note(None, g.assign(ci_method="samples", ci_low=[1.005, 1.1, 1.25])).startswith(
+        "FP8 faster at every size measured")
+
+
+def _coverage_misses(n_num: int, n_den: int, runs: int = 400, noise: float = 0.03) -> float:
+    """Share of runs whose 95% interval excludes the true ratio 1: both sides drawn alike, lognormal noise."""
+    import numpy as np
+
+    from orchestrator.report.analysis import bootstrap_ratio
+
+    rng = np.random.default_rng(7)
+    misses = 0
+    for _ in range(runs):
+        a, b = 10 * np.exp(rng.normal(0, noise, n_num)), 10 * np.exp(rng.normal(0, noise, n_den))
+        lo, hi = bootstrap_ratio(list(a), list(b), 1000, rng)
+        misses += not lo <= 1.0 <= hi
+    return misses / runs
+
+
+def test_a_95_percent_interval_over_few_samples_holds_the_true_ratio_about_95_percent_of_the_time():
+    """With 2 samples a side the percentile bootstrap's interval is [min/max, max/min]: it excluded a true ratio of
+    1 in about a third of runs (3% noise). The stated 95% must hold about 95% at the sample counts sweeps run."""
+    assert _coverage_misses(2, 2) <= 0.08
+    assert _coverage_misses(3, 3) <= 0.08
+    assert _coverage_misses(1, 3) <= 0.10  # one sample against several: the pooled spread stands for both
+
+
+def test_the_t_quantile_matches_the_tables():
+    from orchestrator.report.analysis import _t975
+
+    assert [round(_t975(df), 3) for df in (1, 2, 10)] == [12.706, 4.303, 2.228]
+
+
+def test_one_sample_a_side_is_never_called_faster_beyond_noise(tmp_path):
+    """One sample per cell: the interval is one trial's steps, which says nothing of run-to-run noise (as
+    compare_runs says); the headline shows it and calls no side."""
+    import numpy as np
+
+    from orchestrator.report.analysis import pair_cells
+    from orchestrator.report.headline import fastest_per_model, headline
+
+    df = prepare(synthetic(tmp_path).read_records().to_pandas())
+    pairs = pair_cells(df)
+    lines = headline(df, pairs)
+    fp8 = [line for line in lines if line.startswith("te-fp8-")]
+    assert len(fp8) == 2 and not any("beyond noise)" in line for line in fp8), fp8
+    assert all("not judged" in line and "0 of 3 sizes faster beyond noise" in line for line in fp8), fp8
+    two = df.assign(model=np.where(df["d_model"] == 256, "hf:llama", "minigpt"))
+    assert not any("(beyond noise)" in line for line in fastest_per_model(two))
+
+
+def test_uneven_sample_counts_get_an_interval_over_samples_that_holds_the_ratio(tmp_path):
+    """BF16 with one sample left (the other timed out), FP8 with two: the ratio is over both FP8 samples, so its
+    interval is too; the first FP8 sample's steps alone (12 ms) gave [0.81, 0.86] around a ratio of 1.0."""
+    from orchestrator.report.analysis import pair_cells
+
+    recs = [_rec(512, "te", "bf16", None, 10.0), _rec(512, "te", "bf16", None, 10.0, status="timeout", sample=1),
+            _rec(512, "te", "fp8", "delayed", 12.0), _rec(512, "te", "fp8", "delayed", 8.0, sample=1)]
+    rows = pair_cells(prepare(pd.DataFrame(recs))).rows
+    [row] = rows[rows["kind"] == "fp8_speedup"].to_dict("records")
+    assert row["ratio"] == pytest.approx(10.0 / 10.0)
+    assert row["ci_method"] == "samples" and row["ci_low"] <= row["ratio"] <= row["ci_high"]
+
+
+def _fp32_rec(spec: TrialSpec, ms: float) -> dict:
+    """A te record of an hf: model (no MiniGPT parameter count for it)."""
+    from orchestrator.sweep import cell_id, cell_label
+
+    steps = [ms * j for j in JITTER]
+    return {**empty_record(), **spec.to_dict(), "status": "ok", "effective_backend": "te",
+            "effective_precision": spec.precision, "cell_id": cell_id(spec), "cell_label": cell_label(spec),
+            "sample": 0, "n_params": 1000, "step_times_ms": steps, "step_ms_p50": float(pd.Series(steps).median())}
+
+
+def test_an_hf_models_bf16_cells_pair_with_their_own_builds_fp32_and_a_missing_one_is_listed():
+    """On hf: models TE's te_layer default is swap: te-bf16 (swap) is over te-fp32 (swap). Read with MiniGPT's
+    default, te-bf16-transformer_layer paired with te-fp32 (swap) and te-bf16 vanished without a word."""
+    from orchestrator.report.analysis import pair_cells
+    from orchestrator.sweep import cell_id
+
+    base = dict(model="hf:llama", d_model=64, n_layers=2, n_heads=4, vocab=96, backend="te")
+    ms = {("swap", "bf16"): 10.0, ("swap", "fp32"): 15.0, ("transformer_layer", "bf16"): 8.0}
+    specs = {key: TrialSpec(te_layer=key[0], precision=key[1], **base) for key in ms}
+    df = prepare(pd.DataFrame([_fp32_rec(specs[key], t) for key, t in ms.items()]))
+    variant = {key: df.loc[df["cell_id"] == cell_id(spec), "variant"].iloc[0] for key, spec in specs.items()}
+    pairs = pair_cells(df)
+    got = pairs.rows[pairs.rows["kind"] == "bf16_speedup"]
+    assert [(r.candidate, r.reference) for r in got.itertuples()] == [(variant[("swap", "bf16")],
+                                                                      variant[("swap", "fp32")])]
+    assert got["ratio"].iloc[0] == pytest.approx(15.0 / 10.0)
+    missing = pairs.unpaired[pairs.unpaired["kind"] == "bf16_speedup"]
+    assert list(missing["cell"]) == [variant[("transformer_layer", "bf16")]]
+
+
+def test_a_knob_comparison_never_sets_one_stacks_recipe_against_anothers():
+    """torchao rowwise (over the twin's BF16) beside TE delayed (over TE BF16) at one shape: the recipes compared
+    are within a stack (te current vs delayed), never rowwise vs delayed across stacks."""
+    from orchestrator.report.analysis import knob_effects, pair_cells
+
+    ms = {("te", "bf16", None): 10.0, ("te", "fp8", "delayed"): 8.0, ("te", "fp8", "current"): 8.5,
+          ("torch", "bf16", None): 12.0, ("torchao", "fp8", "rowwise"): 25.0, ("torchao", "fp8", "tensorwise"): 24.0}
+    recs = [_stack_rec(1024, backend, precision, recipe, t * j, sample=s)
+            for (backend, precision, recipe), t in ms.items() for s, j in enumerate((1.0, 1.01))]
+    table, findings = knob_effects(pair_cells(prepare(pd.DataFrame(recs))).rows)
+    said = [f.split(" — ")[0] for f in findings]
+    assert len(said) == 2 and any("te FP8" in f and "recipe current vs delayed" in f for f in said), said
+    assert any("torchao FP8" in f and "recipe tensorwise vs rowwise" in f for f in said), said
+    assert set(zip(table["value"], table["BF16 partner"])) == {("delayed", "te-bf16"), ("current", "te-bf16"),
+                                                               ("rowwise", "torch-bf16"), ("tensorwise", "torch-bf16")}
+
+
+def test_compare_of_inference_runs_reads_the_decode_step(tmp_path):
+    """Infer records have no step_ms_p50: a comparison read it and called every shared cell 'within noise' on NaN."""
+    def run(root: str, slow: float, drop: bool) -> pd.DataFrame:
+        recs = []
+        for precision, ms in (("bf16", 2.0), ("fp8", 1.5)):
+            spec = TrialSpec(workload="infer", d_model=256, n_layers=2, batch_size=8, backend="te", precision=precision,
+                             prompt_len=16, gen_len=16)
+            for s, j in enumerate((1.0, 1.01)):
+                rec = _infer_rec(spec, ms * j * (slow if precision == "fp8" else 1.0), 5.0, 1000, None)
+                if drop and precision == "bf16":
+                    rec["decode_ms_per_token_p50"] = None
+                recs.append({**rec, "sample": s})
+        return prepare(pd.DataFrame(recs))
+
+    cmp = compare_runs(run("a", 1.0, False), run("b", 1.5, False)).set_index("variant")
+    assert cmp.loc["te-fp8-delayed", "ratio_b_over_a"] == pytest.approx(1.5)
+    assert bool(cmp.loc["te-fp8-delayed", "changed"]) and cmp.loc["te-bf16", "verdict"] == "within noise"
+    assert cmp.loc["te-bf16", "ratio_b_over_a"] == pytest.approx(1.0)
+    none = compare_runs(run("a", 1.0, False), run("b", 1.0, True)).set_index("variant")
+    assert none.loc["te-bf16", "verdict"].startswith("no timing") and not none.loc["te-bf16", "changed"]
+
+
+def test_cells_of_other_world_sizes_are_never_the_fastest_bf16_of_a_shape():
+    """batch_size is per rank: a 2-rank FSDP step does twice the work of a 1-rank one. Set against each other
+    under one shape, the 2-rank FP8 cell read 10/9.6 over a 1-rank BF16 instead of 12/9.6 over its own."""
+    from orchestrator.report.analysis import against_fastest_bf16
+    from orchestrator.report.headline import fastest_per_model
+
+    recs = []
+    for world, parallel, bf16, fp8 in ((1, "none", 10.0, 9.0), (2, "fsdp", 12.0, 9.6)):
+        for precision, ms in (("bf16", bf16), ("fp8", fp8)):
+            for s, j in enumerate((1.0, 1.01)):
+                rec = _rec(512, "te", precision, "delayed" if precision == "fp8" else None, ms * j, sample=s)
+                rec.update(world_size=world, parallel=parallel, cell_id=f"{rec['cell_id']}-w{world}")
+                recs.append(rec)
+    df = prepare(pd.DataFrame(recs))
+    rows, _ = against_fastest_bf16(df)
+    by = rows.set_index(["world_size", "variant"])
+    assert by.loc[(2, "te-fp8-delayed"), "ratio"] == pytest.approx(12.0 / 9.6)
+    assert by.loc[(1, "te-fp8-delayed"), "ratio"] == pytest.approx(10.0 / 9.0)
+    two = pd.concat([df, df.assign(model="hf:llama", cell_id=df["cell_id"] + "-hf")], ignore_index=True)
+    [line] = [x for x in fastest_per_model(two) if x.startswith("Fastest cell of minigpt")]
+    assert "world_size 1" in line and "world_size 2" in line and "next of its 2 cells" in line, line

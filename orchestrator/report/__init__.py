@@ -22,7 +22,7 @@ from trials.record.atomic import write_text_atomic
 
 from ..answer import Answer
 from ..store import Store, is_uri, read_results
-from .analysis import (DECODE_STEP, ONE_SAMPLE, TRAIN_STEP, Pairs, against_fastest_bf16, compare_runs, crossover, pair_cells,
+from .analysis import (DECODE_STEP, NO_TIMING, ONE_SAMPLE, TRAIN_STEP, Pairs, against_fastest_bf16, compare_runs, crossover, pair_cells,
                        prepare, ways_that_ran)
 from .headline import headline
 from . import numerics
@@ -126,9 +126,9 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
         figures += [
             ("decode_speedup", charts.speedup_chart(inference.decode, "FP8 decode speedup over BF16 of the same stack vs model "
                                                     "scale (95% "
-                                                    "bootstrap intervals)", "BF16 ms per token / FP8 ms per token")),
+                                                    "intervals)", "BF16 ms per decode step / FP8's")),
             ("decode_throughput", charts.decode_chart(infer)),
-            *([("decode_breakdown", charts.breakdown_chart(tokens, "Where the decode step goes: ms per token by "
+            *([("decode_breakdown", charts.breakdown_chart(tokens, "Where the decode step goes: ms per decode step by "
                                                            f"kernel class, and the {gap_name(tokens).split(' (')[0]}"))]
               if not tokens.empty else []),
             ("prefill_speedup", charts.speedup_chart(inference.prefill, "FP8 prefill speedup over BF16 of the same stack vs "
@@ -147,6 +147,9 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
         if unjudged:
             warnings.append(f"--compare: {unjudged} of {len(comparison)} cells have one sample on a side, so no change "
                             f"is called for them ({ONE_SAMPLE})")
+        untimed = int((comparison["verdict"] == NO_TIMING).sum())
+        if untimed:
+            warnings.append(f"--compare: {untimed} of {len(comparison)} cells: {NO_TIMING}")
         figures.append(("compare", charts.compare_chart(comparison, *side_names(where, compare_dir))))
 
     lines = headline(train, pairs) if not train.empty or infer.empty else []
@@ -188,7 +191,7 @@ def speedup_figure(pairs: Pairs, train: pd.DataFrame) -> tuple[str, Any]:
     has_fp8 = (train["precision"] == "fp8").any()
     if not has_fp8 and "bf16_speedup" in kinds:
         return "bf16_speedup", charts.speedup_chart(
-            pairs, "BF16 speedup over FP32 of the same stack vs model scale (95% bootstrap intervals)",
+            pairs, "BF16 speedup over FP32 of the same stack vs model scale (95% intervals)",
             "Speedup (FP32 step time / BF16 step time)", kind="bf16_speedup")
     unpaired = not pairs.unpaired.empty
     why = ("this run has no FP8 cells" if not has_fp8 else

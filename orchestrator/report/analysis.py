@@ -1,18 +1,21 @@
-"""Numbers behind the report: pairing cells, ratios of medians, bootstrap intervals.
+"""Numbers behind the report: pairing cells, ratios of medians, their 95% intervals.
 
 FP8 speedup = BF16 step time / FP8 step time, for cells equal in every other axis, the BF16 cell of
 the FP8 cell's own stack (``trials.backends``: te FP8 with te BF16, torchao FP8 with the twin's
 BF16) and execution mode (CUDA graphs, compile). TE kernel gain = torch-bf16 step time / te-bf16
 step time, likewise. Across stacks, every cell is also compared with the fastest BF16 cell of its
-shape, whatever its stack or execution mode. Per cell, the step time is the median
-over samples of each sample's p50. The 95% interval is a percentile bootstrap of the ratio of
-medians: over samples when a cell has several, else over the trial's own per-step times.
-Cells whose partner is missing or did not finish ok are listed, not dropped.
+shape, whatever its stack or execution mode (its world size and parallel mode kept: batch_size is per
+rank). Per cell, the step time is the median over samples of each sample's p50. The 95% interval of
+a ratio is over samples (:func:`bootstrap_ratio`); only where both cells have one sample each is it
+over the trial's own per-step times, which is no run-to-run noise: no verdict rests on it
+(:func:`noise_side`). Cells whose partner is missing or did not finish ok are listed, not dropped.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -153,7 +156,7 @@ class CellStats:
     status: str
     median_ms: float | None
     samples: list[float]  # per-sample p50
-    steps: list[float]  # per-step times of the first sample (for single-sample bootstraps)
+    steps: list[float]  # per-step times of the first sample (one sample a side: ``cell_interval``)
     losses: list[float]  # per-sample final training loss
     n_params: int | None
     record: dict[str, Any] = field(default_factory=dict)
@@ -197,11 +200,62 @@ def _resampled_medians(values: np.ndarray, resamples: int, rng: np.random.Genera
     return np.median(values[rng.integers(0, len(values), (resamples, len(values)))], axis=1)
 
 
-def bootstrap_ratio(num: list[float], den: list[float], resamples: int, rng: np.random.Generator) -> tuple[float, float]:
-    """95% percentile interval of median(num*) / median(den*) over independent resamples."""
-    a, b = np.asarray(num, float), np.asarray(den, float)
-    if len(a) < 2 or len(b) < 2:
+# Below this many values on a side an interval is Student's t, from this many on a percentile bootstrap. With 2
+# values a side the bootstrap's "95%" interval is [min/max, max/min]: for a true ratio of 1 under 3% lognormal noise
+# it excluded 1 in 33% of 2000 simulated runs (9% at 3 a side, 7% at 4, 3% at 5, 4% at 8; 19-20% at 2 against 3 or
+# 8); the t-interval in 2%, 4% and 5% at 2, 3 and 4 a side, 5% at 1 against 2 or 3, 4% at 2 against 3 and 9% at 2
+# against 8 (Welch's runs liberal that unbalanced).
+SMALL_SAMPLE = 5
+
+
+@lru_cache(maxsize=4096)
+def _t975(df: float) -> float:
+    """The 97.5th percentile of Student's t with ``df`` (>= 1, fractional: Welch's) degrees of freedom, from its
+    density integrated on a grid (no scipy here); within 1e-4 of the tables."""
+    x = np.linspace(0.0, 20.0, 20001)  # t(1)'s 97.5th percentile is 12.7
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    pdf = np.exp(log_c - (df + 1) / 2 * np.log1p(x * x / df))
+    cdf = 0.5 + np.concatenate([[0.0], np.cumsum((pdf[1:] + pdf[:-1]) / 2 * np.diff(x))])
+    return float(np.interp(0.975, cdf, x))
+
+
+def _t_interval(mean: float, se: float, df: float) -> tuple[float, float]:
+    if se == 0:  # every value alike on both sides: nothing to widen it by
+        return mean, mean
+    half = _t975(round(float(df), 2)) * se
+    return mean - half, mean + half
+
+
+def _log_t_ratio(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """95% t-interval of a's typical value over b's, on log values (times and losses spread in proportion):
+    Welch's where both sides have two or more values; with one on a side, the other side's spread stands for both
+    (pooled, n_a + n_b - 2 degrees of freedom). NaN with one value a side, or a value <= 0."""
+    if min(a.min(), b.min()) <= 0 or len(a) + len(b) < 3:
         return float("nan"), float("nan")
+    la, lb = np.log(a), np.log(b)
+    diff = float(la.mean() - lb.mean())
+    if len(a) >= 2 and len(b) >= 2:
+        va, vb = la.var(ddof=1) / len(a), lb.var(ddof=1) / len(b)
+        df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1)) if va + vb > 0 else 1.0
+        lo, hi = _t_interval(diff, math.sqrt(va + vb), df)
+    else:
+        df = len(a) + len(b) - 2
+        pooled = (((la - la.mean()) ** 2).sum() + ((lb - lb.mean()) ** 2).sum()) / df
+        lo, hi = _t_interval(diff, math.sqrt(pooled * (1 / len(a) + 1 / len(b))), df)
+    # about the ratio of geometric means; the reported ratio is of medians, which it must hold
+    ratio = float(np.median(a) / np.median(b))
+    return min(math.exp(lo), ratio), max(math.exp(hi), ratio)
+
+
+def bootstrap_ratio(num: list[float], den: list[float], resamples: int, rng: np.random.Generator) -> tuple[float, float]:
+    """95% interval of median(num) / median(den): a t-interval on log values while either side has fewer than
+    SMALL_SAMPLE values (:func:`_log_t_ratio`: valid, and wide, at two a side; defined at one against two), else a
+    percentile bootstrap of the ratio of medians over independent resamples."""
+    a, b = np.asarray(num, float), np.asarray(den, float)
+    if not len(a) or not len(b):
+        return float("nan"), float("nan")
+    if min(len(a), len(b)) < SMALL_SAMPLE:
+        return _log_t_ratio(a, b)
     ma, mb = _resampled_medians(a, resamples, rng), _resampled_medians(b, resamples, rng)
     lo, hi = np.percentile(ma / mb, [2.5, 97.5])
     return float(lo), float(hi)
@@ -214,6 +268,41 @@ def bootstrap_median(values: list[float], resamples: int, rng: np.random.Generat
         return float("nan"), float("nan")
     lo, hi = np.percentile(_resampled_medians(a, resamples, rng), [2.5, 97.5])
     return float(lo), float(hi)
+
+
+# How a ratio's interval was had (a pair row's ci_method): over samples, or -- both cells with one sample each -- over
+# the trial's own per-step times. Steps spread is no run-to-run noise (another process, clock, allocator state):
+# it is shown, labelled, and never judged by.
+OVER_SAMPLES, OVER_STEPS = "samples", "steps"
+NOT_JUDGED = "not judged: one sample a side, so its interval is one trial's step spread, not run-to-run noise"
+
+
+def cell_interval(num: CellStats, den: CellStats, resamples: int, rng: np.random.Generator) -> tuple[float, float, str]:
+    """95% interval of num's time over den's, and what it is over (OVER_SAMPLES or OVER_STEPS). Over steps only
+    where both have exactly one sample: with more on a side, the first sample's steps would stand for a ratio
+    of medians over all of them (and could exclude it)."""
+    if len(num.samples) == 1 and len(den.samples) == 1:
+        return *bootstrap_ratio(num.steps, den.steps, resamples, rng), OVER_STEPS
+    return *bootstrap_ratio(num.samples, den.samples, resamples, rng), OVER_SAMPLES
+
+
+def noise_side(lo: Any, hi: Any, method: Any = OVER_SAMPLES) -> int | None:
+    """Where a ratio's 95% interval lies against 1: 1 above, -1 below, 0 holding 1; None where it says nothing of
+    run-to-run noise (no interval, or one over steps)."""
+    if method != OVER_SAMPLES or known(lo) is None or known(hi) is None:
+        return None
+    return 1 if lo > 1 else -1 if hi < 1 else 0
+
+
+def verdict_counts(rows: pd.DataFrame, what: str = "sizes") -> str:
+    """How many of ``rows`` (pair rows: ci_low, ci_high, ci_method) are faster or slower beyond noise, within it,
+    or not judged: '1 of 3 sizes faster beyond noise, 2 within noise'. A size counts as faster only where its
+    interval's low end is above 1, never by its point estimate alone."""
+    sides = [noise_side(lo, hi, m) for lo, hi, m in zip(rows["ci_low"], rows["ci_high"], rows["ci_method"])]
+    counts = [(sides.count(1), "faster beyond noise"), (sides.count(-1), "slower beyond noise"),
+              (sides.count(0), "within noise"), (sides.count(None), "not judged (one sample a side)")]
+    shown = [f"{n} {words}" for n, words in counts[1:] if n]
+    return f"{counts[0][0]} of {len(sides)} {what} {counts[0][1]}" + "".join(f", {part}" for part in shown)
 
 
 # Teacher-forced FP8 numerics (trials/workloads/teacher_forced.py): record field -> the pair-row column prefix of its
@@ -308,8 +397,13 @@ class Timing:
 
 
 TRAIN_STEP = Timing()
-DECODE_STEP = Timing("decode_ms_per_token_p50", "decode_times_ms")
+DECODE_STEP = Timing("decode_ms_per_token_p50", "decode_times_ms")  # one decode step: a token for each row of the batch
 PREFILL = Timing("prefill_ms_p50", "prefill_times_ms")
+
+
+def timing_for(workload: Any) -> Timing:
+    """What times a cell of ``workload``: a training step, or (infer) a decode step; the one place that says so."""
+    return DECODE_STEP if workload == "infer" else TRAIN_STEP
 
 
 def cell_table(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> dict[tuple, dict[str, CellStats]]:
@@ -350,12 +444,7 @@ def cell_table(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> dict[tuple, dic
 def _pair_row(kind: str, shape: tuple, base: CellStats, other: CellStats, resamples: int,
               rng: np.random.Generator, series: list[str]) -> dict[str, Any]:
     """Ratio base/other (time of the reference over time of the candidate: > 1 means faster)."""
-    if len(base.samples) >= 2 and len(other.samples) >= 2:
-        lo, hi = bootstrap_ratio(base.samples, other.samples, resamples, rng)
-        method = "samples"
-    else:
-        lo, hi = bootstrap_ratio(base.steps, other.steps, resamples, rng)
-        method = "steps"
+    lo, hi, method = cell_interval(base, other, resamples, rng)
     row = dict(zip(SHAPE_KEYS, shape))
     row.update(series=series_label(row, series), kind=kind, reference=base.variant, candidate=other.variant,
                n_params=base.n_params, reference_ms=base.median_ms, candidate_ms=other.median_ms,
@@ -391,8 +480,10 @@ def bf16_partner(cell: CellStats) -> str:
 
 
 def fp32_partner(cell: CellStats) -> str:
-    """The FP32 variant of a BF16 cell's own stack, built the same way."""
-    return variant_name({**{k: _get(cell.record, k) for k in KNOBS}, "backend": stack_of(cell), "precision": "fp32"})
+    """The FP32 variant of a BF16 cell's own stack, built the same way (by its model's defaults, as
+    :func:`bf16_partner`: an hf: model's te_layer default is not MiniGPT's)."""
+    return variant_name({**{k: _get(cell.record, k) for k in KNOBS}, "backend": stack_of(cell), "precision": "fp32",
+                         "model": _get(cell.record, "model")})
 
 
 TE_GAIN_REFERENCE = variant_name({"backend": "torch", "precision": "bf16"})
@@ -446,15 +537,20 @@ def pair_cells(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> Pairs:
                 pair("te_gain", shape, TE_GAIN_REFERENCE, cell, variants.get(TE_GAIN_REFERENCE))
     # What BF16 buys over FP32 on the same stack, where both ran (a run without FP8 compares nothing else).
     # After the others, so that their intervals (one generator) are the same with or without FP32 cells.
+    # A BF16 cell whose own FP32 build is missing where FP32 ran at that shape is listed, not dropped.
     for shape, variants in cells.items():
+        fp32_here = {stack_of(c) for c in variants.values() if precision_of(c) == "fp32"}
         for name, cell in variants.items():
-            ref = variants.get(fp32_partner(cell)) if precision_of(cell) == "bf16" else None
-            if ref is not None:
-                pair("bf16_speedup", shape, ref.variant, cell, ref)
+            if precision_of(cell) == "bf16" and stack_of(cell) in fp32_here:
+                pair("bf16_speedup", shape, fp32_partner(cell), cell, variants.get(fp32_partner(cell)))
     return Pairs(pd.DataFrame(rows), pd.DataFrame(unpaired), resamples)
 
 
 EXECUTION_KEYS = axis_fields("execution")
+# The execution fields that only change how the same per-rank work is issued (graphs, compile, recompute): a
+# comparison across execution modes varies these. world_size and parallel change the work itself (batch_size is
+# per rank: a 2-rank FSDP step does twice a 1-rank step's work), so they stay part of what is compared like with like.
+MODE_KEYS = [k for k in EXECUTION_KEYS if k not in ("world_size", "parallel")]
 
 
 def execution_label(values: Any) -> str:
@@ -477,13 +573,13 @@ def against_fastest_bf16(df: pd.DataFrame, timing: Timing = TRAIN_STEP,
     """Every cell against the fastest BF16 cell of its shape (any stack, any execution mode), and per shape
     the fastest FP8 cell of each stack against each other stack's: (rows, head_to_head).
 
-    A shape is everything but the variant and the execution mode (``same_execution``: and the execution
-    mode, as serving compares graphed decode with graphed decode). ratio = reference ms / cell ms
-    (> 1: the cell is faster), with the usual 95% bootstrap interval.
+    A shape is everything but the variant and the execution mode (MODE_KEYS; world_size and parallel are
+    part of the shape; ``same_execution``: the mode too, as serving compares graphed decode with graphed
+    decode). ratio = reference ms / cell ms (> 1: the cell is faster), with the usual 95% interval.
     """
     rng = np.random.default_rng(BOOTSTRAP_SEED)
-    base_at = [i for i, k in enumerate(SHAPE_KEYS) if same_execution or k not in EXECUTION_KEYS]
-    series = [k for k in varying_keys(df) if k not in EXECUTION_KEYS]  # e.g. arch, vocab: one line per family
+    base_at = [i for i, k in enumerate(SHAPE_KEYS) if same_execution or k not in MODE_KEYS]
+    series = [k for k in varying_keys(df) if k not in MODE_KEYS]  # e.g. arch, vocab: one line per family
     by_base: dict[tuple, list[tuple[tuple, CellStats]]] = {}
     for shape, variants in cell_table(df, timing).items():
         for cell in variants.values():
@@ -494,10 +590,8 @@ def against_fastest_bf16(df: pd.DataFrame, timing: Timing = TRAIN_STEP,
     resamples = 1000
 
     def ratio(ref: CellStats, cand: CellStats) -> dict[str, Any]:
-        both = len(ref.samples) >= 2 and len(cand.samples) >= 2
-        lo, hi = bootstrap_ratio(*((ref.samples, cand.samples) if both else (ref.steps, cand.steps)), resamples, rng)
-        return {"ratio": ref.median_ms / cand.median_ms, "ci_low": lo, "ci_high": hi,
-                "ci_method": "samples" if both else "steps"}
+        lo, hi, method = cell_interval(ref, cand, resamples, rng)
+        return {"ratio": ref.median_ms / cand.median_ms, "ci_low": lo, "ci_high": hi, "ci_method": method}
 
     def label(shape: tuple, cell: CellStats) -> str:
         return f"{cell.variant} {execution_label(dict(zip(SHAPE_KEYS, shape)))}"
@@ -531,13 +625,16 @@ def against_fastest_bf16(df: pd.DataFrame, timing: Timing = TRAIN_STEP,
 
 
 def crossover(xs: list[float], ys: list[float]) -> float | None:
-    """First x (interpolated in log x) where y crosses 1.0 from below; None if it never does."""
+    """The x (interpolated in log x) from which y stays >= 1.0: between the last point below 1.0 and the next.
+    None where no point is below 1.0, or the last point is: a line that crosses up and falls back below
+    (0.88, 1.08, 0.99, 0.94, 1.41) crosses for good only after its last dip."""
     pts = sorted((x, y) for x, y in zip(xs, ys) if x and y == y)
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
-        if y0 < 1.0 <= y1:
-            t = (1.0 - y0) / (y1 - y0)
-            return float(np.exp(np.log(x0) + t * (np.log(x1) - np.log(x0))))
-    return None
+    below = [i for i, (_, y) in enumerate(pts) if y < 1.0]
+    if not below or below[-1] == len(pts) - 1:
+        return None
+    (x0, y0), (x1, y1) = pts[below[-1]], pts[below[-1] + 1]
+    t = (1.0 - y0) / (y1 - y0)
+    return float(np.exp(np.log(x0) + t * (np.log(x1) - np.log(x0))))
 
 
 # What a number was measured under, shown for both sides of a comparison: a cap or a clock that differ
@@ -551,24 +648,28 @@ def _condition(group: pd.DataFrame, name: str) -> float | None:
 
 
 ONE_SAMPLE = "one sample: run-to-run noise unknown, use samples >= 2"
+NO_TIMING = "no timing: no sample on a side has its workload's time"
 
 
 def compare_runs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
-    """Per cell present in both: time ratio B/A with a bootstrap interval over samples; 'changed' when it
-    excludes 1. A cell with one sample on a side is never called changed: the spread of one trial's steps
-    says nothing of how two runs differ (a new process, another clock, another allocator state), so
-    its verdict says so instead."""
+    """Per cell present in both: time ratio B/A (the step, or for infer cells the decode step: ``timing_for``)
+    with a 95% interval over samples; 'changed' when it excludes 1. A cell with one sample on a side is never
+    called changed: the spread of one trial's steps says nothing of how two runs differ (a new process,
+    another clock, another allocator state), so its verdict says so instead."""
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     rows = []
     a_ok, b_ok = a[a["status"] == "ok"], b[b["status"] == "ok"]
     columns = ["cell_id", "cell_label", "variant", "n_params", "a_ms", "b_ms", "ratio_b_over_a", "ci_low", "ci_high",
-               "changed", "verdict", "n_a", "n_b", *[f"{side}_{c}" for side in "ab" for c in CONDITIONS]]
+               "changed", "verdict", "n_a", "n_b", "timing", *[f"{side}_{c}" for side in "ab" for c in CONDITIONS]]
     for cid, ga in a_ok.groupby("cell_id"):
         gb = b_ok[b_ok["cell_id"] == cid]
         if gb.empty:
             continue
-        sa, sb = list(ga["step_ms_p50"]), list(gb["step_ms_p50"])
-        if len(sa) >= 2 and len(sb) >= 2:
+        timing = timing_for(ga["workload"].iloc[0] if "workload" in ga else None)
+        sa, sb = (list(g[timing.median].dropna()) if timing.median in g else [] for g in (ga, gb))
+        if not sa or not sb:
+            lo, hi, changed, verdict = float("nan"), float("nan"), False, NO_TIMING
+        elif len(sa) >= 2 and len(sb) >= 2:
             lo, hi = bootstrap_ratio(sb, sa, 1000, rng)
             changed = bool(lo > 1.0 or hi < 1.0)
             verdict = "changed" if changed else "within noise"
@@ -579,7 +680,7 @@ def compare_runs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
         rows.append({"cell_id": cid, "cell_label": first["cell_label"], "variant": first["variant"],
                      "n_params": first["n_params"], "a_ms": _median(sa), "b_ms": _median(sb), "ratio_b_over_a": ratio,
                      "ci_low": lo, "ci_high": hi, "changed": changed, "verdict": verdict, "n_a": len(sa),
-                     "n_b": len(sb),
+                     "n_b": len(sb), "timing": timing.median,
                      **{f"{side}_{c}": _condition(g, c) for side, g in (("a", ga), ("b", gb)) for c in CONDITIONS}})
     return pd.DataFrame(rows, columns=columns)
 
@@ -592,50 +693,64 @@ def _interval(value: float, lo: float, hi: float, scale: float = 1.0, unit: str 
     return text + (f" [{lo * scale:.3g}, {hi * scale:.3g}]" if lo == lo and hi == hi else " [no interval]")
 
 
-def _verdict(a: tuple[float, float], b: tuple[float, float]) -> str:
-    """'beyond noise' when the two 95% intervals do not overlap."""
+def _verdict(a: tuple[float, float], b: tuple[float, float], over_samples: bool = True) -> str:
+    """'beyond noise' when the two 95% intervals (over samples: ``over_samples``) do not overlap."""
     if any(v != v for v in (*a, *b)):
         return "no interval to judge by (one sample: use samples >= 2)"
+    if not over_samples:
+        return NOT_JUDGED
     return "beyond noise" if a[1] < b[0] or b[1] < a[0] else "within noise"
 
 
+# A knob comparison holds everything else equal: shape, execution, the other knobs, and the FP8 cell's stack, so the
+# BF16 each speedup is over is of one stack (a torchao recipe over the twin's BF16 is never set against a TE recipe
+# over TE's). Within a stack the partner is built as its FP8 cell is (te_layer): te_layer compares two builds, each
+# over its own BF16.
+KNOB_PAIRING = ["candidate_stack"]
+
+
 def knob_effects(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
-    """Each FP8 knob that takes several values, against cells equal in everything else: the speedup
-    over TE BF16 and the final loss against BF16, with intervals, and one sentence per comparison."""
+    """Each FP8 knob that takes several values, against cells equal in everything else (KNOB_PAIRING): the
+    speedup over the BF16 of the FP8 cell's own stack and the final loss against it, with intervals, and one
+    sentence per comparison."""
     sp = rows[rows["kind"] == "fp8_speedup"] if not rows.empty else rows
     table: list[dict[str, Any]] = []
     sentences: list[str] = []
     for knob in KNOBS:
         if sp.empty or knob not in sp or sp[knob].nunique(dropna=True) < 2:
             continue
-        others = [k for k in KNOBS if k != knob]
-        for key, g in sp.groupby(SHAPE_KEYS + others, dropna=False, sort=True):
+        keys = SHAPE_KEYS + [k for k in KNOBS if k != knob] + KNOB_PAIRING
+        for key, g in sp.groupby(keys, dropna=False, sort=True):
             if g[knob].nunique(dropna=True) < 2:
                 continue
-            where = dict(zip(SHAPE_KEYS + others, key))
+            where = dict(zip(keys, key))
             default = default_for(knob, where)  # the model source's where it has one (te_layer)
             g = g.iloc[np.argsort([value != default for value in g[knob]], kind="stable")]  # default first
             g = g.assign(loss_pct=100 * (g.get("loss_ratio", np.nan) - 1),
                          loss_lo=100 * (g.get("loss_ci_low", np.nan) - 1),
                          loss_hi=100 * (g.get("loss_ci_high", np.nan) - 1))
-            context = f"d_model {where['d_model']} x {where['n_layers']} layers" + (
+            context = f"{where['candidate_stack']} FP8, d_model {where['d_model']} x {where['n_layers']} layers" + (
                 " (CUDA graphs)" if where["cuda_graphs"] else "") + (f", {g['series'].iloc[0]}" if g["series"].iloc[0] else "")
             base = g.iloc[0]
-            shown = [knob, "d_model", "n_layers", "cuda_graphs", "series", "ratio", "ci_low", "ci_high", "loss_pct",
-                     "loss_lo", "loss_hi", "n_candidate"]
+            shown = [knob, "reference", "d_model", "n_layers", "cuda_graphs", "series", "ratio", "ci_low", "ci_high",
+                     "ci_method", "loss_pct", "loss_lo", "loss_hi", "n_candidate"]
             for r in g[shown].itertuples():  # only the columns read: itertuples over ~50 costs seconds
-                table.append({"knob": knob, "value": getattr(r, knob), "d_model": r.d_model, "n_layers": r.n_layers,
+                table.append({"knob": knob, "value": getattr(r, knob), "BF16 partner": r.reference,
+                              "d_model": r.d_model, "n_layers": r.n_layers,
                               "graphs": r.cuda_graphs, "series": r.series, "speedup": r.ratio, "CI low": r.ci_low,
-                              "CI high": r.ci_high, "loss vs BF16 %": r.loss_pct, "loss CI low %": r.loss_lo,
+                              "CI high": r.ci_high, "CI over": r.ci_method, "loss vs BF16 %": r.loss_pct,
+                              "loss CI low %": r.loss_lo,
                               "loss CI high %": r.loss_hi, "n": r.n_candidate})
                 if r.Index == base.name:
                     continue
-                speed = _verdict((r.ci_low, r.ci_high), (base["ci_low"], base["ci_high"]))
+                speed = _verdict((r.ci_low, r.ci_high), (base["ci_low"], base["ci_high"]),
+                                 r.ci_method == base["ci_method"] == OVER_SAMPLES)
                 loss = _verdict((r.loss_lo, r.loss_hi), (base["loss_lo"], base["loss_hi"]))
                 sentences.append(
                     f"{context}: {knob} {getattr(r, knob)} vs {base[knob]} — speedup "
-                    f"{_interval(r.ratio, r.ci_low, r.ci_high, unit='x')} vs "
-                    f"{_interval(base['ratio'], base['ci_low'], base['ci_high'], unit='x')}: {speed}; final loss vs BF16 "
+                    f"{_interval(r.ratio, r.ci_low, r.ci_high, unit='x')} over {r.reference} vs "
+                    f"{_interval(base['ratio'], base['ci_low'], base['ci_high'], unit='x')} over {base['reference']}: "
+                    f"{speed}; final loss vs BF16 "
                     f"{_interval(r.loss_pct, r.loss_lo, r.loss_hi, unit='%')} vs "
                     f"{_interval(base['loss_pct'], base['loss_lo'], base['loss_hi'], unit='%')}: {loss}.")
     frame = pd.DataFrame(table)

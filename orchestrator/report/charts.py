@@ -93,7 +93,7 @@ def _lines(df: pd.DataFrame, y: str, y_title: str, title: str, y_log: bool = Fal
     return fig
 
 
-def speedup_chart(pairs: Pairs, title: str = "FP8 speedup over BF16 of the same stack vs model scale (95% bootstrap "
+def speedup_chart(pairs: Pairs, title: str = "FP8 speedup over BF16 of the same stack vs model scale (95% "
                                              "intervals)",
                   y_title: str = "Speedup (BF16 step time / FP8 step time)", kind: str = "fp8_speedup",
                   empty: str = "no BF16 / FP8 pairs that both ran ok") -> go.Figure:
@@ -292,10 +292,10 @@ def compare_chart(cmp: pd.DataFrame, label_a: str, label_b: str) -> go.Figure:
                            for r in g.itertuples()],
                 hoverinfo="text"))
     fig.add_hline(y=1.0, line=dict(color="black", width=1, dash="dot"))
-    fig.update_layout(title=f"Step time B / A per cell (large outlined markers: beyond noise)<br><sup>A = {label_a}, "
-                            f"B = {label_b}</sup>", **LAYOUT)
+    fig.update_layout(title=f"Time B / A per cell (step; infer: decode step) (large outlined markers: beyond noise)"
+                            f"<br><sup>A = {label_a}, B = {label_b}</sup>", **LAYOUT)
     fig.update_xaxes(title_text="Cell", type="category")
-    fig.update_yaxes(title_text="Step-time ratio (B / A; < 1 means B is faster)")
+    fig.update_yaxes(title_text="Time ratio (B / A; < 1 means B is faster)")
     return note_if_empty(fig, f"{label_a} and {label_b} share no cells: nothing to compare")
 
 

@@ -15,8 +15,8 @@ import pandas as pd
 from trials.backends import STACKS
 from trials.numbers import fmt_sig
 
-from .analysis import (BOOTSTRAP_SEED, EXECUTION_KEYS, SHAPE_KEYS, CellStats, Pairs, bootstrap_ratio, cell_table,
-                       execution_label, known, launch_bound_note)
+from .analysis import (BOOTSTRAP_SEED, MODE_KEYS, NOT_JUDGED, SHAPE_KEYS, CellStats, Pairs, cell_interval, cell_table,
+                       execution_label, known, launch_bound_note, noise_side, verdict_counts)
 
 
 def _reasons(frame: pd.DataFrame) -> list[str]:
@@ -55,11 +55,12 @@ def best_of_each(rows: pd.DataFrame, reference: str) -> list[str]:
         best = g.loc[g["ratio"].idxmax()]
         interval = (f" [{fmt_sig(best['ci_low'])}, {fmt_sig(best['ci_high'])}]" if best["ci_low"] == best["ci_low"]
                     else "")
-        verdict = ("faster beyond noise" if best["ci_low"] > 1 else "slower beyond noise" if best["ci_high"] < 1
-                   else f"within noise of {reference}")
+        side = noise_side(best["ci_low"], best["ci_high"], best["ci_method"])
+        verdict = {1: "faster beyond noise", -1: "slower beyond noise", 0: f"within noise of {reference}",
+                   None: NOT_JUDGED}[side]
         also = _varying(g)
         line = (f"{model + ': ' if model else ''}{cand} vs {best['reference']}: best {fmt_sig(best['ratio'])}x{interval} at {_where(best, also)} "
-                f"({verdict}); {int((g['ratio'] > 1).sum())} of {len(g)} {'settings' if also else 'sizes'} faster")
+                f"({verdict}); {verdict_counts(g, 'settings' if also else 'sizes')}")
         share = known(best.get("fp8_flop_share"))
         if reference == "BF16" and share is not None and share < FULL_SHARE:
             line += f"; {share:.0%} of its step's FLOPs ran in FP8 GEMMs (fp8_flop_share), the rest in BF16"
@@ -96,11 +97,13 @@ def not_fp8(df: pd.DataFrame) -> list[str]:
 def fastest_per_model(df: pd.DataFrame) -> list[str]:
     """With several models in the run: one sentence per model, which of its cells (variant and execution mode)
     ran the step fastest at each of its sizes, and by how much it beat the next one (ratio of medians, 95%
-    interval over samples, else over steps). Only cells of one model and one size (every shape field) are ranked."""
+    interval over samples, else over steps: not judged). Only cells of one model and one size (every shape field,
+    world_size and parallel among them: batch_size is per rank) are ranked."""
     ok = df[df["status"] == "ok"]
     if "model" not in ok or ok["model"].nunique() < 2:
         return []
-    size_at = [i for i, k in enumerate(SHAPE_KEYS) if k not in EXECUTION_KEYS]
+    size_at = [i for i, k in enumerate(SHAPE_KEYS) if k not in MODE_KEYS]
+    ranks = [k for k in ("world_size", "parallel") if k in ok and ok[k].astype(str).nunique() > 1]  # named if they vary
     sizes: dict[str, dict[tuple, list[tuple[tuple, CellStats]]]] = {}
     for shape, variants in cell_table(ok).items():
         where = dict(zip(SHAPE_KEYS, shape))
@@ -115,14 +118,12 @@ def fastest_per_model(df: pd.DataFrame) -> list[str]:
         for cells in by_size.values():
             ranked = sorted(cells, key=lambda sc: sc[1].median_ms)
             best, where = ranked[0][1], dict(zip(SHAPE_KEYS, ranked[0][0]))
-            part = (f"{best.variant} {execution_label(where)} at "
-                    f"{_where(pd.Series({**where, 'n_params': best.n_params}))}, {fmt_sig(best.median_ms)} ms per step")
+            size = _where(pd.Series({**where, "n_params": best.n_params}), ranks)
+            part = f"{best.variant} {execution_label(where)} at {size}, {fmt_sig(best.median_ms)} ms per step"
             if len(ranked) > 1:
                 next_shape, runner = ranked[1]
-                both = len(best.samples) >= 2 and len(runner.samples) >= 2
-                lo, hi = bootstrap_ratio(*((runner.samples, best.samples) if both else (runner.steps, best.steps)),
-                                         1000, rng)
-                verdict = "beyond noise" if lo > 1 else "within noise"
+                lo, hi, method = cell_interval(runner, best, 1000, rng)
+                verdict = {1: "beyond noise", None: NOT_JUDGED}.get(noise_side(lo, hi, method), "within noise")
                 part += (f", {fmt_sig(runner.median_ms / best.median_ms)}x [{fmt_sig(lo)}, {fmt_sig(hi)}] faster than "
                          f"the next of its {len(ranked)} cells, {runner.variant} "
                          f"{execution_label(dict(zip(SHAPE_KEYS, next_shape)))} ({verdict})")

@@ -10,12 +10,16 @@ from typing import Any
 import pandas as pd
 
 from .analysis import (DECODE_STEP, PREFILL, SHAPE_KEYS, TEACHER_FORCED_NOTE, Pairs, _interval, against_fastest_bf16,
-                       pair_cells, shape_key, shape_keys, teacher_forced_columns, varying_keys)
+                       noise_side, pair_cells, shape_key, shape_keys, teacher_forced_columns, varying_keys)
+
+# What DECODE_STEP times: one decode step, which yields a token for each row of the batch (at batch 32, 32 tokens):
+# a time per step, not per token.
+DECODE_MS = "ms/decode step"
 
 
 @dataclass
 class InferencePairs:
-    decode: Pairs  # ratio = BF16 decode ms per token / FP8's (> 1: FP8 decodes faster)
+    decode: Pairs  # ratio = BF16 ms per decode step / FP8's (> 1: FP8 decodes faster)
     prefill: Pairs
 
 
@@ -71,16 +75,17 @@ def inference_sections(infer: pd.DataFrame, pairs: InferencePairs | None) -> lis
         # the fastest BF16 decode of the same shape, batch and graph mode, whatever its stack
         fastest_rows, _ = against_fastest_bf16(infer, DECODE_STEP, same_execution=True)
         fastest = {_key(r, r["variant"]): r for r in fastest_rows.to_dict("records")}
-        rows = []
+        rows, findings = [], []
         for r in dec.to_dict("records"):
             p = prefill.get(_key(r, r["candidate"]))
             f = fastest[_key(r, r["candidate"])]
             cand, ref = per_cell[_key(r, r["candidate"])], per_cell[_key(r, r["reference"])]
             rows.append({"d_model": r["d_model"], "n_layers": r["n_layers"], "batch": r["batch_size"],
                          "graphs": r["cuda_graphs"], "FP8 variant": r["candidate"], "BF16 partner": r["reference"],
-                         "BF16 ms/token": r["reference_ms"], "FP8 ms/token": r["candidate_ms"],
+                         f"BF16 {DECODE_MS}": r["reference_ms"], f"FP8 {DECODE_MS}": r["candidate_ms"],
                          "decode speedup": r["ratio"], "CI low": r["ci_low"], "CI high": r["ci_high"],
-                         "fastest BF16": f["fastest BF16"], "fastest BF16 ms/token": f["BF16 ms"],
+                         "CI over": r["ci_method"], "fastest BF16": f["fastest BF16"],
+                         f"fastest BF16 {DECODE_MS}": f["BF16 ms"],
                          "vs fastest BF16": f["ratio"], "fastest CI low": f["ci_low"], "fastest CI high": f["ci_high"],
                          "prefill speedup": None if p is None else p["ratio"],
                          "prefill CI low": None if p is None else p["ci_low"],
@@ -88,18 +93,20 @@ def inference_sections(infer: pd.DataFrame, pairs: InferencePairs | None) -> lis
                          "weights FP8/BF16": cand["weight_bytes"].median() / ref["weight_bytes"].median(),
                          **teacher_forced_columns(r),
                          "greedy agreement (secondary)": cand["gen_match_rate"].median()})
+            findings.append(_verdict(rows[-1], f["ci_method"], None if p is None else p["ci_method"]))
         table = pd.DataFrame(rows)
         if not table.empty:
             table = table.sort_values(["FP8 variant", "graphs", "batch", "d_model"]).round(3)
-            sections.append(("Inference: FP8 vs BF16", "decode speedup = BF16 ms per token / FP8 ms per token against the "
+            sections.append(("Inference: FP8 vs BF16", "decode speedup = BF16 ms per decode step / FP8's (a step decodes "
+                             "one token for each row of the batch) against the "
                              "BF16 of the FP8 cell's own stack, and against the fastest BF16 decode of the same shape, "
                              "batch and graph mode (any stack); prefill against its own stack's; > 1: FP8 faster, 95% "
-                             "bootstrap intervals; weights = the inference model's weight memory; " + TEACHER_FORCED_NOTE
+                             "intervals; weights = the inference model's weight memory; " + TEACHER_FORCED_NOTE
                              + "; greedy agreement (secondary: one early divergence ruins it) = greedy tokens equal to "
                              "the BF16 model's", table))
             sections.append(("Inference: where FP8 pays off", "a verdict per cell against the fastest BF16 decode: "
-                             "faster or slower when the 95% interval excludes 1",
-                             pd.DataFrame({"finding": [_verdict(r) for r in rows]})))
+                             "faster or slower when the 95% interval over samples excludes 1",
+                             pd.DataFrame({"finding": findings})))
         if not fastest_rows.empty:
             bf16 = fastest_rows.drop_duplicates(["d_model", "n_layers", "batch_size", "cuda_graphs"])
             sections.append(("Inference: the fastest BF16 decode per shape", "which stack's BF16 decodes fastest at "
@@ -107,29 +114,32 @@ def inference_sections(infer: pd.DataFrame, pairs: InferencePairs | None) -> lis
                              pd.DataFrame({"d_model": bf16["d_model"], "n_layers": bf16["n_layers"],
                                            "batch": bf16["batch_size"], "graphs": bf16["cuda_graphs"],
                                            "fastest BF16": bf16["fastest BF16 stack"],
-                                           "ms/token": bf16["BF16 ms"].round(4)})
+                                           DECODE_MS: bf16["BF16 ms"].round(4)})
                              .sort_values(["graphs", "batch", "d_model", "n_layers"])))
     shown = cells.round({"decode_tok_s": 0, "decode_ms": 4, "prefill_ms": 3, "prefill_tok_s": 0, "weight_gib": 3,
                          "kv_mib": 1, "peak_gib": 2, "match": 3, "stride": 3, "ref_stride": 3})
-    sections.append(("Inference: all cells", "medians over samples: decode tokens/s and ms per token (per row), "
+    sections.append(("Inference: all cells", "medians over samples: decode tokens/s and ms per decode step (one "
+                     "token for each row), "
                      "prefill ms for prompt_len x batch, weight and KV-cache memory, peak during decode, FP8 greedy "
                      "token agreement with BF16 (match, secondary) and stride accuracy (ref: the BF16 reference)", shown))
     return sections
 
 
-def _verdict(r: dict) -> str:
-    def word(lo: float, hi: float) -> str:
-        if lo != lo or hi != hi:
-            return "no interval"
-        return "faster" if lo > 1 else "slower" if hi < 1 else "within noise"
+def _verdict(r: dict, fastest_method: str, prefill_method: str | None) -> str:
+    def word(lo: float, hi: float, method: str | None) -> str:
+        side = noise_side(lo, hi, method)
+        if side is None:
+            return "no interval" if lo != lo or hi != hi else "not judged (one sample a side: steps spread only)"
+        return {1: "faster", -1: "slower", 0: "within noise"}[side]
 
     where = (f"d_model {r['d_model']} x {r['n_layers']}, batch {r['batch']}" + (", CUDA-graphed decode" if r["graphs"]
              else ", eager decode") + f", {r['FP8 variant']}")
-    text = (f"{where}: FP8 decode {word(r['fastest CI low'], r['fastest CI high'])} than the fastest BF16 "
+    fastest = word(r["fastest CI low"], r["fastest CI high"], fastest_method)
+    text = (f"{where}: FP8 decode {fastest} than the fastest BF16 "
             f"({r['fastest BF16']}: "
             f"{_interval(r['vs fastest BF16'], r['fastest CI low'], r['fastest CI high'], unit='x')}); against "
             f"{r['BF16 partner']} {_interval(r['decode speedup'], r['CI low'], r['CI high'], unit='x')}")
     if r["prefill speedup"] is not None:
-        text += (f", prefill {word(r['prefill CI low'], r['prefill CI high'])} "
+        text += (f", prefill {word(r['prefill CI low'], r['prefill CI high'], prefill_method)} "
                  f"({_interval(r['prefill speedup'], r['prefill CI low'], r['prefill CI high'], unit='x')})")
     return text + "."

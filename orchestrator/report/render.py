@@ -16,8 +16,9 @@ from trials.record.atomic import write_text_atomic
 from trials.numbers import fmt_sig, round_sig
 
 from ..efficiency import concurrent_trials, run_efficiency
-from .analysis import (DECODE_STEP, LOSS_GAP_KINDS, SEED_NOISE_SDS, TEACHER_FORCED, TEACHER_FORCED_NOTE, TRAIN_STEP,
-                       Pairs, Timing, crossover, knob_effects, per_layer_costs, teacher_forced_columns, varying_keys)
+from .analysis import (DECODE_STEP, LOSS_GAP_KINDS, SEED_NOISE_SDS, SMALL_SAMPLE, TEACHER_FORCED, TEACHER_FORCED_NOTE,
+                       TRAIN_STEP, Pairs, Timing, crossover, knob_effects, noise_side, per_layer_costs,
+                       teacher_forced_columns, varying_keys, verdict_counts)
 from .inference import InferencePairs, inference_sections, split
 from .scaling import scaling_table
 from .why import ENERGY_FIELDS, bounds, breakdown, conditions, energy_table
@@ -31,8 +32,10 @@ TIMING_METHOD = (
     "`repeats` blocks of `bench_steps` timed steps. A step is forward + backward + fused AdamW. On GPUs "
     "every step is bracketed by two CUDA events and the host never syncs inside a block; on CPUs the host "
     "clock times each (synchronous) step. The step time of a cell is the median over its samples of each "
-    "sample's p50. Intervals: 95% percentile bootstrap of the ratio of medians, over samples when a cell "
-    "has several, else over the trial's per-step times. Model FLOPs per step = 6·N_matmul·tokens + "
+    "sample's p50. Intervals: 95%, over samples: a t-interval on log times while either cell has fewer than "
+    f"{SMALL_SAMPLE} samples (Welch's; one sample against several: the pooled spread), else a percentile bootstrap "
+    "of the ratio of medians; where both cells have one sample, over the trial's per-step times (CI over: steps), "
+    "which is not run-to-run noise, so no verdict rests on it. Model FLOPs per step = 6·N_matmul·tokens + "
     "6·n_layers·seq_len·d_model·tokens (causal attention); MFU divides by the dense datasheet peak. "
     "launch_bound: the GPU waited on the host for at least 20% of the step (the kernel breakdown's gap: the "
     "step less its kernels' time); without a breakdown, issuing one step took the host at least 80% of the GPU's "
@@ -83,17 +86,17 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
             x = crossover(list(g["n_params"]), list(g["ratio"]))
             cross.append({"FP8 variant": cand, **({"series": series} if series else {}),
                           "n_layers": layers, "graphs": graphs,
-                          "crossover params (M)": crossover_cell(x, g),
-                          "note": "FP8 faster from here on" if x else
-                          ("FP8 faster at every size measured" if (g["ratio"] >= 1).all() else
-                           "FP8 slower at every size measured" if (g["ratio"] < 1).all() else "no upward crossing")})
-        sections.append(("Crossover size", "where FP8 speedup first crosses 1.0 (log-linear interpolation)",
+                          "crossover params (M)": crossover_cell(x, g), "note": crossover_note(x, g)})
+        sections.append(("Crossover size", "where FP8's speedup crosses 1.0 for good: between the last size below 1.0 "
+                         "and the next (log-linear interpolation), >= 1.0 at every size above it; the note counts the "
+                         "sizes FP8 is faster at beyond noise (95% interval over samples above 1)",
                          pd.DataFrame(cross)))
         knobs, findings = knob_effects(rows)
         if not knobs.empty:
             sections.append(("Recipes and formats", "each FP8 setting that takes several values, against cells equal in "
-                             "everything else: speedup over TE BF16 and final training loss against TE BF16, 95% "
-                             "intervals (loss: over samples, so samples >= 2)", knobs))
+                             "everything else, the FP8 cell's stack included: speedup over the BF16 of that stack, built as "
+                             "the FP8 cell is (BF16 partner), and final training loss against it, 95% intervals (loss: "
+                             "over samples, so samples >= 2)", knobs))
             sections.append(("Recipes and formats: what changed", "a difference is beyond noise when the two 95% "
                              "intervals do not overlap", pd.DataFrame({"finding": findings})))
     sections += why_sections(df, rows, TRAIN_STEP, "step", "training step")
@@ -118,7 +121,8 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
                 "ci_low", "ci_high", "n"]
         f = f[[c for c in keep if c in f]].rename(columns={"ratio": "speedup", "ci_low": "CI low", "ci_high": "CI high"})
         sections.append(("Against the fastest BF16", "every cell of a shape against the fastest BF16 cell of that shape, "
-                         "any stack and execution mode: speedup = fastest BF16 ms / cell ms, 95% interval",
+                         "any stack and execution mode (world_size and parallel are part of the shape: batch_size is "
+                         "per rank): speedup = fastest BF16 ms / cell ms, 95% interval",
                          f.round({"ms": 3, "BF16 ms": 3, "speedup": 3, "CI low": 3, "CI high": 3})
                          .sort_values(["d_model", "n_layers", *base, "ms"])))
     if not heads.empty:
@@ -149,7 +153,7 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
                          .sort_values(["BF16 variant", "graphs", "n_layers", "d_model"])))
     sections += inference_sections(infer, inference)
     if inference is not None:
-        sections += why_sections(infer, inference.decode.rows, DECODE_STEP, "decode step", "decode step (per token)")
+        sections += why_sections(infer, inference.decode.rows, DECODE_STEP, "decode step", "decode step")
     energy = energy_table(everything)
     if not energy.empty:
         sections.append(("Energy", "NVML's board energy over a window of >= 1 s of the timed step repeated (infer: whole "
@@ -191,7 +195,8 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
     if not numerics.empty:
         sections.append(("FP8 numerics", "final training loss of each FP8 cell against the BF16 cell of its own stack: "
                          "medians over "
-                         "samples, 95% interval of the ratio when both have samples >= 2 (run long enough for the "
+                         "samples, 95% interval of the ratio when the two have 3 or more samples between them (run long "
+                         "enough for the "
                          "loss to flatten, e.g. train_steps 300, samples 3); " + TEACHER_FORCED_NOTE, numerics))
     gaps = loss_gap_table(df, pairs)
     if not gaps.empty:
@@ -214,17 +219,29 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
         c = comparison.copy()
         for col in ("a_ms", "b_ms", "ratio_b_over_a", "ci_low", "ci_high"):
             c[col] = c[col].round(3)
-        sections.append(("Comparison", "step-time ratio B/A per cell; changed = the 95% interval over samples "
+        sections.append(("Comparison", "time ratio B/A per cell (timing: the step, or for infer cells the decode "
+                         "step); changed = the 95% interval over samples "
                          "excludes 1; a cell with one sample on either side is not judged (the spread of one trial's "
                          "steps is not the spread between runs)",
                          c.drop(columns=["cell_id"])))
     return sections
 
 
+def crossover_note(x: float | None, g: pd.DataFrame) -> str:
+    """What a crossover row says beside its size: the point estimates' side of 1.0 above the crossover (or at every
+    size), then how many sizes are faster beyond noise (``verdict_counts``): 1.01x [0.95, 1.07] is no win."""
+    below = g["ratio"] < 1
+    faster = all(noise_side(lo, hi, m) == 1 for lo, hi, m in zip(g["ci_low"], g["ci_high"], g["ci_method"]))
+    where = ("FP8 >= 1.0 from here on" if x else "FP8 faster at every size measured" if faster else
+             "FP8 >= 1.0 at every size measured" if not below.any() else "FP8 < 1.0 at every size measured"
+             if below.all() else "FP8 < 1.0 at the largest size: no crossing it stays above")
+    return f"{where}; {verdict_counts(g)}"
+
+
 def crossover_cell(x: float | None, g: pd.DataFrame) -> float | str:
-    """The crossover size in M parameters, or where it lies when the sizes measured do not cross 1.0: at or below
-    the smallest (FP8 faster at every size), above the largest (slower at every size), or none (it crosses
-    downward only)."""
+    """The crossover size in M parameters, or where it lies when the sizes measured do not cross 1.0 for good: at
+    or below the smallest (>= 1.0 at every size), above the largest (below 1.0 at every size), or none (below
+    1.0 at the largest size after being above it)."""
     if x:
         return round(x / 1e6, 1)
     sizes = g["n_params"].dropna()

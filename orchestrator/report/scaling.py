@@ -2,9 +2,9 @@
 
 ``batch_size`` is per rank, so a cell at world_size N does N times the work of the one-rank cell in
 (ideally) the same step time. Efficiency at N = one-rank step time / N-rank step time, i.e. per-GPU
-tokens/s at N over per-GPU tokens/s at 1, with a bootstrap interval over samples. The one-rank
-reference is the cell with the same parallel mode at world_size 1 where one ran, else the cell with
-no parallel wrapper (what a single GPU would run).
+tokens/s at N over per-GPU tokens/s at 1, with a 95% interval over samples (``analysis.bootstrap_ratio``).
+The one-rank reference is the cell with the same parallel mode at world_size 1 where one ran, else the
+cell with no parallel wrapper (what a single GPU would run).
 """
 
 from __future__ import annotations

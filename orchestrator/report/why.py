@@ -14,7 +14,7 @@ From the records' kernel breakdown (``kernel_ms_<class>``, trials/measure/kernel
   GEMMs (TE fuses its casts into the layer norm and GELU), one below it means the rest of the step
   got slower or the GPU idled more.
 - *Energy*: joules per step and tokens per joule per cell, the FP8/BF16 energy ratio of each pair with
-  a bootstrap interval over samples, and the power cap and SM clock the numbers ran under.
+  a 95% interval over samples, and the power cap and SM clock the numbers ran under.
 """
 
 from __future__ import annotations
