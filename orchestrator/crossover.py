@@ -7,24 +7,29 @@
       target: 1.10                # the speedup whose 95% interval must lie above it
       over: {d_model: [512, 8192], step: 256}   # or n_layers, tokens_per_step, ffn
       fixed: {n_layers: 4, cuda_graphs: true}
-      max_trials: 24              # every (cell, sample) it uses, records found on disk included
+      max_trials: 40              # every (cell, sample) it uses, records found on disk included; default:
+                                  # all the bisection can need (its longest path of probes x 2 cells x max_samples)
       max_samples: 4              # a point whose interval straddles the target gets samples up to this
 
-A point is *above* when the 95% bootstrap interval (over samples) of baseline time / variant time
-lies above ``target``, *below* when it does not (an interval that still straddles the target at
-``max_samples`` is not above: the margin is not shown). The search decides everything from the
-records it has, so it is the same search whether the records were just run, found from an earlier
-grid, or left by an interrupted run. It bisects in log space: it probes the point nearest the geometric
-middle of the bracket, which starts as the whole range with its ends open (nothing is assumed of them),
-until the bracket is two neighbouring points. The answer is the bracket's upper end; a bracket that
-closes on the bottom of the range puts the crossover at the range's start, one that closes on the top
-means the target is never reached in the range. A range's ends are probed only when the bisection
-gets there: the top is the dearest cell, and a crossover inside the range needs neither end. The price
-is paid by a range whose target is never reached: about log2(points) probes up to its top, not one.
+A point is *above* when the 95% interval over samples of baseline time / variant time
+(:func:`~orchestrator.report.analysis.bootstrap_ratio`) lies above ``target``, *below* when it does not
+(an interval that still straddles the target at ``max_samples`` is not above: the margin is not shown).
+A point whose cell did not run (unsupported, OOM, an error), or ran another precision than it asks (an
+FP8 cell that converted nothing ran BF16), is no probe: the search ends there with the reason. The
+search decides everything from the records it has, so it is the same search whether the records were
+just run, found from an earlier grid, or left by an interrupted run. It bisects in log space: it probes
+the point nearest the geometric middle of the bracket, which starts as the whole range with its ends
+open (nothing is assumed of them), until the bracket is two neighbouring points. The answer is the
+bracket's upper end; a bracket that closes on the bottom of the range puts the crossover at the range's
+start, one that closes on the top means the target is never reached in the range. A range's ends are
+probed only when the bisection gets there: the top is the dearest cell, and a crossover inside the range
+needs neither end. The price is paid by a range whose target is never reached: about log2(points) probes
+up to its top, not one.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -40,7 +45,7 @@ FINDS = ("crossover",)
 OVER_AXES = ("d_model", "n_layers", "tokens_per_step", "ffn")
 SEARCH_KEYS = ("find", "variant", "baseline", "target", "over", "fixed", "max_trials", "max_samples")
 SIDES = ("baseline", "variant")
-MIN_SAMPLES = 2  # an interval over samples needs two
+MIN_SAMPLES = 2  # an interval over samples needs two a side (bootstrap_ratio: none at one against one)
 RESAMPLES = 2000
 SEED = 0
 
@@ -110,16 +115,20 @@ def parse_search(block: Any, err: Callable[[tuple, str], Exception], sweep_fixed
         points.append(bounds[1])
     if len(points) < 2:
         raise err(("search", "over", "step"), f"leaves fewer than two points in [{bounds[0]}, {bounds[1]}]")
-    if axis in sides["fixed"] or axis in sides["variant"] or axis in sides["baseline"]:
-        raise err(("search", "over", axis), "is the searched axis; do not also fix it")
-    max_trials = block.get("max_trials", 24)
-    if not isinstance(max_trials, int) or isinstance(max_trials, bool) or max_trials < 2 * MIN_SAMPLES * 2:
-        raise err(("search", "max_trials"), f"must be an integer >= {2 * MIN_SAMPLES * 2} (two points, both cells, "
-                  f"{MIN_SAMPLES} samples each)")
+    for place, values in _written(sides, sweep_fixed):  # the sweep's fixed too: the search would override it
+        if axis in values:
+            raise err(place + (axis,), "is the searched axis (search.over); do not also fix it"
+                      + ("; a grid beside the search takes it under grid" if place == ("fixed",) else ""))
     n = max(samples, MIN_SAMPLES)
     max_samples = block.get("max_samples", n + 2)
     if not isinstance(max_samples, int) or isinstance(max_samples, bool) or max_samples < n:
         raise err(("search", "max_samples"), f"must be an integer >= samples ({n})")
+    # Unset, the budget never ends the search before its answer: with the small-sample (t) intervals of
+    # bootstrap_ratio most probes take more than two samples, and a fixed 24 stopped most noisy searches early.
+    max_trials = block.get("max_trials", most_probes(tuple(points)) * len(SIDES) * max_samples)
+    if not isinstance(max_trials, int) or isinstance(max_trials, bool) or max_trials < 2 * MIN_SAMPLES * 2:
+        raise err(("search", "max_trials"), f"must be an integer >= {2 * MIN_SAMPLES * 2} (two points, both cells, "
+                  f"{MIN_SAMPLES} samples each)")
     plan = CrossoverPlan(sides["variant"], sides["baseline"], float(target), axis, tuple(points),
                          {**sweep_fixed, **sides["fixed"]}, n, max_samples, max_trials)
     for side in SIDES:  # every cell the search could probe is a valid spec, or the file says where it is not
@@ -127,9 +136,62 @@ def parse_search(block: Any, err: Callable[[tuple, str], Exception], sweep_fixed
             try:
                 plan.spec(side, x)
             except SpecError as exc:
-                raise err(("search", side if exc.field in sides[side] else "over"),
+                raise err(_blame(plan, side, x, exc, sides, sweep_fixed),
                           f"{exc} (the {side} cell at {axis}={x})") from None
+    if plan.spec("variant", points[0]) == plan.spec("baseline", points[0]):  # then so at every point
+        raise err(("search", "variant"), f"is the same cell as search.baseline ({plan.label('baseline')}); "
+                  "give the variant a field that differs")
     return plan
+
+
+def most_probes(points: tuple[int, ...]) -> int:
+    """The most points the bisection over ``points`` can probe: along the verdicts that keep the larger side
+    of each split (its middle is geometric, so in index terms the splits are uneven)."""
+    @functools.lru_cache(maxsize=None)
+    def probes(a: int, b: int) -> int:
+        if b - a <= 1:
+            return 0
+        m = middle(points, a, b)
+        return 1 + max(probes(a, m), probes(m, b))
+    return probes(-1, len(points))
+
+
+def middle(points: tuple[int, ...], a: int, b: int) -> int:
+    """The index strictly inside (a, b) whose value is nearest the geometric mean of the bracket's ends;
+    an end outside the range (-1 or len(points)) counts as the range's end there."""
+    lo, hi = max(a, 0), min(b, len(points) - 1)
+    mid = math.sqrt(points[lo] * points[hi])
+    return min(range(a + 1, b), key=lambda i: (abs(math.log(points[i] / mid)), i))
+
+
+def _written(sides: dict[str, dict[str, Any]], sweep_fixed: dict[str, Any],
+             side: str | None = None) -> list[tuple[tuple, dict[str, Any]]]:
+    """Where the file gives a cell's values, each (key path, values), the one that wins a field first: a side's
+    own (``side``'s, or both), search.fixed, the sweep's fixed."""
+    own = [(("search", s), sides[s]) for s in ((side,) if side else SIDES)]
+    return own + [(("search", "fixed"), sides["fixed"]), (("fixed",), sweep_fixed)]
+
+
+def _blame(plan: CrossoverPlan, side: str, x: int, exc: SpecError, sides: dict[str, dict[str, Any]],
+           sweep_fixed: dict[str, Any]) -> tuple:
+    """The key path the file wrote that makes the ``side`` cell at ``x`` invalid: where the field the error
+    names is written (the searched axis: search.over), else the written field without which the cell is valid
+    (fixed.seq_len for "prompt_len: must be < seq_len"); search.over when no one field is."""
+    written = _written(sides, sweep_fixed, side)
+    for place, values in written:
+        if exc.field in values:
+            return place + (exc.field,)
+    if exc.field == plan.axis:
+        return ("search", "over")
+    values = {**plan.fixed, **getattr(plan, side), plan.axis: x}
+    for place, given in written:
+        for name in given:
+            try:
+                TrialSpec.from_dict({k: v for k, v in values.items() if k != name})
+                return place + (name,)
+            except SpecError:
+                continue
+    return ("search", "over")
 
 
 @dataclass(frozen=True)
@@ -142,6 +204,7 @@ class Outcome:
     error: str = ""
     gpu_name: str = ""
     launch_bound: bool = False  # the record's: the GPU idled >= 20% of the step on the host (trials.measure.bench)
+    precision: str | None = None  # the record's effective_precision: what ran (None: not recorded, as asked)
 
 
 @dataclass
@@ -157,6 +220,8 @@ class Bisection:
     def __init__(self, plan: CrossoverPlan):
         self.plan = plan
         self.seen: dict[tuple[str, int, int], Outcome] = {}
+        # the precision each side asks (the searched axis is a shape: it is the same at every point)
+        self.asked = {side: plan.spec(side, plan.points[0]).precision for side in SIDES}
 
     def observe(self, side: str, x: int, sample: int, outcome: Outcome) -> None:
         self.seen[(side, x, sample)] = outcome
@@ -203,7 +268,7 @@ class Bisection:
         # reaches it, so a crossover inside the range costs no probe at either (large, dear) end.
         a, b = -1, len(points)
         while b - a > 1:
-            m = self._middle(a, b)
+            m = middle(points, a, b)
             got = step(m)
             if isinstance(got, Decision):
                 return got
@@ -218,20 +283,21 @@ class Bisection:
         return done(True, self._statement(points[b], (points[a], points[b])), points[b], (points[a], points[b]))
 
     # -- pieces -------------------------------------------------------------------------------
-    def _middle(self, a: int, b: int) -> int:
-        """The index strictly inside (a, b) whose value is nearest the geometric mean of the bracket's ends;
-        an end outside the range (-1 or len(points)) counts as the range's end there."""
-        points = self.plan.points
-        lo, hi = max(a, 0), min(b, len(points) - 1)
-        mid = math.sqrt(points[lo] * points[hi])
-        return min(range(a + 1, b), key=lambda i: (abs(math.log(points[i] / mid)), i))
-
     def probe(self, x: int, n: int) -> Probe:
         outs = {side: [self.seen[(side, x, s)] for s in range(n)] for side in SIDES}
         for side in SIDES:
             bad = next((o for o in outs[side] if o.status != "ok" or o.ms is None), None)
             if bad is not None:
                 return Probe(x, samples=n, verdict="failed", why=f"the {side} cell is {bad.status}: {bad.error}"[:300])
+            # an FP8 cell that converted nothing (torchao at a width no multiple of 16) runs ok, in BF16: its
+            # time is not the variant's, however it compares (trials.measure.metrics.fp8_ran)
+            asked = self.asked[side]
+            off = next((o for o in outs[side] if o.precision not in (None, asked)), None)
+            if off is not None:
+                where = "; fp8_skipped_why says what stayed in BF16 and why" if asked == "fp8" else ""
+                return Probe(x, samples=n, verdict="failed",
+                             why=f"the {side} cell ran {off.precision}, not the {asked} asked "
+                                 f"(effective_precision{where})")
         base, var = [o.ms for o in outs["baseline"]], [o.ms for o in outs["variant"]]
         lo, hi = bootstrap_ratio(base, var, RESAMPLES, np.random.default_rng(SEED))
         ratio = float(np.median(base) / np.median(var))

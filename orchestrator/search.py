@@ -2,7 +2,9 @@
 
 :class:`Search` keeps the plan's :class:`~orchestrator.crossover.Bisection` in step with the store:
 every record whose cell id is one the plan could probe is an observation, whoever ran it (this search,
-an interrupted earlier run of it, a grid of the same sweep). :class:`orchestrator.searcher.CrossoverSearcher`
+an interrupted earlier run of it, a grid of the same sweep), except a failure an earlier run left: a record
+without a final status (a timeout, an error) that was on disk when the search was built is a trial to run again,
+as a grid runs again every trial without a final record. :class:`orchestrator.searcher.CrossoverSearcher`
 gives Tune its view of it (built by the runner inside its Ray session). This module does not import Ray, so the CLI can load it
 before the sweep decides how Ray starts (:mod:`orchestrator.embedded_ray`).
 """
@@ -11,9 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from trials.record.fields import FINAL_STATUSES
+
 from .answer import Answer
 from .crossover import SIDES, Bisection, CrossoverPlan, Decision, Outcome
-from .report.analysis import DECODE_STEP, TRAIN_STEP
+from .report.analysis import timing_for
 from .store import Store
 from .work import WorkItem
 
@@ -21,26 +25,33 @@ from .work import WorkItem
 class Search:
     def __init__(self, plan: CrossoverPlan, store: Store):
         self.plan, self.store = plan, store
-        self.timing = DECODE_STEP if plan.fixed.get("workload") == "infer" else TRAIN_STEP
+        self.timing = timing_for(plan.fixed.get("workload"))
         # cell id -> (side, x): the cells the plan could probe
         self.cells = {WorkItem.of(plan.spec(side, x), 0).cell_id: (side, x) for side in SIDES for x in plan.points}
         self.bisection = Bisection(plan)
+        self.earlier_failures: set[tuple] | None = None  # set by the first refresh: see :meth:`refresh`
         self.refresh()
 
     @property
     def columns(self) -> list[str]:
-        return ["cell_id", "sample", "status", self.timing.median, "trial_wall_s", "error", "gpu_name", "launch_bound"]
+        return ["cell_id", "sample", "status", self.timing.median, "effective_precision", "trial_wall_s", "error",
+                "gpu_name", "launch_bound", "run_id", "recorded_at"]
 
     def refresh(self) -> None:
-        """Observe every record on disk that belongs to one of the plan's cells (once, at the start)."""
-        if self.store.record_files():
-            self.observe_records(self.store.read_records(self.columns).to_pylist())
+        """Observe every record on disk that belongs to one of the plan's cells. The first call (at the start)
+        notes the records without a final status: an earlier run's failures, which this run retries."""
+        rows = self.store.read_records(self.columns).to_pylist() if self.store.record_files() else []
+        if self.earlier_failures is None:
+            self.earlier_failures = {_identity(r) for r in rows if r["status"] not in FINAL_STATUSES}
+        self.observe_records(rows)
 
     def observe_records(self, rows: list[dict[str, Any]]) -> None:
-        """Observe those of ``rows`` (records with at least :attr:`columns`) that are cells of the plan."""
+        """Observe those of ``rows`` (records with at least :attr:`columns`) that are cells of the plan, but
+        for an earlier run's failures. A failure written since (this run's grid's) is observed: it ends the
+        search with its reason, as one of this search's own does (:meth:`observe_trial`)."""
         for r in rows:
             where = self.cells.get(r["cell_id"])
-            if where is not None:
+            if where is not None and _identity(r) not in (self.earlier_failures or ()):
                 self.observe(where, int(r["sample"]), r)
 
     def observe_trial(self, side: str, x: int, sample: int) -> None:
@@ -52,7 +63,8 @@ class Search:
     def observe(self, where: tuple[str, int], sample: int, r: dict[str, Any]) -> None:
         self.bisection.observe(*where, sample, Outcome(str(r.get("status")), r.get(self.timing.median),
                                                        float(r.get("trial_wall_s") or 0.0), str(r.get("error") or ""),
-                                                       str(r.get("gpu_name") or ""), bool(r.get("launch_bound"))))
+                                                       str(r.get("gpu_name") or ""), bool(r.get("launch_bound")),
+                                                       r.get("effective_precision") or None))
 
     def decide(self, pending: set[tuple[str, int, int]] = frozenset()) -> Decision:
         return self.bisection.decide(pending)
@@ -76,3 +88,8 @@ class Search:
                                      None, None, decision.probes)  # what is known so far
         ans.done = False
         return ans
+
+
+def _identity(r: dict[str, Any]) -> tuple:
+    """One record of one trial: a trial run again writes a record of another run (run_id) and time."""
+    return r.get("cell_id"), r.get("sample"), r.get("run_id"), r.get("recorded_at")

@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator.crossover import Bisection, Outcome
+from orchestrator.search import Search
+from orchestrator.store import Store
 from orchestrator.sweep import SweepError, cell_id, parse_sweep
 from orchestrator.work import WorkItem
+from trials.record.fields import FINAL_STATUSES, empty_record
 
 from .conftest import juicytalk
 
@@ -104,6 +107,16 @@ def test_the_search_stops_at_max_trials_and_says_so():
     assert not answer.found and ran <= 8 and "max_trials=8" in answer.statement
 
 
+@pytest.mark.parametrize("f", [speedup, lambda x: 2.0, lambda x: 0.5, lambda x: 1.10],
+                         ids=["inside", "at-start", "never", "straddles-everywhere"])
+def test_the_default_budget_never_ends_a_search_before_its_answer(f):
+    """Without max_trials, the budget is what the bisection can need (its longest path of probes, both cells,
+    max_samples each): small-sample intervals are wide, so probes take more samples than two."""
+    default = parse_sweep(textwrap.dedent(SEARCH.replace("      max_trials: %d\n", "")), source="s.yaml").search
+    answer, ran = run(Bisection(default), f=f)
+    assert "max_trials" not in answer.statement and ran <= default.max_trials, answer.statement
+
+
 def test_records_already_there_are_reused_and_an_interrupted_search_resumes():
     p = plan()
     done = Bisection(p)
@@ -145,6 +158,56 @@ def test_an_unsupported_cell_ends_the_search_with_its_reason():
     assert not answer.found and f"d_model={x}" in answer.statement and "unsupported" in answer.statement
 
 
+def write(store: Store, search: Search, trial: tuple[str, int, int], status: str, run_id: str, **fields) -> None:
+    """The record a trial of the search would leave: ``trial`` is (side, x, sample)."""
+    item = search.item(*trial)
+    store.write_record({**empty_record(), "cell_id": item.cell_id, "sample": item.sample, "status": status,
+                        "run_id": run_id, **fields})
+
+
+def test_a_trial_an_earlier_run_left_unfinished_runs_again_and_one_of_this_run_ends_the_search(tmp_path):
+    """A timeout or error record has no final status: a rerun runs that trial again, as a grid does; within
+    the run that saw it, the failure is the probe's and the answer says so."""
+    assert {"timeout", "error"}.isdisjoint(FINAL_STATUSES)
+    p, store = plan(), Store(str(tmp_path), "cross")
+    store.ensure()
+    first = Search(p, store)
+    need = first.decide().need
+    for trial in need:  # the variant's trials time out, the baseline's run
+        write(store, first, trial, "ok" if trial[0] == "baseline" else "timeout", "run-1", step_ms_p50=10.0,
+              error="" if trial[0] == "baseline" else "killed after 1800 s")
+        first.observe_trial(*trial)
+    x = need[0][1]
+    assert first.finished and f"cannot probe d_model={x}: the variant cell is timeout" in first.answer().statement
+
+    again = Search(p, store)  # the same command, run again
+    assert not again.finished and sorted(again.decide().need) == sorted(t for t in need if t[0] == "variant")
+    for trial in again.decide().need:  # the grid of this run wrote them, failed again: read back, they count
+        write(store, again, trial, "error", "run-2", error="RuntimeError: boom")
+    again.refresh()
+    assert again.finished and f"cannot probe d_model={x}: the variant cell is error" in again.answer().statement
+
+
+def test_an_fp8_cell_that_ran_no_fp8_is_no_probe_and_the_answer_says_why(tmp_path):
+    """torchao converts no Linear at a width that is no multiple of 16: the cell runs ok, in BF16; its time is
+    no FP8 time, however fast."""
+    p, store = plan(), Store(str(tmp_path), "cross")
+    search = Search(p, store)
+    need = search.decide().need
+    x = need[0][1]
+    rows = [{"cell_id": search.item(*t).cell_id, "sample": t[2], "status": "ok", "step_ms_p50": 10.0 if t[0] ==
+             "baseline" else 5.0, "effective_precision": "bf16", "trial_wall_s": 3.0, "error": None,
+             "gpu_name": None, "launch_bound": False} for t in need]
+    search.observe_records(rows)
+    answer = search.answer()
+    assert answer.done and not answer.found, answer.statement
+    assert f"cannot probe d_model={x}: the variant cell ran bf16, not the fp8 asked" in answer.statement
+    ran_fp8 = Search(p, store)  # the same records with FP8 run: a probe (2x, above the target)
+    ran_fp8.observe_records([{**r, "effective_precision": "fp8" if r["step_ms_p50"] == 5.0 else "bf16"}
+                             for r in rows])
+    assert not ran_fp8.finished and next(pr for pr in ran_fp8.decide().probes.values()).verdict == "above"
+
+
 def test_search_cells_are_grid_cells():
     p = plan()
     grid = parse_sweep(textwrap.dedent("""
@@ -155,6 +218,9 @@ def test_search_cells_are_grid_cells():
     assert WorkItem.of(p.spec("variant", 1024), 1).cell_id == grid.cells[0].cell_id == cell_id(grid.cells[0].spec)
     item = WorkItem.of(p.spec("variant", 1024), 1)
     assert WorkItem.from_config(item.config()) == item  # what a worker rebuilds from a searcher's config
+
+
+COMPILED = "variant: {backend: torch, compile: true}\n  baseline: {backend: torch}"
 
 
 @pytest.mark.parametrize("block, key, line", [
@@ -168,6 +234,21 @@ def test_search_cells_are_grid_cells():
     ("search:\n  find: crossover\n  variant: {}\n  baseline: {}\n  target: 1.1\n  over: {d_model: [128, 64]}",
      "search.over.d_model", 7),
     ("search:\n  find: crossover\n  variant: {}\n  baseline: {}\n  over: {d_model: [64, 128]}", "search.target", 2),
+    # the same cell on both sides: written alike, or alike once the defaults are in
+    ("search:\n  find: crossover\n  variant: {backend: torch}\n  baseline: {backend: torch}\n  target: 1.1\n"
+     "  over: {d_model: [256, 512], step: 256}", "search.variant", 4),
+    ("search:\n  find: crossover\n  variant: {precision: bf16}\n  baseline: {}\n  target: 1.1\n"
+     "  over: {d_model: [256, 512], step: 256}", "search.variant", 4),
+    # the searched axis fixed for the whole sweep, not only in search.fixed
+    ("fixed: {d_model: 768}\nsearch:\n  find: crossover\n  " + COMPILED + "\n  target: 1.1\n"
+     "  over: {d_model: [256, 512], step: 256}", "fixed.d_model", 2),
+    ("search:\n  find: crossover\n  " + COMPILED + "\n  target: 1.1\n"
+     "  over: {d_model: [256, 512], step: 256}\n  fixed: {d_model: 768}", "search.fixed.d_model", 8),
+    # a bad cell names the key written that makes it bad: the sweep's fixed, search.fixed
+    ("fixed: {seq_len: 4}\nsearch:\n  find: crossover\n  " + COMPILED + "\n  target: 1.1\n"
+     "  over: {d_model: [256, 512], step: 256}", "fixed.seq_len", 2),
+    ("search:\n  find: crossover\n  " + COMPILED + "\n  target: 1.1\n"
+     "  over: {d_model: [256, 512], step: 256}\n  fixed: {cuda_graphs: true}", "search.fixed.cuda_graphs", 8),
 ])
 def test_bad_search_blocks_name_key_and_line(block, key, line):
     with pytest.raises(SweepError) as exc:
