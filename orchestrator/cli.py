@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -82,7 +83,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from .embedded_ray import RayStartError
     from .lock import SweepLocked
     from .runner import MAX_FAILURES, SweepInputError, resources_note, run_sweep
-    from .store import StorageFull, Store
+    from .store import StorageFull, Store, storage_problem
     from .sweep import SweepError, load_sweep, shown
 
     _quiet_ray_logs(args.verbose)
@@ -92,8 +93,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     if args.max_concurrent is not None and args.max_concurrent < 1:
         return _fail("--max-concurrent: must be a positive integer")
-    if args.gpu_memory is not None and args.gpu_memory <= 0:
-        return _fail("--gpu-memory: must be a positive number of GiB")
+    if args.gpu_memory is not None and not (math.isfinite(args.gpu_memory) and args.gpu_memory > 0):
+        return _fail(f"--gpu-memory: must be a positive finite number of GiB, got {args.gpu_memory}")
+    if args.out and (why := storage_problem(args.out)):
+        return _fail(f"--out: {why}")
     storage = args.out or sweep.storage or DEFAULT_OUT
     console = _console()
     if args.dry_run:
@@ -129,6 +132,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             console.print(f"[cyan]skipped[/] {shown(asked)}: {why}", soft_wrap=True)
         for asked, why in sweep.collapsed:
             console.print(f"[dim]collapsed[/] {shown(asked)}: {why}", soft_wrap=True)
+        for given, why in sweep.not_applied:
+            console.print(Text.assemble(("not applied", "dim"), f" {given}: {why}"), soft_wrap=True)
         if sweep.search is not None:
             plan = sweep.search
             console.print(f"search: the smallest {plan.axis} in {list(plan.points)} where {plan.label('variant')} "
@@ -237,8 +242,10 @@ def _sweep_dir(path: str) -> tuple[str, str] | None:
 
 
 def cmd_collect(args: argparse.Namespace) -> int:
-    from .store import Store, is_uri
+    from .store import Store, is_uri, storage_problem
 
+    if why := storage_problem(args.dir):
+        return _fail(f"DIR: {why}")
     if is_uri(args.dir):  # an object store's sweep prefix
         store = Store.at(args.dir)
         if not store.exists("trials"):

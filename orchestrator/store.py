@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import re
 import time
 import uuid
 from pathlib import Path
@@ -80,6 +81,33 @@ def utc_stamp(t: float | None = None) -> str:
 def is_uri(where: str) -> bool:
     """An object store's or filesystem's URI (s3://, gs://, file://), not a local path."""
     return "://" in where
+
+
+# schemes whose filesystem pyarrow opens by asking the network (S3: the bucket's region), so only their shape is
+# checked before a sweep starts
+_NETWORK_SCHEMES = ("s3",)
+
+
+def storage_problem(where: str) -> str | None:
+    """Why ``where`` (a sweep's storage, ``--out``, a sweep directory given to a command) names no storage pyarrow
+    opens, in one line; None for a local path or a URI it takes. Checked before anything reads or writes there:
+    pyarrow's own refusal comes later, as a traceback."""
+    if not is_uri(where):
+        return None
+    scheme, _, rest = where.partition("://")
+    location = rest.partition("?")[0]
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
+        return f"{where!r} has no scheme before '://'; give a local path or a URI such as s3://bucket/prefix"
+    if not location.strip("/") or (scheme in _NETWORK_SCHEMES and location.startswith("/")):
+        return f"{where!r} names no bucket or path after '{scheme}://' (e.g. {scheme}://bucket/prefix)"
+    if scheme in _NETWORK_SCHEMES:
+        return None
+    try:
+        pafs.FileSystem.from_uri(where)
+    except (pa.ArrowInvalid, OSError, ValueError) as exc:
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return f"{where!r} is no storage pyarrow opens: {detail}"
+    return None
 
 
 def trial_key(cell_id: str, sample: int) -> str:

@@ -1,7 +1,7 @@
 """Sweep files: load, validate (every error names its key and line), expand into cells.
 
-A sweep file is YAML read with ``yaml.safe_load`` semantics (``1e-3`` is a number, as in YAML 1.2); nothing in
-it is ever executed.
+A sweep file is UTF-8 YAML read with ``yaml.safe_load`` semantics, but numbers as YAML 1.2 reads them (``1e-3`` is
+a number and ``0640`` is 640, where YAML 1.1 reads a string and octal 416); nothing in it is ever executed.
 
     name: seed                # letters, digits, '-', '_' (it becomes a directory under --out)
     grid:                     # lists over any trial spec field; the cartesian product is the cells
@@ -28,7 +28,9 @@ it is ever executed.
 Cells that make no sense are never run twice under two names: an FP8-only field (recipe,
 fp8_format, amax_*) on a non-fp8 cell is collapsed to its default, and fp8 on the torch backend or
 a cpu device is skipped, as is a te_layer the cell's model does not take (modules on an hf: model,
-transformer_layer on one that is not Llama-family), each listed with its reason.
+transformer_layer on one that is not Llama-family), each listed with its reason. A field given that
+means nothing for any cell (compile: true with no compiling backend) is an error; one trial written two
+ways (lr 1 and 1.0, batch_size and the tokens_per_step that sizes it) is one cell.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,28 +49,42 @@ import yaml
 from trials.backends import RECIPES, STACKS, fp8_stacks, recipe_owner
 from trials.models import ModelError
 from trials.models import parse as parse_model
-from trials.spec import (SpecError, TrialSpec, applies, check_model, close_matches, defaults_for, field_default,
-                         only_fields, te_layer_refusal, variant_name)
+from trials.spec import (SpecError, TrialSpec, applies, check_model, close_matches, default_for, defaults_for,
+                         field_default, normalised, only_fields, scope_words, te_layer_refusal, variant_name)
 
 from .crossover import CrossoverPlan, parse_search
 from .launchers import DEFAULT_LAUNCHER, DEFAULT_WARM_MAX_TRIALS, LAUNCHERS
+from .store import storage_problem
 from .trackers import TrackerError, check_trackers
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # whole names only (fullmatch: '$' lets a trailing newline in)
+NAME_RULE = "a string of letters, digits, '-' and '_' (1-64 characters)"
 TOP_KEYS = ("name", "grid", "search", "fixed", "samples", "resources", "max_concurrent", "trial_timeout_s", "storage",
             "launcher", "warm_max_trials", "compile_cache", "trackers")
 RESOURCE_KEYS = ("gpu", "cpu")
 _DEFAULTS = TrialSpec().to_dict()  # MiniGPT's; defaults_for(values) for a cell of another model source
+# fields that mean something only in a scope (trials/spec.py's ``only``): a cell outside it drops them
+SCOPED_FIELDS = only_fields("fp8", "te", "te-fp8", "compiles", "fp8-filter", "minigpt", "selective-ac")
+SINGLE_VALUES = "single values (numbers, strings, true/false, null)"
 
 
 class _Loader(yaml.SafeLoader):
-    """``yaml.safe_load``, but ``1e-3`` is a number as YAML 1.2 (and every user) reads it: YAML 1.1's float
-    needs a dot (``1.0e-3``), so safe_load gives the string '1e-3'."""
+    """``yaml.safe_load``, but numbers as YAML 1.2 (and every user) reads them: ``1e-3`` is a number (YAML 1.1's
+    float needs a dot, ``1.0e-3``, so safe_load gives the string '1e-3'), and an integer with leading zeros is
+    decimal (YAML 1.1 reads ``0640`` as octal 416, and ``0999`` as a string)."""
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        digits = str(self.construct_scalar(node)).replace("_", "")
+        if re.fullmatch(r"[-+]?0[0-9]+", digits):
+            return int(digits, 10)
+        return super().construct_yaml_int(node)
 
 
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
     list("-+0123456789."))
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?0[0-9_]+$"), list("-+0"))
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 
 
 class SweepError(ValueError):
@@ -77,7 +94,7 @@ class SweepError(ValueError):
         where = f"{source}" if source else "sweep"
         if line:
             where += f", line {line}"
-        super().__init__(f"{where}: {key}: {message}")
+        super().__init__(" ".join(f"{where}: {key}: {message}".split()))  # one line, whatever a message quotes
         self.key = key
         self.line = line
 
@@ -110,6 +127,8 @@ class Sweep:
     cells: list[Cell] = field(default_factory=list)
     skipped: list[tuple[dict[str, Any], str]] = field(default_factory=list)
     collapsed: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+    # fixed fields that some cells take and others drop (recipe on the bf16 cells beside fp8 ones): key=value, why
+    not_applied: list[tuple[str, str]] = field(default_factory=list)
 
 
 # The spec fields of the first record layout: always hashed, so every id made since stays valid.
@@ -124,10 +143,28 @@ def spec_id(values: dict[str, Any], defaults: dict[str, Any]) -> str:
     return hashlib.sha1(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:12]
 
 
+def _id_values(spec: TrialSpec) -> dict[str, Any]:
+    """The spec's values as its id hashes them: the spec holds numbers as their field's type (``lr: 1`` is 1.0), and
+    MiniGPT's n_kv_heads equal to n_heads is its default (null), so either way of writing it is one id (the null
+    one, which every cell without GQA always had)."""
+    values = spec.to_dict()
+    if spec.source.own and values["n_kv_heads"] is not None and values["n_kv_heads"] == values["n_heads"]:
+        values["n_kv_heads"] = None
+    return values
+
+
 def cell_id(spec: TrialSpec) -> str:
     """Stable id of a spec: the same cell gets the same id in every run, on every machine, and after
     new spec fields arrive with defaults (resume and --compare keep working on older results)."""
-    values = spec.to_dict()
+    values = _id_values(spec)
+    return spec_id(values, defaults_for(values))
+
+
+def same_trial(spec: TrialSpec, ignoring: tuple[str, ...] = ()) -> str:
+    """What makes two cells one trial (those ``ignoring`` fields aside): their ids, but with tokens_per_step resolved
+    into the batch_size it sizes (batch_size 4 and tokens_per_step 1024 at seq_len 256 run the same). Not the cell
+    id itself: a cell given by tokens_per_step keeps the id its results were stored under."""
+    values = {**_id_values(spec), "tokens_per_step": None, **dict.fromkeys(ignoring)}
     return spec_id(values, defaults_for(values))
 
 
@@ -205,7 +242,36 @@ def load_sweep(path: str | Path) -> Sweep:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise SweepError("file", f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        line = exc.object[:exc.start].count(b"\n") + 1
+        raise SweepError("file", f"is not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); save it as UTF-8", line,
+                         str(path)) from None
     return parse_sweep(text, source=str(path))
+
+
+def _not_single(value: Any) -> str | None:
+    """What a value that is no single YAML scalar is, in words (a list, a date), or None for one that is."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return None
+    if isinstance(value, (list, dict)):
+        return f"{value} is a {'list' if isinstance(value, list) else 'mapping'}"
+    return f"{value} is a {type(value).__name__} to YAML (quote it for a string)"
+
+
+def _number(value: Any) -> bool:
+    """A finite number (never a bool): NaN and infinity are YAML numbers (.nan, .inf) but no count or time."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _mapping(data: dict[str, Any], key: str, err, what: str) -> dict[str, Any]:
+    """A top-level mapping: absent or null is empty (a key whose entries are all commented out), anything else
+    that is no mapping is refused (``fixed: []``, ``resources: 0`` once read as empty)."""
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise err((key,), f"must be a mapping of {what}, got {value!r}")
+    return value
 
 
 def parse_sweep(text: str, source: str = "sweep") -> Sweep:
@@ -232,16 +298,19 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
     name = data.get("name")
     if name is None:
         raise err(("name",), "required; letters, digits, '-' and '_' only (1-64 characters)")
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        bad = sorted(set(re.sub(r"[A-Za-z0-9_-]", "", str(name))))
+    if not isinstance(name, str):  # name: 123, name: on (YAML 1.1's true), name: 1e3
+        what = "true/false" if isinstance(name, bool) else "a number" if isinstance(name, (int, float)) else \
+            f"a {type(name).__name__}"
+        raise err(("name",), f"must be {NAME_RULE}, got {str(name).lower() if isinstance(name, bool) else name} "
+                  f"({what} to YAML: quote it)")
+    if not NAME_RE.fullmatch(name):
+        bad = sorted(set(re.sub(r"[A-Za-z0-9_-]", "", name)))
         what = f"has {' and '.join(repr(c) for c in bad)} in it" if bad else "is not 1-64 characters"
-        raise err(("name",), f"{str(name)!r} {what}; it becomes a directory: use letters, digits, '-' and '_' "
+        raise err(("name",), f"{name!r} {what}; it becomes a directory: use letters, digits, '-' and '_' "
                   "only (1-64 characters)")
     grid = data.get("grid")
     grids = [] if grid is None and "search" in data else grid if isinstance(grid, list) else [grid]
-    fixed = data.get("fixed") or {}
-    if not isinstance(fixed, dict):
-        raise err(("fixed",), "must be a mapping of spec fields to single values")
+    fixed = _mapping(data, "fixed", err, "spec fields to single values")
     fields = set(TrialSpec.field_names())
     if (not grids and "search" not in data) or not all(isinstance(g, dict) and g for g in grids):
         raise err(("grid",), "required (or a search block); a mapping of spec fields to non-empty lists (or a list "
@@ -254,7 +323,10 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
                 raise err(prefix + (key,), f"unknown trial field; allowed: {', '.join(sorted(fields))}")
             if not isinstance(values, list) or not values:
                 raise err(prefix + (key,), "must be a non-empty list")
-            if len(set(map(json.dumps, values))) != len(values):
+            for value in values:
+                if what := _not_single(value):
+                    raise err(prefix + (key,), f"must be a non-empty list of {SINGLE_VALUES}; {what}")
+            if len({json.dumps(normalised(key, v)) for v in values}) != len(values):  # 1 and 1.0 for lr too
                 raise err(prefix + (key,), "has repeated values")
             if key == "recipe":
                 for value in values:
@@ -264,6 +336,8 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
             raise err(("fixed", key), f"unknown trial field; allowed: {', '.join(sorted(fields))}")
         if isinstance(value, (list, dict)):
             raise err(("fixed", key), "must be a single value (put lists under grid)")
+        if what := _not_single(value):
+            raise err(("fixed", key), f"must be one of {SINGLE_VALUES}; {what}")
         if any(key in one for one in grids):
             raise err(("fixed", key), "is also in grid; give it in one place")
         if key == "recipe":
@@ -273,14 +347,12 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
         raise err(("samples",), "must be a positive integer")
     resources = {"gpu": 1, "cpu": 1}
-    given = data.get("resources") or {}
-    if not isinstance(given, dict):
-        raise err(("resources",), "must be a mapping with gpu and/or cpu")
+    given = _mapping(data, "resources", err, "gpu and/or cpu to numbers")
     for key, value in given.items():
         if key not in RESOURCE_KEYS:
             raise err(("resources", key), f"unknown resource; allowed: {', '.join(RESOURCE_KEYS)}")
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            raise err(("resources", key), "must be a number >= 0")
+        if not _number(value) or value < 0:
+            raise err(("resources", key), f"must be a finite number >= 0, got {value}")
         if key == "gpu" and value != int(value):
             raise err(("resources", "gpu"), "must be a whole number: fractional GPUs share a device and "
                       "make every timing wrong")
@@ -295,14 +367,17 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
                                        or max_concurrent < 1):
         raise err(("max_concurrent",), "must be a positive integer or null")
     timeout = data.get("trial_timeout_s")
-    if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0):
-        raise err(("trial_timeout_s",), "must be a positive number of seconds or null")
+    if timeout is not None and (not _number(timeout) or timeout <= 0):
+        raise err(("trial_timeout_s",), f"must be a positive finite number of seconds or null (no limit), got "
+                  f"{timeout}")
     storage = data.get("storage")
     if storage is not None and (not isinstance(storage, str) or not storage.strip()):
         raise err(("storage",), "must be a path or URI string")
+    if storage is not None and (why := storage_problem(storage)):
+        raise err(("storage",), why)
 
     launcher = data.get("launcher", DEFAULT_LAUNCHER)
-    if launcher not in LAUNCHERS:
+    if not isinstance(launcher, str) or launcher not in LAUNCHERS:
         raise err(("launcher",), f"must be one of {', '.join(LAUNCHERS)}; got {launcher!r}")
     warm_max = data.get("warm_max_trials", DEFAULT_WARM_MAX_TRIALS)
     if not isinstance(warm_max, int) or isinstance(warm_max, bool) or warm_max < 1:
@@ -333,8 +408,10 @@ def _check_recipe(value: Any, err) -> None:
 
 
 def shown(values: dict[str, Any]) -> str:
-    """``backend=te precision=fp8``: a grid combination as a user reads it (never a dict's repr)."""
-    return " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items())
+    """``backend=te precision=fp8``: a grid combination as a user reads it (never a dict's repr), in YAML's words
+    (true, null)."""
+    return " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else 'null' if v is None else v}"
+                    for k, v in values.items())
 
 
 def _skip_reason(cell: dict[str, Any], asked: dict[str, Any]) -> str | None:
@@ -371,25 +448,87 @@ def _skip_reason(cell: dict[str, Any], asked: dict[str, Any]) -> str | None:
     return None
 
 
+def cell_values(written: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The values a cell runs, from those written for it (fixed and grid), and the fields it drops as meaning
+    nothing for it. torchao without FP8 is the torch twin (torchao converts Linears to FP8); a field that means
+    something only in a scope (trials/spec.py's ``only``: fp8 cells, te cells, compiling stacks...) is dropped
+    outside it, so the cell runs its default and is never run twice under two names. Every way a sweep makes a
+    cell (its grid, a crossover search) applies this one rule."""
+    values = dict(written)
+    if values.get("backend") == "torchao" and values.get("precision", _DEFAULTS["precision"]) != "fp8":
+        values["backend"] = "torch"  # torchao converts Linears to FP8; without FP8 it is the twin
+    cell = {**defaults_for(values), **values}
+    dropped = {name: values.pop(name) for name in SCOPED_FIELDS if name in values and not applies(name, cell)}
+    return values, dropped
+
+
+def _meaningful(dropped: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """The dropped fields whose value was not the cell's default anyway (compile: false on te drops nothing)."""
+    return {k: v for k, v in dropped.items() if v != default_for(k, values)}
+
+
+def _why_not_applied(name: str, value: Any, values: dict[str, Any]) -> str:
+    """Why a field means nothing for a cell: the spec's own refusal of it there (compile: true on te), else its
+    scope (fp8_format is for te's fp8 cells, which no spec rule refuses: a default cell just runs without it)."""
+    try:
+        TrialSpec.from_dict({**values, name: value})
+    except SpecError as exc:
+        if exc.field == name:
+            return str(exc)
+    return f"it means something for {scope_words(name)} only"
+
+
+@dataclass
+class _Uses:
+    """Where one field the user wrote means something: cells that take it, and those that drop it (id -> label)."""
+
+    taken: int = 0
+    dropped: dict[str, str] = field(default_factory=dict)
+    example: dict[str, Any] = field(default_factory=dict)  # the values of a cell that drops it, for the reason
+
+    def note(self, taken: bool, cid: str, label: str, values: dict[str, Any]) -> None:
+        if taken:
+            self.taken += 1
+        else:
+            self.dropped.setdefault(cid, label)
+            self.example = self.example or values
+
+
+def _blame(exc: SpecError, asked: dict[str, Any], fixed: dict[str, Any], values: dict[str, Any]) -> tuple | None:
+    """The key the user wrote that a cell's error comes from: the refused field where they wrote it, else a
+    written field without which the error goes (prompt_len 8, never written, is refused for seq_len 4: seq_len),
+    those the error names first. None where no one field is to blame."""
+    if exc.field in asked:
+        return ("grid", exc.field)
+    if exc.field in fixed:
+        return ("fixed", exc.field)
+    written = [("grid", k) for k in asked] + [("fixed", k) for k in fixed if k in values]
+    named = [w for w in written if re.search(rf"\b{w[1]}\b", str(exc))]
+    for where, key in named + [w for w in written if w not in named]:
+        try:
+            check_model(TrialSpec.from_dict({k: v for k, v in values.items() if k != key}))
+        except SpecError as again:
+            if again.field == exc.field:
+                continue
+        return (where, key)
+    return None
+
+
 def _expand(sweep: Sweep, prefixes: list[tuple], err) -> None:
-    seen: set[str] = set()
+    first: dict[str, dict[str, Any]] = {}  # same_trial -> the grid values of the cell that runs it
+    fixed_uses = {k: _Uses() for k in sweep.fixed}
     for prefix, grid in zip(prefixes, sweep.grids):
         keys = list(grid)
         skipped = []
+        grid_uses = {k: _Uses() for k in keys}
         for combo in itertools.product(*(grid[k] for k in keys)):
             asked = dict(zip(keys, combo))
-            values = {**sweep.fixed, **asked}
-            why = _skip_reason({**defaults_for(values), **values}, asked)
+            written = {**sweep.fixed, **asked}
+            why = _skip_reason({**defaults_for(written), **written}, asked)
             if why:
                 skipped.append((asked, why))
                 continue
-            if values.get("backend") == "torchao" and values.get("precision", _DEFAULTS["precision"]) != "fp8":
-                values["backend"] = "torch"  # torchao converts Linears to FP8; without FP8 it is the twin
-            cell = {**defaults_for(values), **values}
-            for name in only_fields("fp8", "te", "te-fp8", "compiles", "fp8-filter", "minigpt",
-                                    "selective-ac"):  # meaningless here
-                if not applies(name, cell):
-                    values.pop(name, None)
+            values, dropped = cell_values(written)
             try:
                 spec = TrialSpec.from_dict(values)
                 if {"model", "te_layer"} & set(asked) and (why := te_layer_refusal(spec)):
@@ -397,17 +536,25 @@ def _expand(sweep: Sweep, prefixes: list[tuple], err) -> None:
                     continue
                 check_model(spec)  # an hf: or py: model that cannot be built: one line, before Ray
             except SpecError as exc:
-                place = prefix + (exc.field,) if exc.field in grid else ("fixed", exc.field)
+                blamed = _blame(exc, asked, sweep.fixed, values)
+                place = (prefix + blamed[1:] if blamed[0] == "grid" else blamed) if blamed else prefix
                 raise err(place, f"{exc} (in cell {shown(asked)})") from None
-            cid = cell_id(spec)
-            if cid in seen:
-                dropped = {k: v for k, v in asked.items() if values.get(k, _DEFAULTS.get(k)) != v}
-                sweep.collapsed.append((asked, f"{cell_label(spec)} appears more than once"
-                                        + (f" ({shown(dropped)} means nothing for this cell)" if dropped else "")
+            cid, label, dropped = cell_id(spec), cell_label(spec), _meaningful(dropped, values)
+            for name in written:
+                if name in values or name in dropped:  # a default dropped is neither
+                    uses = grid_uses[name] if name in asked else fixed_uses[name]
+                    uses.note(name in values, cid, label, values)
+            trial = same_trial(spec)
+            if trial in first:
+                twin = first[trial]
+                moot = {k: v for k, v in asked.items() if values.get(k, _DEFAULTS.get(k)) != v}
+                sweep.collapsed.append((asked, f"{label} appears more than once"
+                                        + (f" ({shown(moot)} means nothing for this cell)" if moot else
+                                           f" (the same trial as {shown(twin)})" if twin != asked else "")
                                         + "; it runs once"))
                 continue
-            seen.add(cid)
-            sweep.cells.append(Cell(spec=spec, cell_id=cid, label=cell_label(spec)))
+            first[trial] = asked
+            sweep.cells.append(Cell(spec=spec, cell_id=cid, label=label))
         if skipped and len(skipped) == len(list(itertools.product(*grid.values()))):
             # every combination of this grid names no cell: the grid asks for nothing runnable (a te recipe on
             # torchao, fp8 on torch, transformer_layer on a model it cannot convert); skipping all of it quietly
@@ -415,5 +562,47 @@ def _expand(sweep: Sweep, prefixes: list[tuple], err) -> None:
             raise err(prefix, f"leaves no cell to run: {shown(skipped[0][0])}: {skipped[0][1]}"
                       + (f" (and {len(skipped) - 1} more combinations like it)" if len(skipped) > 1 else ""))
         sweep.skipped.extend(skipped)
+        for name, uses in grid_uses.items():
+            _refuse_unused(uses, prefix + (name,), name, grid[name], skipped, err)
+    if sweep.search is None:  # a search's cells take fixed fields too (orchestrator/crossover.py judges those)
+        for name, uses in fixed_uses.items():
+            _refuse_unused(uses, ("fixed", name), name, [sweep.fixed[name]], sweep.skipped, err)
+            if uses.taken and uses.dropped:
+                labels = list(uses.dropped.values())
+                sweep.not_applied.append((f"fixed.{shown({name: sweep.fixed[name]})}", (
+                    f"means nothing for {len(labels)} of {len(sweep.cells)} cells ({', '.join(labels[:3])}"
+                    f"{', ...' if len(labels) > 3 else ''}): they run without it; {scope_words(name)} take it")))
+    _check_sample_seeds(sweep, prefixes, err)
     labels = distinct_labels([c.spec for c in sweep.cells])
     sweep.cells[:] = [Cell(spec=c.spec, cell_id=c.cell_id, label=label) for c, label in zip(sweep.cells, labels)]
+
+
+def _refuse_unused(uses: _Uses, place: tuple, name: str, given: list[Any], skipped: list, err) -> None:
+    """A field given that means nothing for any cell is a mistake, never a silent default (compile: true where no
+    cell compiles, fp8_format: e4m3 on bf16 cells): one line, with the spec's own reason where it has one, and the
+    first skipped combination where the cells that would take it were skipped (recipe current on torchao)."""
+    if uses.dropped and not uses.taken:
+        value = next((v for v in given if v != default_for(name, uses.example)), given[0])
+        also = f" (and {len(skipped)} combinations are skipped, e.g. {shown(skipped[0][0])}: {skipped[0][1]})" \
+            if skipped else ""
+        raise err(place, f"{shown({name: value})} means nothing for any cell of this sweep: "
+                  f"{_why_not_applied(name, value, uses.example)}{also}")
+
+
+def _check_sample_seeds(sweep: Sweep, prefixes: list[tuple], err) -> None:
+    """Sample k of a cell runs seed + k: two cells alike but for seeds closer than ``samples`` would run one trial
+    under two keys (seeds 1234 and 1235, samples 2: 1234's sample 1 is 1235's sample 0). Refused, not re-seeded:
+    every stored sample keeps its seed."""
+    if sweep.samples < 2:
+        return
+    alike: dict[str, list[int]] = {}
+    for cell in sweep.cells:
+        alike.setdefault(same_trial(cell.spec, ignoring=("seed",)), []).append(cell.spec.seed)
+    for seeds in alike.values():
+        seeds.sort()
+        for a, b in zip(seeds, seeds[1:]):
+            if b - a < sweep.samples:
+                place = next((p + ("seed",) for p, g in zip(prefixes, sweep.grids) if "seed" in g), ("seed",))
+                raise err(place, f"seeds {a} and {b} are closer than samples: {sweep.samples} (sample k runs seed + "
+                          f"k, so seed {a}'s sample {b - a} is seed {b}'s sample 0: one trial under two keys); space "
+                          f"them at least {sweep.samples} apart")

@@ -104,3 +104,30 @@ def test_the_guides_usage_lines_show_every_flag_and_every_flag_has_help():
             if flags:
                 assert any(f in line for f in flags), (command, flags)
                 assert action.help, (command, flags)
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["--out", "bogus://x"], "--out: "), (["--out", "s3://"], "--out: "),
+    (["--gpu-memory", "nan"], "--gpu-memory: "), (["--gpu-memory", "inf"], "--gpu-memory: "),
+])
+def test_sweep_flags_that_name_nothing_usable_are_one_line(capsys, tmp_path, argv, flag):
+    path = tmp_path / "s.yaml"
+    path.write_text("name: s\ngrid: {d_model: [64]}\nfixed: {device: cpu}\n")
+    assert flag in one_line_error(capsys, ["sweep", str(path), "--dry-run", *argv])
+
+
+def test_collect_of_a_uri_pyarrow_does_not_know_is_one_line(capsys):
+    assert one_line_error(capsys, ["collect", "bogus://x/y"]).startswith("juicytalk: error: DIR: ")
+
+
+def test_bad_sweep_files_exit_2_with_one_line_before_anything_starts(tmp_path):
+    """End to end, as a user runs it: tracebacks (exit 1) once, for a NaN GPU count and a Latin-1 byte."""
+    from .conftest import juicytalk
+
+    (tmp_path / "nan.yaml").write_text("name: t\ngrid: {d_model: [64]}\nresources: {gpu: .nan}\n")
+    (tmp_path / "latin1.yaml").write_bytes(b"name: t\ngrid: {d_model: [64]}\n# caf\xe9\n")
+    for name, key in (("nan.yaml", "resources.gpu"), ("latin1.yaml", "file")):
+        out = juicytalk("sweep", str(tmp_path / name), "--dry-run", "--out", str(tmp_path / "out"), timeout=120)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and f": {key}: " in lines[0], out.stderr[-2000:]
+    assert not (tmp_path / "out").exists()

@@ -113,3 +113,23 @@ def test_a_recipe_of_the_other_stack_names_both_fields():
     assert str(err.value) == "recipe: delayed is a te recipe; backend torchao takes tensorwise, rowwise, rowwise_with_gw_hp"
     spec = TrialSpec(backend="torchao", precision="fp8", recipe="rowwise", compile=True, device="cpu")
     assert spec.compile and spec.device == "cpu"  # torchao's FP8 is not TE's: no CUDA device needed to ask
+
+
+def test_batch_size_given_beside_tokens_per_step_is_refused_even_at_its_default():
+    """batch_size: 32 (its default) with tokens_per_step 1024 at seq_len 256 ran batch 4 without a word."""
+    with pytest.raises(SpecError) as err:
+        TrialSpec.from_dict({"batch_size": 32, "tokens_per_step": 1024})
+    assert err.value.field == "tokens_per_step" and "not both" in str(err.value)
+    assert TrialSpec.from_dict({"tokens_per_step": 1024}).batch_size == 4
+    resolved = TrialSpec.from_dict({"tokens_per_step": 8192})  # batch 32: as a worker rebuilds it from its config
+    assert TrialSpec.from_dict(resolved.to_dict()) == resolved
+
+
+def test_numbers_take_their_fields_type():
+    """lr: 1 and lr: 1.0 are one value: the spec (and so the cell id) holds a float either way."""
+    spec = TrialSpec(lr=1)
+    assert type(spec.lr) is float and spec == TrialSpec(lr=1.0) and spec.to_dict() == TrialSpec(lr=1.0).to_dict()
+
+
+def test_a_spec_error_is_one_line():
+    assert "\n" not in str(SpecError("model", "hf:llama: refused:\n    ValueError: no"))

@@ -170,3 +170,17 @@ def test_a_second_local_lock_on_a_sweep_is_refused_naming_the_holder(tmp_path):
         with pytest.raises(SweepLocked, match=f"pid {os.getpid()},"), sweep_lock(store):
             pass
     assert Path(lock_path(store)).read_text() == ""
+
+
+@pytest.mark.parametrize("where,problem", [
+    ("bogus://x", "bogus"), ("s3://", "bucket"), ("s3:///x", "bucket"), ("file://", "path"), ("file://x", "relative"),
+    ("10://x", "scheme"),
+    ("./results", None), ("s3://bucket/prefix", None), ("s3://bucket/p?endpoint_override=localhost:9000", None),
+    ("gs://bucket", None), ("file:///tmp/x", None),
+])
+def test_a_storage_uri_is_checked_before_anything_reads_it(where, problem):
+    """Checked by its shape alone: pyarrow asks the network for an S3 bucket's region when it opens one."""
+    from orchestrator.store import storage_problem
+
+    found = storage_problem(where)
+    assert (found is None) if problem is None else (problem in found and "\n" not in found), found

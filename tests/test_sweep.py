@@ -327,3 +327,146 @@ def test_cpu_cells_are_checked_against_host_memory_and_pace(tmp_path):
     assert "host memory 24 GiB" in plan_table(s, rows, None, 24 * gib).title
     on_gpu = plan_rows(s, Store(str(tmp_path), s.name), cpu_here=False)  # a GPU machine: the GPU's memory counts
     assert expected_ooms(on_gpu, 80 * gib, 24 * gib) == [] and slow_on_cpu(on_gpu, 100e9) == []
+
+
+def test_a_fixed_field_that_applies_to_no_cell_is_refused_and_one_that_applies_to_some_is_listed():
+    """fixed: {compile: true} on cells of backend auto (TE's) ran them eager and exit 0; TrialSpec alone refuses it."""
+    with pytest.raises(SweepError) as info:
+        sweep("""
+            name: c
+            fixed: {compile: true}
+            grid: {d_model: [256, 512]}
+        """)
+    assert info.value.key == "fixed.compile" and "torch.compile applies to backend torch or torchao" in str(info.value)
+    with pytest.raises(SweepError) as info:  # no spec rule refuses these: the field's scope says why
+        sweep("""
+            name: c
+            fixed: {fp8_format: e4m3, amax_history_len: 1024}
+            grid: {d_model: [256]}
+        """)
+    assert info.value.key == "fixed.fp8_format" and "fp8 cells" in str(info.value)
+    with pytest.raises(SweepError) as info:  # a grid key none of its cells takes is the same mistake
+        sweep("""
+            name: c
+            grid: {precision: [bf16], fp8_format: [hybrid, e4m3]}
+        """)
+    assert info.value.key == "grid.fp8_format"
+    s = sweep("""
+        name: c
+        fixed: {recipe: current, compile: false}
+        grid: {precision: [bf16, fp8], backend: [te]}
+    """)  # recipe means something on the fp8 cell only (the design); compile: false is every te cell's default
+    assert sorted(c.label for c in s.cells) == ["d768-L4-te-bf16", "d768-L4-te-fp8-current"]
+    assert [key for key, _ in s.not_applied] == ["fixed.recipe=current"]
+    assert "1 of 2 cells" in s.not_applied[0][1] and "d768-L4-te-bf16" in s.not_applied[0][1]
+
+
+def test_one_trial_is_one_cell_whatever_way_it_is_written():
+    """lr 1 and 1.0, batch_size 4 and tokens_per_step 1024 (seq_len 256), n_kv_heads null and n_heads: one trial
+    each."""
+    one = sweep("name: a\ngrid: {lr: [1]}\n").cells[0]
+    assert one.cell_id == sweep("name: a\ngrid: {lr: [1.0]}\n").cells[0].cell_id and one.label == "d768-L4-auto-bf16"
+    with pytest.raises(SweepError, match="grid.lr: has repeated values"):
+        sweep("name: a\ngrid: {lr: [1, 1.0]}\n")
+    with pytest.raises(SweepError) as info:  # batch_size: 32 is its default, but it was given
+        sweep("name: a\nfixed: {batch_size: 32, tokens_per_step: 1024}\ngrid: {d_model: [256]}\n")
+    assert info.value.key == "fixed.tokens_per_step" and "not both" in str(info.value)
+    by_batch = sweep("name: a\ngrid: {batch_size: [4]}\n").cells[0]
+    s = sweep("name: a\ngrid:\n  - {batch_size: [4]}\n  - {tokens_per_step: [1024]}\n")
+    assert [c.cell_id for c in s.cells] == [by_batch.cell_id]  # the first way it was written keeps its id
+    [(asked, why)] = s.collapsed
+    assert asked == {"tokens_per_step": 1024} and "the same trial as batch_size=4" in why
+    s = sweep("name: a\nfixed: {arch: llama}\ngrid: {n_kv_heads: [null, 12]}\n")
+    assert len(s.cells) == 1 and s.cells[0].spec.n_kv_heads is None and len(s.collapsed) == 1
+    assert cell_id(TrialSpec(arch="llama", n_kv_heads=12)) == cell_id(TrialSpec(arch="llama"))
+    assert cell_id(TrialSpec(arch="llama", n_kv_heads=4)) != cell_id(TrialSpec(arch="llama"))
+
+
+def test_seed_on_the_grid_with_samples_that_would_run_one_seed_twice_is_refused():
+    with pytest.raises(SweepError) as info:  # seed 1234's sample 1 is seed 1235: one trial under two keys
+        sweep("name: a\ngrid: {seed: [1234, 1235]}\nsamples: 2\n")
+    assert info.value.key == "grid.seed" and "samples" in str(info.value)
+    assert len(sweep("name: a\ngrid: {seed: [1234, 1236]}\nsamples: 2\n").cells) == 2
+
+
+def test_an_error_names_the_key_the_user_wrote():
+    """prompt_len (not written) is refused for seq_len 4 (written): the error names grid.seq_len."""
+    with pytest.raises(SweepError) as info:
+        sweep("name: a\ngrid: {seq_len: [4, 256]}\n")
+    assert info.value.key == "grid.seq_len" and info.value.line == 2 and "prompt_len" in str(info.value)
+    with pytest.raises(SweepError) as info:
+        sweep("name: a\ngrid: {precision: [fp8], backend: [te], seq_len: [24], batch_size: [1]}\n")
+    assert info.value.key in ("grid.seq_len", "grid.batch_size") and info.value.line == 2
+
+
+def test_an_hf_config_that_transformers_refuses_is_one_line_naming_the_shape_field():
+    pytest.importorskip("transformers")
+    with pytest.raises(SweepError) as info:
+        sweep("""
+            name: a
+            fixed: {model: "hf:llama", d_model: 100}
+            grid: {n_layers: [1]}
+        """)
+    assert info.value.key == "fixed.d_model" and "\n" not in str(info.value), str(info.value)
+
+
+def test_leading_zeros_read_as_decimal_as_yaml_1_2_reads_them():
+    """YAML 1.1 reads 0640 as octal (416) and 0999 as a string."""
+    s = sweep("name: a\ngrid: {d_model: [0640, 01024]}\nfixed: {n_layers: 02}\n")
+    assert sorted(c.spec.d_model for c in s.cells) == [640, 1024] and s.cells[0].spec.n_layers == 2
+    assert sweep("name: a\ngrid: {lr: [0.001]}\n").cells[0].spec.lr == 0.001
+
+
+@pytest.mark.parametrize("text,key,allowed", [
+    ("name: x\ngrid: {d_model: [64]}\nresources: {gpu: .nan}\n", "resources.gpu", "finite"),
+    ("name: x\ngrid: {d_model: [64]}\nresources: {gpu: .inf}\n", "resources.gpu", "finite"),
+    ("name: x\ngrid: {d_model: [64]}\nresources: {cpu: .nan}\n", "resources.cpu", "finite"),
+    ("name: x\ngrid: {d_model: [64]}\ntrial_timeout_s: .nan\n", "trial_timeout_s", "finite"),
+    ("name: x\ngrid: {d_model: [64]}\ntrial_timeout_s: .inf\n", "trial_timeout_s", "finite"),
+    ("name: x\ngrid: {d_model: [64]}\nlauncher: [warm]\n", "launcher", "warm"),
+    ("name: x\ngrid: {backend: [[te]]}\n", "grid.backend", "single values"),
+    ("name: x\ngrid: {d_model: [2020-01-01]}\n", "grid.d_model", "date"),
+    ("name: x\ngrid: {d_model: [64]}\nfixed: {model: 2020-01-01}\n", "fixed.model", "date"),
+    ("name: x\ngrid: {d_model: [64]}\nstorage: 'bogus://x'\n", "storage", "bogus"),
+    ("name: x\ngrid: {d_model: [64]}\nstorage: 's3://'\n", "storage", "bucket"),
+    ('name: "t\\n"\ngrid: {d_model: [64]}\n', "name", "letters"),
+    ("name: 123\ngrid: {d_model: [64]}\n", "name", "a string"),
+    ("name: on\ngrid: {d_model: [64]}\n", "name", "a string"),
+    ("name: x\ngrid: {d_model: [64]}\nfixed: []\n", "fixed", "mapping"),
+    ("name: x\ngrid: {d_model: [64]}\nresources: 0\n", "resources", "mapping"),
+    ("name: x\ngrid: {d_model: [64]}\ntrackers: [{tensorboard: []}]\n", "trackers.0.tensorboard", "mapping"),
+])
+def test_bad_values_are_one_line_naming_the_key_and_what_is_allowed(text, key, allowed):
+    with pytest.raises(SweepError) as info:
+        parse_sweep(text, source="s.yaml")
+    message = str(info.value)
+    assert info.value.key == key and allowed in message and "\n" not in message, message
+
+
+def test_a_file_that_is_not_utf8_says_so_with_its_line(tmp_path):
+    from orchestrator.sweep import load_sweep
+
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("name: t\ngrid: {d_model: [256]}\n# caf\xe9\n".encode("latin-1"))
+    with pytest.raises(SweepError) as info:
+        load_sweep(path)
+    assert info.value.key == "file" and info.value.line == 3 and "UTF-8" in str(info.value)
+
+
+def test_published_results_resume_every_recorded_cell():
+    """Every cell id recorded in a published grid sweep's results.parquet comes out of its sweep file(s) again, so a
+    rerun resumes instead of running its cells anew (a cell id is the store's key)."""
+    import pyarrow.parquet as pq
+
+    from orchestrator.sweep import load_sweep
+
+    checked = 0
+    for results in sorted((REPO / "docs" / "results").rglob("results.parquet")):
+        sweeps = [load_sweep(p) for p in sorted(results.parent.glob("sweep*.yaml"))]
+        if not sweeps or any(s.search is not None for s in sweeps):
+            continue  # a search's cells are chosen as results arrive (tests/test_search.py)
+        recorded = set(pq.read_table(results, columns=["cell_id"]).column("cell_id").to_pylist())
+        produced = {c.cell_id for s in sweeps for c in s.cells}
+        assert recorded == produced, results
+        checked += 1
+    assert checked >= 15

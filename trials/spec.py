@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import numbers
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping
 
@@ -49,7 +50,8 @@ class SpecError(ValueError):
     """A spec value is not allowed; ``field`` names it."""
 
     def __init__(self, field_name: str, message: str):
-        super().__init__(f"{field_name}: {message}")
+        # one line, whatever the message quotes (transformers' config errors carry newlines)
+        super().__init__(" ".join(f"{field_name}: {message}".split()))
         self.field = field_name
 
 
@@ -120,6 +122,7 @@ class TrialSpec:
     def __post_init__(self) -> None:
         for f in fields(self):
             _check_type(f.name, getattr(self, f.name), f.type)
+            object.__setattr__(self, f.name, normalised(f.name, getattr(self, f.name)))
         heads_given = self.n_heads is not None
         for name, default in SOURCE_DEFAULTS.items():  # a field whose default is the model source's (te_layer)
             if getattr(self, name) is None:
@@ -134,8 +137,7 @@ class TrialSpec:
                 object.__setattr__(self, "ffn", swiglu_hidden(self.d_model) if self.arch == "llama" else 4 * self.d_model)
         if self.tokens_per_step is not None:
             if self.batch_size != field_default("batch_size") and self.batch_size * self.seq_len != self.tokens_per_step:
-                raise SpecError("tokens_per_step", f"sizes the batch; give it or batch_size, not both "
-                                f"(batch_size={self.batch_size}, seq_len={self.seq_len})")
+                raise _batch_conflict(self.batch_size, self.seq_len)
             if self.tokens_per_step < 1 or self.tokens_per_step % self.seq_len:
                 raise SpecError("tokens_per_step", f"must be a positive multiple of seq_len={self.seq_len}, "
                                 f"got {self.tokens_per_step}")
@@ -159,7 +161,13 @@ class TrialSpec:
         for key in values:
             if key not in known:
                 raise SpecError(str(key), f"unknown trial field; allowed: {', '.join(sorted(known))}")
-        return cls(**dict(values))
+        spec = cls(**dict(values))
+        # a batch_size given is given even at its default, which __post_init__ cannot tell from one left out: where
+        # tokens_per_step sizes the batch otherwise, the two disagree (batch_size: 32 ran batch 4 without a word)
+        if values.get("batch_size") is not None and spec.tokens_per_step is not None \
+                and values["batch_size"] != spec.batch_size:
+            raise _batch_conflict(values["batch_size"], spec.seq_len)
+        return spec
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.field_names()}
@@ -423,6 +431,27 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
         raise SpecError(name, f"must be one of {', '.join(allowed)}; got {value!r}{close_matches(value, allowed)}")
 
 
+def _batch_conflict(batch_size: Any, seq_len: int) -> SpecError:
+    return SpecError("tokens_per_step", f"sizes the batch; give it or batch_size, not both (batch_size={batch_size}, "
+                     f"seq_len={seq_len})")
+
+
+def normalised(name: str, value: Any) -> Any:
+    """A value of a spec field as its declared type holds it: an integer given for a float field (``lr: 1``) is
+    that float, so ``1`` and ``1.0`` are one value (one cell id, one cell); numpy's integers are Python's."""
+    type_name = _field_types().get(name)
+    if type_name == "float" and isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    if type_name == "int" and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return value
+
+
+@functools.cache
+def _field_types() -> dict[str, str]:
+    return spec_field_types()
+
+
 def _check_type(name: str, value: Any, annotation: Any) -> None:
     """Reject wrong types early (YAML and CLI give strings, floats and bools in odd places)."""
     text = str(annotation)
@@ -473,6 +502,19 @@ _ONLY = {f.name: f.metadata["only"] for f in dataclasses.fields(TrialSpec)}
 def only_fields(*scopes: str) -> list[str]:
     """Fields that mean something only in these scopes (``"fp8"``, ``"te"``, ``"te-fp8"``, ``"compiles"``)."""
     return [name for name, only in _ONLY.items() if only in scopes]
+
+
+def scope_words(field_name: str) -> str:
+    """The cells a field means something for, in words (what :func:`applies` checks): for an error naming a
+    field given where it applies to no cell."""
+    only = _ONLY[field_name]
+    stacks = " or ".join(s.name for s in STACKS.values() if (s.compiles if only == "compiles" else s.fp8_filter_auto))
+    return {"fp8": "precision: fp8 cells", "te": "cells of backend te (or auto) off the CPU",
+            "te-fp8": "precision: fp8 cells of backend te (or auto)", "compiles": f"cells of backend {stacks}",
+            "fp8-filter": f"precision: fp8 cells of backend {stacks}",
+            "minigpt": f"cells of model {', '.join(m for m, s in SOURCES.items() if s.own)} (other models have their "
+                       "own architecture)",
+            "selective-ac": "cells of activation_checkpointing: selective"}.get(only, "every cell")
 
 
 def axis_fields(*axes: str) -> list[str]:

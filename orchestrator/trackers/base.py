@@ -54,9 +54,9 @@ def check_trackers(entries: Any) -> list[tuple[str, dict[str, Any]]]:
         tracker = TRACKERS.get(name)
         if tracker is None:
             raise TrackerError(f"trackers.{i}", f"unknown tracker {name!r}; allowed: {', '.join(TRACKERS)}")
-        options = options or {}
+        options = {} if options is None else options  # {tensorboard: } has none; [] or 0 is no mapping of them
         if not isinstance(options, dict):
-            raise TrackerError(f"trackers.{i}.{name}", "options must be a mapping")
+            raise TrackerError(f"trackers.{i}.{name}", f"options must be a mapping, got {options!r}")
         for key, value in options.items():
             if key not in tracker.options:
                 raise TrackerError(f"trackers.{i}.{name}.{key}",

@@ -168,6 +168,18 @@ def config(spec: Any) -> Any:
     return _config(parse(spec.model).target, _overrides(spec), spec.seq_len).cfg
 
 
+def _refused(target: str, exc: Exception, given: tuple[str, ...]) -> ModelError:
+    """transformers' refusal of a config, in one line (its messages span lines), naming the spec field at fault:
+    the shape field given whose config name the message names (``The hidden size (100) is not a multiple of the
+    number of attention heads``: d_model), else the one shape field given, else ``model``."""
+    text = " ".join(str(exc).split())
+    lowered = text.lower()
+    named = [f for f in given if any(n in lowered or n.replace("_", " ").removeprefix("num ") in lowered
+                                     for n in SHAPE_NAMES.get(f, ()))]
+    blamed = named[0] if named else given[0] if len(given) == 1 else "model"
+    return ModelError(f"hf:{target}: transformers refuses the config: {type(exc).__name__}: {text}", blamed)
+
+
 @functools.lru_cache(maxsize=64)
 def _config(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int) -> Resolved:
     _transformers()
@@ -180,7 +192,7 @@ def _config(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int) -
     try:
         base = AutoConfig.for_model(model_type, **values)  # the file's values over the type's defaults
     except Exception as exc:  # noqa: BLE001 - a config class's own validation, in its words
-        raise ModelError(f"hf:{target}: transformers refuses the config: {type(exc).__name__}: {exc}") from None
+        raise _refused(target, exc, ()) from None
     aliases = getattr(base, "attribute_map", {}) or {}
     in_file = {n for n in values} | {n for n, alias in aliases.items() if alias in values}
     given = dict(overrides)
@@ -246,7 +258,7 @@ def _config(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int) -
     try:
         cfg = AutoConfig.for_model(model_type, **values)
     except Exception as exc:  # noqa: BLE001 - a config class's own validation, in its words
-        raise ModelError(f"hf:{target}: transformers refuses the config: {type(exc).__name__}: {exc}") from None
+        raise _refused(target, exc, tuple(given)) from None
     if any(isinstance(getattr(cfg, n, None), int) and getattr(cfg, n) > 0 for n in EXPERT_COUNTS if _has(cfg, n)) \
             and _has(cfg, "num_experts_per_tok") and cfg.num_experts_per_tok is None:
         raise ModelError(f"hf:{target}: {type(cfg).__name__} has routed experts but num_experts_per_tok is None "
