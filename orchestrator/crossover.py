@@ -39,6 +39,7 @@ import numpy as np
 from trials.spec import SpecError, TrialSpec, defaults_for, variant_name
 
 from .answer import Answer, Probe
+from .cells import cell_values
 from .report.analysis import bootstrap_ratio, launch_bound_note
 
 FINDS = ("crossover",)
@@ -63,7 +64,8 @@ class CrossoverPlan:
     max_trials: int
 
     def spec(self, side: str, x: int) -> TrialSpec:
-        return TrialSpec.from_dict({**self.fixed, **getattr(self, side), self.axis: x})
+        """The cell a grid would make of these values (orchestrator/cells.py): same spec, same cell id."""
+        return TrialSpec.from_dict(cell_values({**self.fixed, **getattr(self, side), self.axis: x})[0])
 
     def label(self, side: str) -> str:
         values = {**self.fixed, **getattr(self, side)}

@@ -50,8 +50,9 @@ from trials.backends import RECIPES, STACKS, fp8_stacks, recipe_owner
 from trials.models import ModelError
 from trials.models import parse as parse_model
 from trials.spec import (SpecError, TrialSpec, applies, check_model, close_matches, default_for, defaults_for,
-                         field_default, normalised, only_fields, scope_words, te_layer_refusal, variant_name)
+                         field_default, normalised, scope_words, te_layer_refusal, variant_name)
 
+from .cells import cell_values
 from .crossover import CrossoverPlan, parse_search
 from .launchers import DEFAULT_LAUNCHER, DEFAULT_WARM_MAX_TRIALS, LAUNCHERS
 from .store import storage_problem
@@ -63,8 +64,6 @@ TOP_KEYS = ("name", "grid", "search", "fixed", "samples", "resources", "max_conc
             "launcher", "warm_max_trials", "compile_cache", "trackers")
 RESOURCE_KEYS = ("gpu", "cpu")
 _DEFAULTS = TrialSpec().to_dict()  # MiniGPT's; defaults_for(values) for a cell of another model source
-# fields that mean something only in a scope (trials/spec.py's ``only``): a cell outside it drops them
-SCOPED_FIELDS = only_fields("fp8", "te", "te-fp8", "compiles", "fp8-filter", "minigpt", "selective-ac")
 SINGLE_VALUES = "single values (numbers, strings, true/false, null)"
 
 
@@ -446,20 +445,6 @@ def _skip_reason(cell: dict[str, Any], asked: dict[str, Any]) -> str | None:
         if cell["compile"] and stack is not None and stack.compiles:
             return "cuda_graphs and compile: true are two ways to graph the step; use one"
     return None
-
-
-def cell_values(written: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The values a cell runs, from those written for it (fixed and grid), and the fields it drops as meaning
-    nothing for it. torchao without FP8 is the torch twin (torchao converts Linears to FP8); a field that means
-    something only in a scope (trials/spec.py's ``only``: fp8 cells, te cells, compiling stacks...) is dropped
-    outside it, so the cell runs its default and is never run twice under two names. Every way a sweep makes a
-    cell (its grid, a crossover search) applies this one rule."""
-    values = dict(written)
-    if values.get("backend") == "torchao" and values.get("precision", _DEFAULTS["precision"]) != "fp8":
-        values["backend"] = "torch"  # torchao converts Linears to FP8; without FP8 it is the twin
-    cell = {**defaults_for(values), **values}
-    dropped = {name: values.pop(name) for name in SCOPED_FIELDS if name in values and not applies(name, cell)}
-    return values, dropped
 
 
 def _meaningful(dropped: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:

@@ -220,6 +220,27 @@ def test_search_cells_are_grid_cells():
     assert WorkItem.from_config(item.config()) == item  # what a worker rebuilds from a searcher's config
 
 
+def test_a_field_of_the_sweeps_fixed_that_a_side_drops_leaves_it_the_grids_cell():
+    """fixed: {recipe: current} beside a grid and a search: the grid drops recipe from its bf16 cells, and the
+    search's bf16 baseline must be those very cells (same ids), or its records are not reused and every
+    baseline trial runs twice."""
+    both = parse_sweep(textwrap.dedent("""
+        name: gs
+        fixed: {recipe: current, n_layers: 2}
+        grid: {d_model: [256, 512], backend: [te], precision: [bf16, fp8]}
+        search:
+          find: crossover
+          variant: {backend: te, precision: fp8}
+          baseline: {backend: te, precision: bf16}
+          target: 1.1
+          over: {d_model: [256, 512], step: 256}
+    """))
+    grid_ids = {c.cell_id for c in both.cells}
+    probes = {WorkItem.of(both.search.spec(side, x), 0).cell_id for side in ("variant", "baseline")
+              for x in both.search.points}
+    assert probes == grid_ids, (probes - grid_ids, grid_ids - probes)
+
+
 COMPILED = "variant: {backend: torch, compile: true}\n  baseline: {backend: torch}"
 
 
