@@ -8,6 +8,10 @@ drew plus at most one tick of idle tail. A thread samples the SM clock, power dr
 reasons while the steps run. Energy is board-wide: another process on the GPU during the window
 is recorded (``energy_gpu_shared``), never subtracted.
 
+A trial of several ranks runs the window on every rank at once (the same steps: each holds the slowest-rank
+timing the window's length comes from): each reads its own board, and the step's energy is their sum
+(:meth:`Energy.fields`), over the global batch's tokens; power and clocks are rank 0's board.
+
 On CPU, and where NVML or its energy counter is missing, every field is null and ``energy_why``
 says why.
 """
@@ -21,7 +25,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from . import nvml
 
@@ -45,21 +49,33 @@ class Energy:
     reasons: int = 0
     shared: bool | None = None
 
-    def fields(self, tokens_per_call: int) -> dict[str, Any]:
-        """The record's energy fields; ``tokens_per_call`` is what one call of the window's step produced."""
+    def fields(self, tokens_per_call: int, boards: Sequence[float | None] | None = None) -> dict[str, Any]:
+        """The record's energy fields. ``tokens_per_call``: what one call of the window's step produced, all ranks
+        together (a training step's global batch). ``boards``: the joules each rank's board drew over the window
+        (rank 0's, this one, first; every rank runs the window's ``calls`` steps at once), whose sum is the step's
+        energy; None: this board alone (one GPU). A rank whose board was not read leaves the step's energy, and
+        so tokens per joule, unknown. Power and clocks are this board's (rank 0's: the record kept)."""
         if self.why is not None or not self.joules or not self.calls:
             return {"energy_why": self.why or "the energy counter did not move"}
-        per_call = self.joules / self.calls
+        boards = [self.joules] if boards is None else list(boards)
+        unread = [rank for rank, joules in enumerate(boards) if not joules]
+        per_call = None if unread else sum(boards) / self.calls  # type: ignore[arg-type] - all read
         return {
             "energy_window_s": self.window_s, "energy_window_calls": self.calls, "energy_j_per_step": per_call,
-            "tokens_per_j": tokens_per_call / per_call, "power_mean_w": self.joules / self.window_s,
+            "tokens_per_j": tokens_per_call / per_call if per_call else None,
+            "power_mean_w": self.joules / self.window_s,
             "power_max_w": max(self.power_mw) / 1000.0 if self.power_mw else None,
             "sm_clock_mean_mhz": statistics.fmean(self.clocks) if self.clocks else None,
             "sm_clock_min_mhz": min(self.clocks) if self.clocks else None,
             "sm_clock_max_mhz": self.sm_clock_max_mhz, "power_limit_w": self.power_limit_w,
             "clock_limits": ",".join(nvml.clock_event_names(self.reasons)), "energy_gpu_shared": self.shared,
-            "energy_why": None,
+            "energy_why": (f"the energy counter of rank {', '.join(map(str, unread))} was not read: the step's "
+                           "energy is every rank's board") if unread else None,
         }
+
+    def drawn(self) -> float | None:
+        """The joules this board drew over the window, None where it was not read (for the other ranks' sum)."""
+        return self.joules if self.why is None and self.joules else None
 
 
 def calls_for(ms_per_call: float, min_s: float = MIN_WINDOW_S) -> int:

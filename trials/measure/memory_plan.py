@@ -91,7 +91,7 @@ class Probe:
     weight_bytes: int  # the parameters in the cell's weight dtype
     largest_unit_params: int  # 0 where the model has no units
     activations: Activations
-    forward_flops: float  # counted by FlopCounterMode (attention kernels not counted: trials/measure/metrics.py)
+    forward_flops: float  # the weights' GEMMs, counted by FlopCounterMode (attention not: trials/measure/metrics.py)
     gemm_params: int = 0  # weights of the Linears a stack may run in FP8 (the logits layer stays high precision)
     outside_weight_bytes: int = 0  # parameters outside every unit (embeddings, final norm, head), weight dtype
 
@@ -157,7 +157,7 @@ def _probe(key: _Key) -> Probe | None:
 
     from .. import models
     from ..parallel.checkpointing import SavedBytes
-    from .metrics import gemm_flop_counter
+    from .metrics import ActivationGemms, gemm_flop_counter
 
     spec = key.spec
     precision = "fp32" if spec.precision == "fp32" else "bf16"
@@ -168,7 +168,9 @@ def _probe(key: _Key) -> Probe | None:
         with FakeTensorMode(allow_non_fake_inputs=True) as mode, _unpacked_positions():
             _to_fake(model, mode)
             ids = torch.zeros(key.batch, spec.seq_len, dtype=torch.long)
-            with gemm_flop_counter() as counter, SavedBytes(model, units=built.units) as saved:
+            between = ActivationGemms()  # eager attention's matmuls: the formula's term stands for them (metrics)
+            with gemm_flop_counter(skip=between.region.inside) as counter, between, \
+                    SavedBytes(model, units=built.units) as saved:
                 model(ids)
         params = list(model.parameters())
         n_params = sum(p.numel() for p in params)

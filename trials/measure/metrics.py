@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from ..models.minigpt_net import ModelConfig, matmul_param_count
 
-# Dense (non-sparse) datasheet peaks in TFLOP/s, keyed by a substring of torch's device name.
-# More specific names first: "H100 PCIe" must win over "H100".
+# Dense (non-sparse) datasheet peaks in TFLOP/s, keyed by the words of torch's device name that name the model
+# (matched as whole words, the longest key winning: :func:`peak_tflops`).
 PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
     ("GH200", {"bf16": 989.0, "fp8": 1979.0, "fp32": 67.0}),
     ("H200 NVL", {"bf16": 835.0, "fp8": 1671.0, "fp32": 60.0}),
@@ -38,6 +40,7 @@ PEAK_TFLOPS: list[tuple[str, dict[str, float]]] = [
     ("A100", {"bf16": 312.0, "fp32": 19.5}),
     ("A10G", {"bf16": 70.0, "fp32": 31.2}),
     ("L40S", {"bf16": 362.05, "fp8": 733.0, "fp32": 91.6}),
+    ("L40", {"bf16": 181.05, "fp8": 362.05, "fp32": 90.5}),
     ("L4", {"bf16": 121.0, "fp8": 242.5, "fp32": 30.3}),
 ]
 PEAK_ENV = "JUICYTALK_PEAK_TFLOPS"  # e.g. "bf16=989,fp8=1979,fp32=67"
@@ -53,12 +56,26 @@ def peak_tflops(gpu_name: str | None, precision: str) -> float | None:
             table[key.strip()] = float(value)
         if precision in table:
             return table[precision]
-    if not gpu_name:
-        return None
-    for key, peaks in PEAK_TFLOPS:
-        if key in gpu_name:
-            return peaks.get(precision)
-    return None
+    peaks = _gpu_peaks(gpu_name) if gpu_name else None
+    return peaks.get(precision) if peaks else None
+
+
+def _words(name: str) -> tuple[str, ...]:
+    return tuple(re.findall(r"[a-z0-9]+", name.lower()))
+
+
+def _gpu_peaks(gpu_name: str) -> dict[str, float] | None:
+    """The table's entry for ``gpu_name``: the key whose words run, whole, in the name's words, the longest such key
+    (``NVIDIA H100 PCIe``: "H100 PCIe" over "H100"), whatever the table's order. Whole words, not a substring:
+    "NVIDIA L40" took "L4"'s peak (121 TFLOP/s BF16 against its own 181); ``A100-SXM4-80GB`` is the words
+    a100, sxm4, 80gb."""
+    words = _words(gpu_name)
+
+    def runs_in(key: tuple[str, ...]) -> bool:
+        return any(words[i:i + len(key)] == key for i in range(len(words) - len(key) + 1))
+
+    keys = [(_words(key), peaks) for key, peaks in PEAK_TFLOPS]
+    return max(((k, p) for k, p in keys if runs_in(k)), key=lambda kp: len(kp[0]), default=(None, None))[1]
 
 
 def flops_per_step(cfg: ModelConfig, tokens: int) -> float:
@@ -114,26 +131,55 @@ class Tally:
         return any(_is_fp8(a) for a in args) or (self.scope is not None and self.scope.inside())
 
 
-class ModuleScope:
-    """Which GEMMs belong to a set of modules, forward and backward, exactly: a GEMM is theirs in the forward while
-    one of their ``forward`` methods runs (each wrapped on the instance, so that a call by any route counts:
-    ``m(x)``, or a model calling ``m.forward(x)`` past the module hooks), and in the backward while autograd
-    executes a node their forward made (``torch._C._current_autograd_node``; found as each forward returns, walking
-    the graph from its outputs back to its inputs). A weight a model reads without calling its module (PyTorch's
-    MultiheadAttention reads ``out_proj.weight`` in its functional forward) is not theirs: TE's module in its place
-    would not run either, the weight going to aten's GEMM as it is, in BF16."""
+class GraphRegion:
+    """Which ops run inside a region of the forward, and, in the backward, inside the autograd nodes that region
+    made: ``depth`` > 0 while the region's forward runs; :meth:`collect` takes the nodes between a region's outputs
+    and its inputs as it returns (walking the graph from its outputs back to its inputs); in the backward, an op runs
+    inside one of them when it is the node autograd executes now (``torch._C._current_autograd_node``)."""
 
-    def __init__(self, model: torch.nn.Module, names: Sequence[str]):
-        self.modules = list({id(m): m for m in map(model.get_submodule, names)}.values())  # one a module
+    def __init__(self) -> None:
         self.depth = 0
         self.nodes: set[Any] = set()
-        self.own: list[tuple[torch.nn.Module, Any]] = []  # each module's own ``forward`` attribute, if it had one
 
     def inside(self) -> bool:
         if self.depth:
             return True
         node = torch._C._current_autograd_node() if self.nodes else None
         return node is not None and node in self.nodes
+
+    def clear(self) -> None:
+        self.nodes.clear()  # the step's graph: freed with it
+        self.depth = 0
+
+    def collect(self, out: Any, inputs: Any) -> None:
+        """The autograd nodes between the region's outputs and its arguments. A region reading a tensor with a graph
+        behind it other than through its arguments would take that graph too; the regions here read their
+        arguments (a Linear's forward, a GEMM's operands)."""
+        from torch.utils._pytree import tree_leaves
+
+        stop = {t.grad_fn for t in tree_leaves(inputs) if isinstance(t, torch.Tensor) and t.grad_fn is not None}
+        todo = [t.grad_fn for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        while todo:
+            node = todo.pop()
+            if node is None or node in stop or node in self.nodes:
+                continue
+            self.nodes.add(node)
+            todo.extend(f for f, _ in node.next_functions)
+
+
+class ModuleScope(GraphRegion):
+    """Which GEMMs belong to a set of modules, forward and backward, exactly (a :class:`GraphRegion` of their calls):
+    a GEMM is theirs in the forward while one of their ``forward`` methods runs (each wrapped on the instance, so
+    that a call by any route counts: ``m(x)``, or a model calling ``m.forward(x)`` past the module hooks), and in the
+    backward while autograd executes a node their forward made (found as each forward returns). A weight a model
+    reads without calling its module (PyTorch's MultiheadAttention reads ``out_proj.weight`` in its functional
+    forward) is not theirs: TE's module in its place would not run either, the weight going to aten's GEMM as it
+    is, in BF16."""
+
+    def __init__(self, model: torch.nn.Module, names: Sequence[str]):
+        super().__init__()
+        self.modules = list({id(m): m for m in map(model.get_submodule, names)}.values())  # one a module
+        self.own: list[tuple[torch.nn.Module, Any]] = []  # each module's own ``forward`` attribute, if it had one
 
     def __enter__(self) -> "ModuleScope":
         for m in self.modules:
@@ -148,8 +194,7 @@ class ModuleScope:
             else:
                 m.forward = own
         self.own.clear()
-        self.nodes.clear()  # the step's graph: freed with it
-        self.depth = 0
+        self.clear()
 
     def _wrap(self, forward: Any) -> Any:
         def counted(*args: Any, **kwargs: Any) -> Any:
@@ -158,30 +203,97 @@ class ModuleScope:
                 out = forward(*args, **kwargs)
             finally:
                 self.depth -= 1
-            self._collect(out, (args, kwargs))
+            self.collect(out, (args, kwargs))
             return out
         return counted
 
-    def _collect(self, out: Any, inputs: Any) -> None:
-        """The autograd nodes between the forward's outputs and its arguments. A module reading a tensor with a graph
-        behind it other than through its arguments would take that graph too; the modules named are Linears."""
+
+# torch's GEMM calls as Python code makes them (aten's forms of each are what the counter counts), and SDPA, whose
+# math fallback (the meta device's, CUDA's for inputs its fused kernels refuse) runs aten's bmm under the call
+GEMM_CALLS = frozenset((torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__,
+                        torch.mm, torch.Tensor.mm, torch.bmm, torch.Tensor.bmm, torch.addmm, torch.Tensor.addmm,
+                        torch.baddbmm, torch.Tensor.baddbmm, torch.addbmm, torch.Tensor.addbmm, torch.einsum,
+                        torch.nn.functional.linear, torch.nn.functional.scaled_dot_product_attention))
+# autograd nodes that only move, select or cast data: a parameter seen through them is still a weight
+MOVES = frozenset(("View", "UnsafeView", "ReshapeAlias", "Alias", "AsStrided", "T", "Transpose", "Permute", "Expand",
+                   "Unsqueeze", "Squeeze", "Slice", "Select", "Index", "IndexSelect", "Split", "SplitWithSizes",
+                   "Unbind", "ToCopy", "Clone"))
+
+
+def _is_weight(value: Any) -> bool:
+    """A GEMM operand that is a weight: a parameter, or one seen through views, indexing and casts alone (a Linear's
+    ``weight.t()``, the expert weights transformers' batched_mm MoE gathers per token, ``gate_up_proj[ids]``), or an
+    FP8 operand (torchao's converted Linears cast both). Not an activation made from a weight by arithmetic
+    (a query after its RMSNorm multiplied it by the norm's weight), nor a token embedding (a lookup, not a move)."""
+    if not isinstance(value, torch.Tensor):
+        return False
+    if isinstance(value, torch.nn.Parameter) or isinstance(value._base, torch.nn.Parameter) or _is_fp8(value):
+        return True
+    node = value.grad_fn
+    while node is not None:
+        kind = re.sub(r"Backward\d*$", "", type(node).__name__)
+        if kind == "AccumulateGrad":
+            return isinstance(node.variable, torch.nn.Parameter)
+        inputs = [f for f, _ in node.next_functions if f is not None]
+        if kind not in MOVES or len(inputs) != 1:
+            return False
+        node = inputs[0]
+    return False
+
+
+class ActivationGemms(TorchFunctionMode):
+    """The GEMMs between two activations, forward and backward, for :func:`counted_flops_per_step` to leave out: a
+    GEMM call (:data:`GEMM_CALLS`) none of whose operands is a weight (:func:`_is_weight`), in the forward; its
+    forward and backward GEMMs are then ``region``'s. Eager attention's QK^T and AV are such GEMMs (transformers'
+    ``eager_attention_forward`` via ``torch.matmul``, BLOOM's ``baddbmm`` and ``bmm``, a factory's own matmul), as are
+    an SSM's scans, and SDPA's math fallback (its fused kernels are left out by name too, :data:`ATTENTION_OPS`:
+    on the meta device hf:llama 8B counted twice the formula's term more through it). The counter counts the weights'
+    GEMMs only, and the formula's causal term stands for attention whichever implementation ran it (an eager model
+    had counted its full, non-causal attention on top of the term: hf:bloom and hf:gemma2 2x the term more).
+    Calls made while autograd runs a backward node (a stack's own backward, a checkpoint's recompute) are not
+    classified: they are the backward of a forward call, which decided."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.region = GraphRegion()
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         from torch.utils._pytree import tree_leaves
 
-        stop = {t.grad_fn for t in tree_leaves(inputs) if isinstance(t, torch.Tensor) and t.grad_fn is not None}
-        todo = [t.grad_fn for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-        while todo:
-            node = todo.pop()
-            if node is None or node in stop or node in self.nodes:
-                continue
-            self.nodes.add(node)
-            todo.extend(f for f, _ in node.next_functions)
+        kwargs = kwargs or {}
+        if (func not in GEMM_CALLS or torch._C._current_autograd_node() is not None
+                or any(_is_weight(t) for t in tree_leaves((args, kwargs)))):
+            return func(*args, **kwargs)
+        self.region.depth += 1
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self.region.depth -= 1
+        self.region.collect(out, (args, kwargs))
+        return out
+
+    def __exit__(self, *exc: Any) -> Any:
+        self.region.clear()
+        return super().__exit__(*exc)
 
 
-def gemm_flop_counter(tally: Tally | None = None) -> Any:
+def recomputing() -> bool:
+    """Whether the op dispatched now is an activation checkpoint's recompute: a forward op run inside the backward.
+    Autograd runs a backward node with grad mode off (the graph task's ``create_graph``, never set by the count, on
+    CUDA's device threads too); ``torch.utils.checkpoint`` turns it on to re-run a unit's forward, whose ops are
+    then dispatched while the node that needs the unit's saved tensors executes. The schedule's work, not the model's:
+    a checkpointed step counted it too (an hf:llama 8B at seq 4096 with every layer checkpointed, 2.394e14 FLOPs
+    counted against the formula's 1.976e14: model_tflops and MFU 21% high)."""
+    return torch.is_grad_enabled() and torch._C._current_autograd_node() is not None
+
+
+def gemm_flop_counter(tally: Tally | None = None, skip: Callable[[], bool] | None = None) -> Any:
     """``FlopCounterMode`` that counts attention kernels as 0 FLOPs (the formula adds attention instead),
     counts grouped GEMMs (``aten._grouped_mm``, MoE experts; torch's registry has no formula for them) and, with
     ``tally``, adds the FLOPs of every GEMM that runs in FP8 to ``tally.fp8`` (:meth:`Tally.runs_fp8`: its
     operands are FP8, or it runs in one of ``tally.modules``, whose :class:`ModuleScope` the caller opens).
+    An op counts 0 in an activation checkpoint's recompute (:func:`recomputing`) and where ``skip()`` says so
+    (:class:`ActivationGemms`' region).
 
     Not only a filter afterwards: torch 2.11's SDPA formulas assert that q, k and v have the same number of
     heads, so a grouped-query model's CUDA attention (flash, efficient, cuDNN; the CPU kernel is not
@@ -197,18 +309,17 @@ def gemm_flop_counter(tally: Tally | None = None) -> Any:
                for n in ("_grouped_mm", "_scaled_grouped_mm") if hasattr(torch.ops.aten, n)}
     formulas = {op: f for op, f in flop_registry.items() if op not in mapping}
     formulas.update({op: shape_wrapper(f) for op, f in grouped.items()})
-    if tally is None:
-        mapping.update(grouped)  # FlopCounterMode hands them shapes
-    else:
-        for op, formula in formulas.items():
-            def raw(*args: Any, _formula: Any = formula, **kwargs: Any) -> int:
-                n = _formula(*args, **kwargs)
-                if tally.runs_fp8(args):
-                    tally.fp8 += n
-                return n
+    for op, formula in formulas.items():
+        def raw(*args: Any, _formula: Any = formula, **kwargs: Any) -> int:
+            if recomputing() or (skip is not None and skip()):
+                return 0
+            n = _formula(*args, **kwargs)
+            if tally is not None and tally.runs_fp8(args):
+                tally.fp8 += n
+            return n
 
-            raw._get_raw = True  # type: ignore[attr-defined] - FlopCounterMode hands such a formula the tensors
-            mapping[op] = raw
+        raw._get_raw = True  # type: ignore[attr-defined] - FlopCounterMode hands such a formula the tensors
+        mapping[op] = raw
     return FlopCounterMode(display=False, custom_mapping=mapping)
 
 
@@ -220,18 +331,23 @@ def counted_flops_per_step(model: Any, ids: Any, n_layers: int, attn_width: int,
     operands, or in ``tally.modules``.
 
     The counter's attention figure depends on the kernel (CPU's SDPA is not counted at all; GPU flash
-    attention is counted without the causal half), so attention kernels are left out of the count and
-    added as 6 * n_layers * seq * attn_width per token (attn_width = heads * head_dim), the formula's
-    term; the GEMMs are counted as they run (every Linear, Conv1D, MoE experts' grouped GEMMs and the logits
-    layer). Gradients the pass leaves are dropped; the weights and the optimizer are untouched.
+    attention is counted without the causal half; eager attention's matmuls in full), so attention is left out of
+    the count, its SDPA kernels and every GEMM between two activations (:class:`ActivationGemms`), and added as
+    6 * n_layers * seq * attn_width per token (attn_width = heads * head_dim), the formula's term; the weights'
+    GEMMs are counted as they run (every Linear, Conv1D, MoE experts' grouped GEMMs and the logits layer).
+    The model's work, not the schedule's: the forward a checkpointed unit re-runs in the backward is not counted
+    (:func:`recomputing`), so a cell counts the same FLOPs with and without activation checkpointing.
+    Gradients the pass leaves are dropped; the weights and the optimizer are untouched.
     """
     scope = ModuleScope(model, tally.modules if tally is not None else ())
     if tally is not None:
         tally.scope = scope
+    activations = ActivationGemms()
     # eager also where units are compiled: a count under the counter's mode and module hooks would compile them
     # for it, and the training steps would then recompile (trials/measure/fp8_layers.quiet says what that costs)
     try:
-        with gemm_flop_counter(tally) as counter, torch.compiler.set_stance("force_eager"), scope:
+        with gemm_flop_counter(tally, activations.region.inside) as counter, \
+                torch.compiler.set_stance("force_eager"), scope, activations:
             logits = model(ids)
             logits.float().sum().backward()
     finally:

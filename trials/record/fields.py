@@ -151,11 +151,14 @@ FIELDS: list[Field] = [
        "it sizes the per-rank batch: batch_size = tokens_per_step / seq_len."),
     _f("flops_per_step", "float", "6*N_matmul*tokens + 6*n_layers*seq_len*d_model*tokens (causal attention; "
        "N_matmul follows the arch: GQA's narrower K/V, SwiGLU's third GEMM, the LM head at the full vocabulary); "
-       "hf and py models: counted, see flops_method (te on them: counted on the model before TE converts it)."),
+       "hf and py models: counted, see flops_method (te on them: counted on the model before TE converts it). "
+       "The model's work, not the schedule's: the forward activation checkpointing re-runs is not in it."),
     _f("flops_method", "str", "How flops_per_step was obtained: analytic (MiniGPT's formula) or counted "
-       "(torch.utils.flop_counter.FlopCounterMode over one eager forward+backward before training, attention "
-       "kernels left out, plus causal attention 6*n_layers*seq_len*heads*head_dim*tokens as in the formula) or "
-       "counted-gemms-only (a py: model whose layers and width are unknown: no attention term)."),
+       "(torch.utils.flop_counter.FlopCounterMode over one eager forward+backward before training: the GEMMs with "
+       "a weight operand; attention kernels and GEMMs between two activations, eager attention's, left out; a "
+       "checkpointed unit's recompute left out; plus causal attention 6*n_layers*seq_len*heads*head_dim*tokens as "
+       "in the formula, whichever attention implementation ran) or counted-gemms-only (a py: model whose layers "
+       "and width are unknown: no attention term)."),
     # -- training
     _f("loss_first", "float", "Loss of the first training step."),
     _f("loss_final", "float", "Loss of the last training step."),
@@ -179,7 +182,8 @@ FIELDS: list[Field] = [
     _f("interconnect", "str", "Multi-rank: where the ranks ran (same host, or how many hosts)."),
     _f("model_tflops", "float", "flops_per_step / mean step time, TFLOP/s."),
     _f("peak_tflops_bf16", "float", "Dense BF16 datasheet peak of this GPU (null if unknown)."),
-    _f("peak_tflops_precision", "float", "Dense datasheet peak of the precision used (null if unknown)."),
+    _f("peak_tflops_precision", "float", "Dense datasheet peak of the precision that ran, effective_precision (an "
+       "fp8 cell that ran BF16: BF16's; null if unknown)."),
     _f("mfu_bf16_peak", "float", "model_tflops / (peak_tflops_bf16 * world_size)."),
     _f("mfu_precision_peak", "float", "model_tflops / (peak_tflops_precision * world_size)."),
     _f("host_ms_per_step", "float", "Host time to issue one step from an idle GPU, ms (null on CPU); a large step's "
@@ -211,10 +215,12 @@ FIELDS: list[Field] = [
     _f("energy_window_s", "float", "Length of the energy window: the timed step (infer: a whole generation) repeated "
        "for at least 1 s, edges on ticks of NVML's energy counter, s."),
     _f("energy_window_calls", "int", "Steps (infer: generations) in the energy window."),
-    _f("energy_j_per_step", "float", "Board energy per step (infer: per generation, prefill included), J."),
-    _f("tokens_per_j", "float", "Tokens per joule: tokens_per_step (infer: batch_size * gen_len generated tokens) "
-       "/ energy_j_per_step."),
-    _f("power_mean_w", "float", "Mean board power over the energy window (energy / window length), W."),
+    _f("energy_j_per_step", "float", "Board energy per step, every GPU of the step: each rank's board over the "
+       "same window, summed (infer: per generation, prefill included), J."),
+    _f("tokens_per_j", "float", "Tokens per joule: tokens_per_step (the global batch; infer: batch_size * gen_len "
+       "generated tokens) / energy_j_per_step."),
+    _f("power_mean_w", "float", "Mean board power over the energy window (energy / window length), W. This and the "
+       "power and clock fields below are one board's: rank 0's where several ranks ran."),
     _f("power_max_w", "float", "Highest sampled power draw in the window, W."),
     _f("sm_clock_mean_mhz", "float", "SM clock over the window, sampled every 20 ms, mean, MHz."),
     _f("sm_clock_min_mhz", "int", "Lowest sampled SM clock in the window, MHz."),
@@ -223,15 +229,19 @@ FIELDS: list[Field] = [
     _f("clock_limits", "str", "Clock-event reasons seen in the window, group:name comma-separated (power:sw_power_cap, "
        "thermal:hw_thermal, other:...; empty: none; GPU idle is not listed)."),
     _f("energy_gpu_shared", "bool", "Another process used the GPU at the end of the window (energy is board-wide)."),
-    _f("energy_why", "str", "Why the energy fields are null (CPU trial, NVML or its counter missing)."),
+    _f("energy_why", "str", "Why the energy fields are null (CPU trial, NVML or its counter missing, on this rank "
+       "or, for energy_j_per_step and tokens_per_j, another)."),
     # -- where the step goes (trials/measure/kernels.py): a few steps profiled after timing (infer: per decode step)
     *[_f(f"kernel_ms_{c}", "float", f"Kernel time per step in class {c}: {doc}, ms (CPU: aten operators' self time "
          "scaled to the timed step by the profiled step's wall clock).")
       for c, doc in CLASSES.items()],
-    _f("kernel_ms_total", "float", "All kernel time per step (the classes' sum), ms."),
-    _f("kernel_gap_ms", "float", "step_ms_p50 (infer: decode_ms_per_token_p50) - kernel_ms_total: on GPUs the GPU "
-       "idle within a step (waiting on the host), negative within the profiler's noise; on CPU host time outside "
-       "aten operators (Python, the optimizer's loop)."),
+    _f("kernel_ms_total", "float", "All kernel time per step (the classes' sum), ms; more than the GPU's busy time "
+       "where streams overlap (a multi-rank cell's collectives beside its compute)."),
+    _f("kernel_gap_ms", "float", "step_ms_p50 (infer: decode_ms_per_token_p50) less the time per step at least one "
+       "kernel ran (on GPUs the union of the kernels' intervals over all streams, so a collective overlapping the "
+       "compute counts once; kernel_ms_total where nothing overlaps): on GPUs the GPU idle within a step (waiting "
+       "on the host), negative within the profiler's noise; on CPU host time outside aten operators (Python, the "
+       "optimizer's loop)."),
     _f("profile_steps", "int", "Steps profiled (infer: generations, and as many prefills)."),
     _f("profile_s", "float", "Wall time of the profiled steps, profiler start-up included, s."),
     _f("kernel_table", "str", "JSON list of the step's largest kernels: name, class, ms per step, calls per step."),
@@ -262,11 +272,16 @@ FIELDS: list[Field] = [
        "trained weights, the same prompts). Secondary: one early divergence ruins it (see tf_top1_agreement)."),
     _f("ref_stride_accuracy", "float", "infer: stride accuracy of the BF16 reference generation."),
     # -- memory
-    _f("peak_mem_allocated_bytes", "int", "torch.cuda.max_memory_allocated over the trial."),
-    _f("peak_mem_reserved_bytes", "int", "torch.cuda.max_memory_reserved over the trial."),
+    _f("peak_mem_allocated_bytes", "int", "torch.cuda.max_memory_allocated over the trial (infer: the BF16 "
+       "training, the reference and the served model included; peak_decode_mem_bytes is the timed generations' "
+       "own)."),
+    _f("peak_mem_reserved_bytes", "int", "torch.cuda.max_memory_reserved over the trial (infer: as "
+       "peak_mem_allocated_bytes)."),
     _f("nvml_process_mem_bytes", "int", "Device memory NVML charges to the trial process (null where NVML can't tell)."),
-    _f("num_ooms", "int", "Allocator OOMs (torch.cuda.memory_stats)."),
-    _f("num_alloc_retries", "int", "Allocator retries after freeing cache (memory pressure)."),
+    _f("num_ooms", "int", "Allocator OOMs during the trial (torch.cuda.memory_stats, reset at its start: an earlier "
+       "trial of a warm process is not counted)."),
+    _f("num_alloc_retries", "int", "Allocator retries after freeing cache during the trial (memory pressure; reset "
+       "at its start)."),
     _f("mem_at_start_bytes", "int", "Device memory still allocated when the trial started (0 in a fresh process; "
        "what an earlier trial in the same process left)."),
     _f("peak_rss_bytes", "int", "Peak resident host memory of the trial process during the trial (Linux VmHWM, "

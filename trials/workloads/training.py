@@ -95,8 +95,9 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
     step_ms = distributed.slowest(result.step_ms, ranks)  # a step takes as long as its slowest rank
     stats = step_stats(step_ms)
     record.update(stats)
+    # the peak of the precision that ran: an FP8 cell that ran BF16 (above) is measured against BF16's
     record.update(throughput(record["flops_per_step"], spec.tokens * ranks.world, stats["step_ms_mean"],
-                             record["gpu_name"], res.precision, gpus=ranks.world))
+                             record["gpu_name"], record["effective_precision"], gpus=ranks.world))
     if ranks.world > 1 or spec.parallel != "none":
         record.update(distributed.facts(ranks, res.device))
         if res.device == "cuda":
@@ -123,7 +124,7 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
     with distributed.whole(model, spec.parallel):
         gen = generation_check(model, spec.prompt_len, spec.gen_len, spec.seed + 1, vocab, spec.seq_len, te, recipe)
     record.update(gen_s=time.perf_counter() - t_gen, gen_tokens=gen.tokens, gen_stride_accuracy=gen.stride_accuracy)
-    why_this_number(spec, res.device, step, batches, record)
+    why_this_number(spec, res.device, step, batches, record, ranks)
     # the profiler's gap, where it ran, is the GPU waiting on the host itself (trials/measure/launch.py)
     record["launch_bound"], record["launch_bound_by"] = launch_bound(record["step_ms_p50"], result.host_ms_per_step,
                                                                      record["kernel_gap_ms"])
@@ -208,13 +209,17 @@ def teacher_forced_fields(spec: TrialSpec, res: Resolution, vocab: int, held: An
     return {**fields, "tf_s": time.perf_counter() - t, "tf_partner_reused": reused}
 
 
-def why_this_number(spec: TrialSpec, device: str, step: Any, batches: list, record: dict[str, Any]) -> None:
-    """After timing, on the steps just timed: the energy window, then the kernel breakdown."""
+def why_this_number(spec: TrialSpec, device: str, step: Any, batches: list, record: dict[str, Any],
+                    ranks: distributed.Ranks = distributed.SINGLE) -> None:
+    """After timing, on the steps just timed: the energy window, then the kernel breakdown. Every rank runs the
+    window (the same number of steps: the slowest rank's p50 sizes it); the step's energy is every rank's board,
+    over the global batch's tokens."""
     turn = itertools.count()
 
     def one() -> Any:
         return step(*batches[next(turn) % len(batches)])
 
     p50 = record["step_ms_p50"]
-    record.update(energy.measure(one, energy.calls_for(p50), device).fields(spec.tokens))
+    window = energy.measure(one, energy.calls_for(p50), device)
+    record.update(window.fields(spec.tokens * ranks.world, distributed.gathered(window.drawn(), ranks)))
     record.update(kernels.breakdown_fields(spec.profile, one, device, p50, compiled=step.compiled_graphs))
