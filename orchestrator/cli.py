@@ -265,7 +265,11 @@ def cmd_collect(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from .report import ReportInputError, build_report
+    from .store import storage_problem
 
+    for flag, where in (("DIR", args.dir), ("--compare", args.compare)):
+        if where and (why := storage_problem(where)):
+            return _fail(f"{flag}: {why}")
     if args.png and Path(args.png).exists() and not Path(args.png).is_dir():
         return _fail(f"--png: {args.png} is a file; give a directory (one PNG per chart is written into it)")
     if args.plotlyjs and not args.plotlyjs.endswith(".js"):

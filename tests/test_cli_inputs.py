@@ -120,6 +120,12 @@ def test_collect_of_a_uri_pyarrow_does_not_know_is_one_line(capsys):
     assert one_line_error(capsys, ["collect", "bogus://x/y"]).startswith("juicytalk: error: DIR: ")
 
 
+@pytest.mark.parametrize("argv, flag", [(["report", "bogus://x/y"], "DIR"),
+                                        (["report", "results.parquet", "--compare", "s3://"], "--compare")])
+def test_a_report_of_a_uri_pyarrow_does_not_know_is_one_line(capsys, argv, flag):
+    assert one_line_error(capsys, argv).startswith(f"juicytalk: error: {flag}: ")
+
+
 def test_bad_sweep_files_exit_2_with_one_line_before_anything_starts(tmp_path):
     """End to end, as a user runs it: tracebacks (exit 1) once, for a NaN GPU count and a Latin-1 byte."""
     from .conftest import juicytalk
