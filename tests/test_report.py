@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import pytest
@@ -459,17 +460,23 @@ def test_fp8_numerics_show_teacher_forced_median_and_interval_over_samples(tmp_p
     md = (tmp_path / "tf" / "results.md").read_text()
     rows = {r["variant"]: r for r in _md_section(md, "FP8 numerics")}
     ao, te = rows["torchao-fp8-tensorwise"], rows["te-fp8-delayed"]
-    assert ao["tf top-1 agreement"] == "0.97 [0.96, 0.98]"
-    assert ao["tf KL (nats)"] == "0.012 [0.01, 0.014]"
+
+    def two(a: float, b: float, top: float = 1.0) -> str:
+        """median [95% t-interval] of two samples (t(1) = 12.706 from the tables), clipped to [0, top]"""
+        mid, half = (a + b) / 2, 12.706 * abs(a - b) / 2
+        return f"{mid:.3g} [{max(mid - half, 0.0):.3g}, {min(mid + half, top):.3g}]"
+
+    assert ao["tf top-1 agreement"] == two(0.98, 0.96) == "0.97 [0.843, 1]"
+    assert ao["tf KL (nats)"] == two(0.010, 0.014, math.inf)
     assert (ao["tf top-1 agreement where BF16 decided"], ao["BF16 decided share"]) == ("0.99 [0.99, 0.99]",
-                                                                                      "0.91 [0.9, 0.92]")
+                                                                                      two(0.92, 0.90))
     assert te["tf top-1 agreement"] == ("BF16 itself is undecided here (top-1 p=0.0003, decided at 0% of positions): "
                                         "agreement not meaningful; KL stands")
-    assert te["tf KL (nats)"] == "0.495 [0.48, 0.51]" and te["tf top-1 agreement where BF16 decided"] == "-"
+    assert te["tf KL (nats)"] == two(0.48, 0.51, math.inf) and te["tf top-1 agreement where BF16 decided"] == "-"
     assert rows["te-fp8-current"]["tf top-1 agreement"] == rows["te-fp8-current"]["tf KL (nats)"] == "-"
     sp = pd.read_csv(report.csv_path).set_index("candidate")
     assert sp.loc["torchao-fp8-tensorwise", "tf_top1"] == pytest.approx(0.97)
-    assert sp.loc["torchao-fp8-tensorwise", "tf_kl_ci_high"] == pytest.approx(0.014)
+    assert sp.loc["torchao-fp8-tensorwise", "tf_kl_ci_high"] == pytest.approx(0.012 + 12.706 * 0.002, rel=1e-3)
     assert sp.loc["te-fp8-delayed", "tf_top1"] == 0 and sp.loc["te-fp8-delayed", "tf_bf16_p"] == pytest.approx(3e-4)
     assert pd.isna(sp.loc["te-fp8-current", "tf_top1"])
 
@@ -1050,3 +1057,23 @@ def test_cells_of_other_world_sizes_are_never_the_fastest_bf16_of_a_shape():
     two = pd.concat([df, df.assign(model="hf:llama", cell_id=df["cell_id"] + "-hf")], ignore_index=True)
     [line] = [x for x in fastest_per_model(two) if x.startswith("Fastest cell of minigpt")]
     assert "world_size 1" in line and "world_size 2" in line and "next of its 2 cells" in line, line
+
+
+def test_a_median_over_two_seeds_gets_a_t_interval_inside_what_the_field_can_be():
+    """The loss gap over two seeds and the teacher-forced fields over two samples: the bootstrap of two values is
+    [min, max] whatever they are (as the ratio's was); under SMALL_SAMPLE values the interval is Student's t,
+    clipped to the field's range (a share in [0, 1], KL >= 0). From SMALL_SAMPLE values on it stays the
+    bootstrap's, inside the values' range."""
+    from orchestrator.report.analysis import SMALL_SAMPLE, bootstrap_median
+
+    rng = np.random.default_rng(0)
+    gaps = [-0.011494, 0.06545]  # fp8-numerics-shapes' MiniGPT torchao gap over two seeds
+    lo, hi = bootstrap_median(gaps, 2000, rng)
+    assert lo < min(gaps) and hi > max(gaps)  # before: exactly [min, max]
+    lo, hi = bootstrap_median([0.97, 1.0], 2000, rng, (0.0, 1.0))
+    assert lo < 0.97 and hi == 1.0  # a share never above 1
+    lo, hi = bootstrap_median([0.001, 0.02], 2000, rng, (0.0, math.inf))
+    assert lo == 0.0 and hi > 0.02  # a KL never below 0
+    many = list(np.linspace(1.0, 2.0, SMALL_SAMPLE))
+    lo, hi = bootstrap_median(many, 2000, rng)
+    assert min(many) <= lo < hi <= max(many)

@@ -261,11 +261,20 @@ def bootstrap_ratio(num: list[float], den: list[float], resamples: int, rng: np.
     return float(lo), float(hi)
 
 
-def bootstrap_median(values: list[float], resamples: int, rng: np.random.Generator) -> tuple[float, float]:
-    """95% percentile interval of median(values*); NaN with fewer than two values."""
+def bootstrap_median(values: list[float], resamples: int, rng: np.random.Generator,
+                     bounds: tuple[float, float] = (-math.inf, math.inf)) -> tuple[float, float]:
+    """95% interval of values' typical value: under SMALL_SAMPLE values a t-interval of their mean (n - 1 degrees
+    of freedom), clipped to ``bounds`` (what the field can be: a share is in [0, 1], a KL >= 0) and holding the
+    median; from SMALL_SAMPLE on a percentile bootstrap of the median. NaN with fewer than two values. The
+    bootstrap of two values is [min, max] whatever they are, as for :func:`bootstrap_ratio`: a loss gap over two
+    seeds read "[-0.011, 0.065]" where the t-interval says [-0.43, 0.48]."""
     a = np.asarray(values, float)
     if len(a) < 2:
         return float("nan"), float("nan")
+    if len(a) < SMALL_SAMPLE:
+        lo, hi = _t_interval(float(a.mean()), float(a.std(ddof=1)) / math.sqrt(len(a)), len(a) - 1)
+        median = float(np.median(a))
+        return min(max(lo, bounds[0]), median), max(min(hi, bounds[1]), median)
     lo, hi = np.percentile(_resampled_medians(a, resamples, rng), [2.5, 97.5])
     return float(lo), float(hi)
 
@@ -312,6 +321,8 @@ TEACHER_FORCED = {"tf_top1_agreement": ("tf_top1", "tf top-1 agreement"),
                   "tf_kl_mean": ("tf_kl", "tf KL (nats)"),
                   "tf_bf16_top1_prob": ("tf_bf16_p", "BF16 top-1 p"),
                   "tf_decided_share": ("tf_decided", "BF16 decided share")}
+# what each can be, for its interval (bootstrap_median clips a small-sample t-interval to it): shares in [0, 1]
+TEACHER_FORCED_BOUNDS = {"tf_kl_mean": (0.0, math.inf)}
 # The all-position agreement says something about FP8 only where BF16 itself is decided at most positions;
 # below this median share (tf_decided_share) the table says so in words instead of printing a number that reads
 # as FP8 being broken (after a few steps on a 128k vocabulary BF16 is nearly flat and agreement ~ 0).
@@ -321,16 +332,16 @@ TEACHER_FORCED_NOTE = ("tf = teacher-forced on one held sequence, every position
                        "decided: its top-1 clearly ahead of the runner-up, trials/workloads/teacher_forced.py) and mean "
                        "KL(FP8 || BF16); BF16 top-1 p = the partner's mean probability of its own argmax, decided "
                        f"share = where it is decided; where that share is under {MEANINGFUL_DECIDED_SHARE:.0%}, "
-                       "agreement is noise and the table says so; median over samples [95% bootstrap interval over "
-                       "samples, samples >= 2]; - where the cell has none (older records)")
+                       "agreement is noise and the table says so; median over samples [95% interval over samples, "
+                       f"samples >= 2: t under {SMALL_SAMPLE}, bootstrap from {SMALL_SAMPLE}]; - where the cell has none (older records)")
 
 
 def teacher_forced_stats(cell: CellStats, resamples: int, rng: np.random.Generator) -> dict[str, float]:
-    """An FP8 cell's teacher-forced fields: the median over its samples and a 95% bootstrap interval."""
+    """An FP8 cell's teacher-forced fields: the median over its samples and a 95% interval (bootstrap_median)."""
     out: dict[str, float] = {}
     for name, (prefix, _) in TEACHER_FORCED.items():
         values = cell.teacher_forced.get(name, [])
-        lo, hi = bootstrap_median(values, resamples, rng)
+        lo, hi = bootstrap_median(values, resamples, rng, TEACHER_FORCED_BOUNDS.get(name, (0.0, 1.0)))
         out.update({prefix: _median(values), f"{prefix}_ci_low": lo, f"{prefix}_ci_high": hi})
     return out
 
@@ -365,7 +376,7 @@ def loss_gap_stats(ref: CellStats, cand: CellStats, resamples: int, rng: np.rand
 
     Samples use different seeds, and a sample of the candidate shares its seed (init and batches) with the
     reference's sample of the same index: the gap is the median over the seeds both ran of candidate - reference
-    at that seed, its 95% interval a bootstrap of that median over seeds (two or more). Without a shared seed it
+    at that seed, its 95% interval over seeds (two or more: bootstrap_median). Without a shared seed it
     is the difference of the medians. ``loss_seed_sd``: the standard deviation of the reference's final losses
     across its seeds (ddof 1, two or more). ``loss_gap_verdict``: "within BF16's seed noise" when |gap| <=
     SEED_NOISE_SDS * that spread, else "outside by X nats" (X = |gap| - the band); "... seed noise unknown"

@@ -202,7 +202,8 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
     if not gaps.empty:
         sections.append(("Loss gap against seed noise", "gap = FP8 - BF16 (a run without FP8: BF16 - FP32) final "
                          "training loss at the same seed (init and batches), median over the seeds both ran [95% "
-                         "bootstrap interval over seeds, seeds >= 2]; seed sd = the spread of the reference's final "
+                         f"interval over seeds, seeds >= 2: t under {SMALL_SAMPLE}, bootstrap from {SMALL_SAMPLE}]; "
+                         "seed sd = the spread of the reference's final "
                          f"loss across its seeds; within its seed noise when |gap| <= {SEED_NOISE_SDS:g} sd (where a "
                          "reference run at a new seed lands about 95% of the time), else outside by the excess; per "
                          "learning rate where lr is an axis", gaps))
