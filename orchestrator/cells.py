@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from trials.spec import applies, defaults_for, field_default, only_fields
+from trials.spec import SCOPES, applies, defaults_for, field_default, only_fields
 
 # fields that mean something only in a scope (trials/spec.py's ``only``): a cell outside it drops them
-SCOPED_FIELDS = only_fields("fp8", "te", "te-fp8", "compiles", "fp8-filter", "minigpt", "selective-ac")
+SCOPED_FIELDS = only_fields(*SCOPES)
 
 
 def cell_values(written: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

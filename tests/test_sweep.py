@@ -216,6 +216,21 @@ def test_fp8_settings_name_their_own_cells():
                                                 "d768-L4-auto-fp8-delayed-hist1024"]
 
 
+def test_the_amax_history_names_delayed_scaling_cells_only():
+    """Current scaling (and block, MX) reads no amax history: a current cell at hist1024 ran the very recipe of
+    the one at 16, so it is collapsed into it, not recorded as a setting whose differences are noise."""
+    s = sweep("""
+        name: knobs
+        grid:
+          precision: [fp8]
+          recipe: [delayed, current]
+          amax_history_len: [16, 1024]
+    """)
+    assert sorted(c.label for c in s.cells) == ["d768-L4-auto-fp8-current", "d768-L4-auto-fp8-delayed",
+                                                "d768-L4-auto-fp8-delayed-hist1024"]
+    assert [why for asked, why in s.collapsed if asked["recipe"] == "current"], s.collapsed
+
+
 @pytest.mark.parametrize("path", sorted(p.name for p in (REPO / "examples").glob("*.yaml")))
 def test_every_example_sweep_validates(path):
     from orchestrator.sweep import load_sweep

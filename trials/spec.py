@@ -63,11 +63,13 @@ class SpecError(ValueError):
 #   variant    what a speedup compares; ``label`` formats a non-default value in names ("hist{}")
 #   run        seeds and devices: never a reason to keep two cells apart in a report
 # ``only`` marks a field that means something only for fp8 cells ("fp8"), TE cells ("te"), TE's FP8 cells
-# ("te-fp8"), stacks that compile ("compiles"), stacks with their own FP8 layer filter ("fp8-filter") or
+# ("te-fp8"), TE's delayed-scaling cells ("te-delayed": the amax history, which current scaling, block and MX
+# never read), stacks that compile ("compiles"), stacks with their own FP8 layer filter ("fp8-filter") or
 # JuicyTalk's own MiniGPT ("minigpt": a model source with ``own`` shape, trials/models) or selective activation
 # checkpointing ("selective-ac"); elsewhere the sweep
 # collapses it to its default and variant names leave it out.
 AXES = ("shape", "schedule", "execution", "variant", "run")
+SCOPES = ("fp8", "te", "te-fp8", "te-delayed", "compiles", "fp8-filter", "minigpt", "selective-ac")  # ``only``'s
 
 
 def _on(axis: str, default: Any, label: str | None = None, only: str | None = None) -> Any:
@@ -93,8 +95,8 @@ class TrialSpec:
     precision: str = _on("variant", "bf16")
     recipe: str = _on("variant", "delayed", only="fp8")
     fp8_format: str = _on("variant", "hybrid", "{}", only="te-fp8")
-    amax_history_len: int = _on("variant", 16, "hist{}", only="te-fp8")
-    amax_compute_algo: str = _on("variant", "max", "amax-{}", only="te-fp8")
+    amax_history_len: int = _on("variant", 16, "hist{}", only="te-delayed")  # delayed scaling's history only
+    amax_compute_algo: str = _on("variant", "max", "amax-{}", only="te-delayed")
     te_layer: str | None = _on("variant", None, "{}", only="te")  # default: the model source's first te_layers
     weights: str = _on("variant", "bf16", "{}-weights", only="fp8")
     fp8_filter: str = _on("variant", "dims", "filter-{}", only="fp8-filter")
@@ -510,7 +512,8 @@ def scope_words(field_name: str) -> str:
     only = _ONLY[field_name]
     stacks = " or ".join(s.name for s in STACKS.values() if (s.compiles if only == "compiles" else s.fp8_filter_auto))
     return {"fp8": "precision: fp8 cells", "te": "cells of backend te (or auto) off the CPU",
-            "te-fp8": "precision: fp8 cells of backend te (or auto)", "compiles": f"cells of backend {stacks}",
+            "te-fp8": "precision: fp8 cells of backend te (or auto)",
+            "te-delayed": "recipe: delayed cells of backend te (or auto)", "compiles": f"cells of backend {stacks}",
             "fp8-filter": f"precision: fp8 cells of backend {stacks}",
             "minigpt": f"cells of model {', '.join(m for m, s in SOURCES.items() if s.own)} (other models have their "
                        "own architecture)",
@@ -533,6 +536,7 @@ def applies(field_name: str, values: Mapping[str, Any]) -> bool:
     except ModelError:
         own = False
     return (only is None or (only == "fp8" and fp8) or (only == "te" and te) or (only == "te-fp8" and te and fp8)
+            or (only == "te-delayed" and te and fp8 and values.get("recipe", field_default("recipe")) == "delayed")
             or (only == "compiles" and stack is not None and stack.compiles)
             or (only == "fp8-filter" and fp8 and stack is not None and bool(stack.fp8_filter_auto))
             or (only == "minigpt" and own)

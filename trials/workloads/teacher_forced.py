@@ -70,7 +70,7 @@ def partner_spec(spec: TrialSpec, stack: str) -> TrialSpec:
     """The BF16 partner of the FP8 cell ``spec`` as a cell of its own: ``stack`` (the cell's ``bf16_partner``),
     bf16, eager, and every field that means something only for FP8 at its default. Two FP8 cells with one
     partner spec compare against the same model, trained the same way."""
-    fp8_only = only_fields("fp8", "te-fp8", "fp8-filter")
+    fp8_only = only_fields("fp8", "te-fp8", "te-delayed", "fp8-filter")
     values = {**spec.to_dict(), "backend": stack, "precision": "bf16", "compile": False}
     defaults = defaults_for(values)
     return TrialSpec.from_dict({**values, **{name: defaults[name] for name in fp8_only}})
