@@ -354,3 +354,15 @@ def test_grouped_gemms_count_as_gemms():
         torch._grouped_mm(x, w, offs=offs).backward(torch.ones(32, 8))
     assert counter.get_total_flops() == 3 * 2 * 32 * 16 * 8
     assert (classify("aten::_grouped_mm"), classify("aten::_scaled_grouped_mm")) == ("gemm_bf16", "gemm_fp8")
+
+
+def test_a_compiled_fp8_cells_bf16_partner_is_compiled_too():
+    """Compiled kernels round differently from eager ones: an eager partner of a compiled torchao cell would
+    credit compile's effect on the loss path to FP8 (teacher-forced KL, agreement). The partner compiles where
+    its stack does; TE (which does not) and eager cells keep an eager partner."""
+    from trials.workloads.teacher_forced import partner_spec
+
+    cell = TrialSpec(backend="torchao", precision="fp8", recipe="rowwise", compile=True, device="cpu")
+    assert partner_spec(cell, "torch").compile and partner_spec(cell, "torch").precision == "bf16"
+    assert not partner_spec(cell.replace(compile=False), "torch").compile
+    assert partner_spec(cell, "torch") == partner_spec(cell.replace(recipe="tensorwise"), "torch")  # one partner

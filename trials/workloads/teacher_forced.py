@@ -18,7 +18,7 @@ always does. The report says which case a cell is in (orchestrator/report/analys
 
 The held sequence is one row of HELD_LEN positions. The BF16 partner is the cell's ``bf16_partner`` stack
 (torchao: torch; te: te, the same te_layer), built from the same seeded init and trained on the same batches
-for the same steps, eager: a cell of its own, :func:`partner_spec`. The FP8 cells of one model (delayed and
+for the same steps, compiled where the cell is: a cell of its own, :func:`partner_spec`. The FP8 cells of one model (delayed and
 current scaling, tensorwise and rowwise) share that partner, so a process that runs trials one after another
 trains it once and keeps its read (:class:`Partners`, held by trials/server.py). The FP8 side is read right
 after its training, before the benchmark trains it further, and the read must leave the model as it was, so
@@ -43,6 +43,7 @@ from typing import Any, Callable, ContextManager
 import torch
 
 from .data import ArithmeticSequences
+from ..backends import STACKS
 from ..spec import TrialSpec, defaults_for, only_fields
 
 log = logging.getLogger(__name__)
@@ -68,10 +69,13 @@ def held_batch(vocab: int, seq_len: int, device: str, seed: int) -> torch.Tensor
 
 def partner_spec(spec: TrialSpec, stack: str) -> TrialSpec:
     """The BF16 partner of the FP8 cell ``spec`` as a cell of its own: ``stack`` (the cell's ``bf16_partner``),
-    bf16, eager, and every field that means something only for FP8 at its default. Two FP8 cells with one
-    partner spec compare against the same model, trained the same way."""
+    bf16, compiled as the cell is where the partner's stack compiles (compiled kernels round differently: on the
+    H200 compiling alone moved torchao's loss path by about as much as FP8 did, docs/results/h200/ranks, so an
+    eager partner would credit compile's effect to FP8), and every field that means something only for FP8 at
+    its default. Two FP8 cells with one partner spec compare against the same model, trained the same way."""
     fp8_only = only_fields("fp8", "te-fp8", "te-delayed", "fp8-filter")
-    values = {**spec.to_dict(), "backend": stack, "precision": "bf16", "compile": False}
+    values = {**spec.to_dict(), "backend": stack, "precision": "bf16",
+              "compile": spec.compile and STACKS[stack].compiles}
     defaults = defaults_for(values)
     return TrialSpec.from_dict({**values, **{name: defaults[name] for name in fp8_only}})
 
