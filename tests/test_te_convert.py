@@ -132,8 +132,9 @@ def test_tied_linear_stays_bf16():
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
 def test_transformer_layer_plan_and_weight_mapping(models, kind):
     model = models[kind]
-    assert tc.plan(model, "transformer_layer") == [tc.Step(f"model.layers.{i}", "decoder_layer", "convert")
-                                                   for i in range(2)]
+    assert tc.plan(model, "transformer_layer") == [*(tc.Step(f"model.layers.{i}", "decoder_layer", "convert")
+                                                     for i in range(2)),
+                                                   tc.Step("lm_head", "linear", "keep", tc.LOGITS_KEPT)]
     layer = model.model.layers[1]
     state, frozen = tc.decoder_state(layer)
     ffn, d = SHAPE["intermediate_size"], SHAPE["hidden_size"]
@@ -154,7 +155,7 @@ def test_transformer_layer_plan_and_weight_mapping(models, kind):
 
 def test_transformer_layer_applies_to_the_llama_family_only(models):
     odd = tc.plan(models["llama_odd"], "transformer_layer")
-    assert [s.action for s in odd] == ["keep", "keep"] and "head_dim 20" in odd[0].reason
+    assert [s.action for s in odd] == ["keep", "keep", "keep"] and "head_dim 20" in odd[0].reason
     with pytest.raises(tc.ConvertError, match="llama, mistral, qwen2 models; this one is a transformers 'gemma'"):
         tc.plan(tiny("gemma"), "transformer_layer")
     with pytest.raises(tc.ConvertError, match="not a transformers model"):

@@ -55,6 +55,9 @@ class ConvertError(ValueError):
     """This conversion does not apply to this model (one line saying what it applies to)."""
 
 
+LOGITS_KEPT = "makes the logits (stays BF16, as on torchao)"
+
+
 @dataclass(frozen=True)
 class Step:
     """One module of the plan: ``kind`` linear | layernorm | rmsnorm | decoder_layer; ``action`` convert | keep;
@@ -75,7 +78,7 @@ def plan(model: nn.Module, te_layer: str = "swap", logits_layer: str | None = No
     the module that makes the logits, when the model's source knows it (else it is found, see
     :func:`find_logits_layer`). Raises ConvertError when ``te_layer`` does not apply to this model."""
     if te_layer == "transformer_layer":
-        return decoder_plan(model)
+        return decoder_plan(model, logits_layer)
     if why := layer_refusal(te_layer, None):
         raise ConvertError(f"te_layer {why}")
     return swap_plan(model, logits_layer)
@@ -222,7 +225,7 @@ def swap_plan(model: nn.Module, logits_layer: str | None = None) -> list[Step]:
             kind = "rmsnorm"
             why = spec if isinstance(spec, str) else _not_multiple(hidden=m.weight.numel())
         if name == head:
-            why = "makes the logits (stays BF16, as on torchao)"
+            why = LOGITS_KEPT
         elif kind == "linear" and len(holders := tied.get(id(m.weight), [name])) > 1:
             why = f"weight tied to {', '.join(h for h in holders if h != name)}"
         steps.append(Step(name, kind, "keep" if why else "convert", why))
@@ -285,11 +288,15 @@ def _decoder_layers(model: nn.Module) -> tuple[nn.Module, nn.Module, str]:
     return base, base.layers, names[id(base.layers)]
 
 
-def decoder_plan(model: nn.Module) -> list[Step]:
-    """Each decoder layer, replaced by a te.TransformerLayer or kept with the reason."""
+def decoder_plan(model: nn.Module, logits_layer: str | None = None) -> list[Step]:
+    """Each decoder layer, replaced by a te.TransformerLayer or kept with the reason; then the layer that makes
+    the logits, kept (it stays a BF16 Linear, as under swap: the record lists it among the kept modules)."""
     _, layers, prefix = _decoder_layers(model)
-    return [Step(f"{prefix}.{i}", "decoder_layer", *(("keep", why) if (why := _decoder_misfit(layer)) else ("convert",)))
-            for i, layer in enumerate(layers)]
+    steps = [Step(f"{prefix}.{i}", "decoder_layer", *(("keep", why) if (why := _decoder_misfit(layer)) else
+                                                      ("convert",)))
+             for i, layer in enumerate(layers)]
+    head = logits_layer if logits_layer is not None else find_logits_layer(model)
+    return steps + ([Step(head, "linear", "keep", LOGITS_KEPT)] if head else [])
 
 
 def _decoder_misfit(layer: nn.Module) -> str:
@@ -385,7 +392,7 @@ class TEDecoderLayer(nn.Module):
 def _convert_decoders(model: nn.Module, te: Any, steps: list[Step]) -> None:
     base, layers, _ = _decoder_layers(model)
     rope = RotaryAngles(base.rotary_emb.inv_freq)
-    for i, (step, layer) in enumerate(zip(steps, layers)):
+    for i, (step, layer) in enumerate(zip([s for s in steps if s.kind == "decoder_layer"], layers)):
         if step.converts:
             layers[i] = _te_decoder(te, layer, i, rope, getattr(base, "config", None))
 
