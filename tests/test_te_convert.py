@@ -320,3 +320,24 @@ def test_te_unpickling_guard_is_lifted_only_around_the_load(monkeypatch):
         assert os.environ[name] == "1"
         raise RuntimeError("a load that fails")
     assert os.environ[name] == "0"
+
+
+def test_a_linear_its_parent_reads_by_weight_is_kept_on_both_stacks():
+    """nn.MultiheadAttention multiplies by out_proj's weight itself (F.multi_head_attention_forward): swapped
+    for te.Linear or Float8Linear, out_proj would be listed as converted while its GEMM ran in BF16 (the py:
+    example listed 6 converted Linears, 4 of which ran FP8)."""
+    from examples.my_model import TinyLM
+    from trials import TrialSpec
+    from trials.backends import torchao
+    from trials.models.common import WEIGHT_READ_BY_PARENT
+
+    model = TinyLM(vocab=64, d_model=32, n_layers=2, n_heads=2, ffn=64, max_len=16)
+    steps = by_name(tc.plan(model))
+    heads = [f"blocks.{i}.self_attn.out_proj" for i in range(2)]
+    assert all(steps[h].reason == WEIGHT_READ_BY_PARENT for h in heads)
+    spec = TrialSpec(model="py:examples.my_model:build", d_model=32, n_layers=2, n_heads=2, ffn=64, vocab=64,
+                     seq_len=16, backend="torchao", precision="fp8", recipe="tensorwise", device="cpu")
+    info = torchao.build(spec, "fp8", "cpu").info
+    assert json.loads(info["fp8_converted_names"]) == [f"model.blocks.{i}.linear{j}" for i in range(2) for j in (1, 2)]
+    wrapped = [f"model.{h}" for h in heads]  # the trial wraps a factory's module as .model
+    assert {h: json.loads(info["fp8_skipped_why"])[h] for h in wrapped} == dict.fromkeys(wrapped, WEIGHT_READ_BY_PARENT)

@@ -42,6 +42,7 @@ import torch.nn as nn
 
 from . import layer_refusal  # the stack table's: the spec asks it too, before any trial (and without torch)
 from .torchao import FP8_DIM_MULTIPLE
+from ..models.common import WEIGHT_READ_BY_PARENT, read_by_parent
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +211,7 @@ def swap_plan(model: nn.Module, logits_layer: str | None = None) -> list[Step]:
     """Every Linear, LayerNorm and RMSNorm of ``model``, converted or kept with the reason."""
     head = logits_layer if logits_layer is not None else find_logits_layer(model)
     tied = _tied_weights(model)
+    by_parent = set(read_by_parent(model))
     steps = []
     for name, m in model.named_modules():
         if isinstance(m, nn.Linear):
@@ -228,6 +230,8 @@ def swap_plan(model: nn.Module, logits_layer: str | None = None) -> list[Step]:
             why = LOGITS_KEPT
         elif kind == "linear" and len(holders := tied.get(id(m.weight), [name])) > 1:
             why = f"weight tied to {', '.join(h for h in holders if h != name)}"
+        elif name in by_parent:
+            why = WEIGHT_READ_BY_PARENT
         steps.append(Step(name, kind, "keep" if why else "convert", why))
     return steps
 

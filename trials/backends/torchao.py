@@ -30,7 +30,7 @@ import torch.nn as nn
 from torch.nn.modules.conv import _ConvNd
 
 from .. import models
-from ..models.common import written_in_place
+from ..models.common import WEIGHT_READ_BY_PARENT, read_by_parent, written_in_place
 from . import Built
 from .torch import compiled
 
@@ -196,7 +196,8 @@ def build(spec: Any, precision: str, device: str) -> Built:
         return Built(model, forward=compiled(model, spec, made.units), info={"torchao_version": version()},
                      units=made.units)
     keep = _Filter(made.logits_layer, spec.recipe if spec.fp8_filter == "auto" else None)
-    keep.model_keeps = {name: IN_PLACE for name in written_in_place(model, device)}
+    keep.model_keeps = {**{name: WEIGHT_READ_BY_PARENT for name in read_by_parent(model)},
+                        **{name: IN_PLACE for name in written_in_place(model, device)}}
     config = Float8LinearConfig.from_recipe_name(spec.recipe)
     after_step = None
     if spec.fp8_all_gather:  # FSDP2 all-gathers the FP8 weights; their scales are made once per step for it

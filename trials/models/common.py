@@ -99,6 +99,20 @@ def _join(*parts: str) -> str:
     return ".".join(p for p in parts if p)
 
 
+# Why a Linear its parent reads by weight stays in high precision: converting it would run nothing in FP8
+WEIGHT_READ_BY_PARENT = ("its parent, nn.MultiheadAttention, reads its weight and bias without calling it "
+                         "(F.multi_head_attention_forward): a converted module's FP8 forward would never run")
+
+
+def read_by_parent(model: Any) -> list[str]:
+    """The Linears (qualified names) whose parent uses their parameters without calling them: every
+    ``nn.MultiheadAttention``'s ``out_proj``. A stack that swaps them (TE's te.Linear, torchao's Float8Linear)
+    would list them as converted while their GEMM runs in BF16 inside the parent."""
+    return [f"{name}.out_proj" if name else "out_proj" for name, m in model.named_modules()
+            if isinstance(m, torch.nn.MultiheadAttention) and isinstance(getattr(m, "out_proj", None),
+                                                                        torch.nn.Linear)]
+
+
 def written_in_place(model: Any, device: str) -> list[str]:
     """The Linears (qualified names) whose output the model's own code modifies in place (e.g. Falcon's
     ``mlp_output += attention_output``), seen on one 2-token forward of ``model`` (ids -> logits; the output's
