@@ -141,3 +141,19 @@ def test_a_torchao_minigpt_cells_share_is_what_a_count_of_its_converted_model_fi
     assert counted["flops_per_step"] == pytest.approx(rec["flops_per_step"], rel=1e-9)  # formula = count here
     assert rec["fp8_flop_share"] == pytest.approx(counted["fp8_flop_share"], rel=1e-9)
     assert rec["fp8_flop_share"] == pytest.approx(blocks_fp8_share(ModelConfig.from_spec(spec)), rel=1e-9)
+
+
+def test_a_recipe_that_keeps_the_weight_gradient_high_counts_two_of_three_gemms():
+    """torchao's rowwise_with_gw_hp runs each converted Linear's weight-gradient GEMM in BF16: MiniGPT's
+    formula share had counted all three GEMMs of every converted Linear FP8 (0.91 where a count finds 0.60)."""
+    from trials.measure.metrics import named_fp8_share
+
+    pytest.importorskip("torchao")
+    spec = TrialSpec(backend="torchao", precision="fp8", recipe="rowwise_with_gw_hp", d_model=64, n_layers=1,
+                     n_heads=2, vocab=96, seq_len=16, batch_size=2, device="cpu")
+    built = backends.build(spec, "torchao", "fp8", "cpu")
+    names = json.loads(built.info["fp8_converted_names"])
+    cfg = ModelConfig.from_spec(spec)
+    share = named_fp8_share(cfg, built.model, names)
+    assert share == pytest.approx(2 / 3 * blocks_fp8_share(cfg), rel=1e-9)
+    assert share == pytest.approx(count_flops(spec, built.model, 96, "cpu", 1)["fp8_flop_share"], rel=1e-9)

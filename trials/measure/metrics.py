@@ -387,8 +387,28 @@ def named_fp8_share(cfg: ModelConfig, model: Any, names: Iterable[str]) -> float
     """The share of MiniGPT's analytic ``flops_per_step`` in the GEMMs of its Linears ``names`` (qualified names in
     ``model``): each one's forward and backward, 6 * weights per token, as the formula counts them. torchao's
     MiniGPT, whose converted Linears (``fp8_converted_names``) are its FP8 GEMMs: its auto filter keeps small ones
-    and the LM head BF16 (tests/test_flop_share.py holds it equal to a count of the converted model)."""
-    return _formula_share(cfg, sum(model.get_submodule(name).weight.numel() for name in names))
+    and the LM head BF16 (tests/test_flop_share.py holds it equal to a count of the converted model). A Linear
+    whose recipe keeps some of its three GEMMs in high precision (torchao's ``rowwise_with_gw_hp``: the weight
+    gradient) counts the share of them that run FP8 (:func:`fp8_gemm_share`): it had counted all three, 0.91 for
+    0.60 at d_model 64."""
+    return _formula_share(cfg, sum(model.get_submodule(name).weight.numel() * fp8_gemm_share(model.get_submodule(name))
+                                   for name in names))
+
+
+# A converted Linear's three GEMMs, each by the two operand casts torchao's Float8LinearConfig names for it
+FP8_GEMM_CASTS = (("cast_config_input", "cast_config_weight"),  # forward: y = x w^T
+                  ("cast_config_grad_output", "cast_config_weight_for_grad_input"),  # dgrad: dx = dy w
+                  ("cast_config_input_for_grad_weight", "cast_config_grad_output_for_grad_weight"))  # wgrad: dw
+
+
+def fp8_gemm_share(module: Any) -> float:
+    """The share of a converted Linear's three equal GEMMs (forward, dgrad, wgrad) that run in FP8: those whose
+    operand casts its torchao config does not disable; 1.0 for a module without such a config."""
+    config = getattr(module, "config", None)
+    if config is None or not all(hasattr(config, c) for pair in FP8_GEMM_CASTS for c in pair):
+        return 1.0
+    on = [all(getattr(config, c).scaling_type.name != "DISABLED" for c in pair) for pair in FP8_GEMM_CASTS]
+    return sum(on) / len(on)
 
 
 def blocks_fp8_share(cfg: ModelConfig) -> float:
