@@ -225,3 +225,53 @@ def test_in_a_container_the_same_nvml_pid_is_ours_at_both_readings():
     # a small allocator, so the other process passed for us and we were listed as another
     assert nvml_self([{"pid": 900, "used_bytes": None}, {"pid": 901, "used_bytes": 700 << 20}], own, 40 << 20) == 901
     assert nvml_self([{"pid": 900, "used_bytes": None}, {"pid": 901, "used_bytes": None}], own, 40 << 20) == 900
+
+
+def test_the_trials_other_ranks_on_this_host_count_as_its_own_cpu_time():
+    """A multi-rank trial's other ranks (torchrun's or Ray Train's processes, none of them this process's
+    children) ran during the timed steps as much as this rank did, and were billed as other processes' CPU time.
+    Two ranks of a gloo group, this process and one started beside it, each learn the other's pid over the group
+    (``rank_pids``); a host sample given a sibling holds it and its children as the trial's own processes.
+    """
+    import torch.distributed as dist
+
+    from trials.measure.disturbance import host_sample, rank_pids
+
+    from .conftest import REPO, _free_port, cli_env
+
+    port = _free_port()
+    code = (f"import torch.distributed as dist; dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{port}', "
+            "rank=1, world_size=2); from trials.measure.disturbance import rank_pids; print(*rank_pids()); "
+            "dist.destroy_process_group()")
+    other = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                             env=cli_env())
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=2)
+        try:
+            siblings = rank_pids()
+        finally:
+            dist.destroy_process_group()
+        said = other.communicate(timeout=120)[0]
+    finally:
+        other.kill()
+    assert siblings == {other.pid} and said.split() == [str(os.getpid())], (siblings, said)
+
+    # a process of another tree (started through a shell that exits, as busy_processes does) with a child of its own
+    out = subprocess.run(["sh", "-c", "sh -c 'sleep 60 & wait' >/dev/null 2>&1 & echo $!"], capture_output=True,
+                         text=True, check=True)
+    sibling = int(out.stdout.split()[0])
+    try:
+        wait_for(lambda: len(_children(sibling)) == 1, timeout=30)
+        alone, ranked = host_sample(), host_sample(frozenset({sibling}))
+        assert sibling not in alone.tree_pids
+        assert {sibling, *_children(sibling)} <= ranked.tree_pids and os.getpid() in ranked.tree_pids
+    finally:
+        for pid in [*_children(sibling), sibling]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+
+
+def _children(pid: int) -> list[int]:
+    from trials.measure.disturbance import _tree
+
+    return sorted(_tree(pid) - {pid})

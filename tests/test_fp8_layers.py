@@ -97,3 +97,83 @@ def test_a_compiled_units_fp8_modules_are_read_under_the_models_own_names():
     assert any("._orig_mod." in name for name in raw), raw
     names = [name for name, _ in fp8_modules(numerics("torchao"), step.model)]
     assert names == json.loads(step.built.info["fp8_converted_names"]) and len(names) == 14
+
+
+def _tiny_read(**fields) -> dict:
+    """The record fields of one tiny torchao tensorwise llama MiniGPT's per-layer read (1 layer, d32, seq 16)."""
+    from trials.backends import numerics
+    from trials.measure import fp8_layers
+    from trials.workloads.teacher_forced import held_pair
+    from trials.workloads.train_step import build_train_step
+
+    spec = TrialSpec(backend="torchao", precision="fp8", recipe="tensorwise", arch="llama", d_model=32, n_layers=1,
+                     seq_len=16, device="cpu", **fields)
+    step = build_train_step(spec, "torchao", "fp8", "cpu")
+    held = held_pair(spec.vocab, spec.seq_len, "cpu", spec.seed)
+    return fp8_layers.record_fields(fp8_layers.read_layers(step, numerics("torchao"), held, "cpu"), None)
+
+
+def test_activation_checkpointing_full_reads_every_fp8_module_as_without_it():
+    """Under activation checkpointing the backward recomputes each unit's forward. The read's forward hooks were
+    still there, so every recomputed module looked called twice (a shared module) and was left out: 1 of this
+    model's 4 FP8 modules read (the full-depth H200 study, AC full: 32 of 224, its down projections only). The
+    hooks now go before the backward: every module is read, and reads what it reads without checkpointing."""
+    pytest.importorskip("torchao")
+    import json
+
+    plain, full = _tiny_read(), _tiny_read(activation_checkpointing="full")
+    assert json.loads(full["fp8_layers"])["modules"] == json.loads(plain["fp8_layers"])["modules"]
+    assert full["fp8_layers_read"] == full["fp8_layers_total"] == plain["fp8_layers_total"] == 4
+    assert full == plain
+
+
+def _read(name: str, fwd: float):
+    from trials.measure.fp8_layers import CastHealth, LayerRead
+
+    return LayerRead(name, {"fwd": fwd, "dgrad": 25.0, "wgrad": 25.0}, {c: CastHealth(0.0, 0.0) for c in
+                                                                        ("act", "weight", "grad")})
+
+
+def test_a_layer_whose_fp8_output_is_nan_is_the_worst_and_under_its_floor(tmp_path):
+    """A broken layer (its FP8 output NaN: SQNR NaN) used to vanish: the summary took the min of the other
+    layers, and the report's ``NaN < floor`` is false. It now reads -inf, the worst, in the record's min and
+    worst module and in the report's below-floor table; a record written before (NaN in its JSON) is read the
+    same way. A read of fewer FP8 modules than the model runs is named in the report's note, and a TE cell's
+    row says what its fused modules give the reads."""
+    import json
+
+    from orchestrator.report.analysis import prepare
+    from orchestrator.report.numerics import TE_FUSED_NOTE, below_floor, layer_frame, sections
+    from orchestrator.store import Store
+    from trials.measure.fp8_layers import record_fields
+    from trials.record.fields import empty_record
+
+    good = [_read("blocks.0.qkv", 30.0), _read("blocks.0.fc2", 28.0)]
+    fields = record_fields(good + [_read("blocks.0.fc1", math.nan)], None)
+    assert fields["sqnr_fwd_min_db"] == -math.inf and fields["sqnr_fwd_worst"] == "blocks.0.fc1"
+    assert fields["sqnr_fwd_median_db"] == 28.0
+    fields.update(fp8_layers_read=3, fp8_layers_total=3)
+    old = record_fields(good, None)  # as the code before wrote it: the NaN dropped from the min, kept in the JSON
+    layers = json.loads(old["fp8_layers"])
+    layers["modules"].append("blocks.0.fc1")
+    for d in layers["sqnr"]:
+        layers["sqnr"][d].append(math.nan if d == "fwd" else 25.0)
+    old.update(fp8_layers=json.dumps(layers), fp8_layers_read=2, fp8_layers_total=3)  # one module short, too
+
+    store = Store(str(tmp_path), "nan")
+    store.ensure()
+    for cell, f, backend, recipe in (("new", fields, "torchao", "tensorwise"), ("old", old, "te", "delayed")):
+        store.write_record({**empty_record(), **f, "status": "ok", "cell_id": cell, "cell_label": cell, "sample": 0,
+                            "backend": backend, "precision": "fp8", "recipe": recipe})
+    df = prepare(store.read_records().to_pandas())
+    low = below_floor(layer_frame(df))
+    assert sorted(zip(low["cell"], low["module"], low["direction"])) == [("new", "blocks.0.fc1", "fwd"),
+                                                                         ("old", "blocks.0.fc1", "fwd")]
+    assert (low["lowest SQNR dB"] == -math.inf).all()
+    [(_, note, table)] = [s for s in sections(df) if s[0] == "FP8 numerics per layer"]
+    assert "not every FP8 module was read in old (2 of 3)" in note and "new (" not in note, note
+    assert table.set_index("cell")["modules read"].to_dict() == {"new": "3 of 3", "old": "2 of 3"}
+    # beside a TE cell the note says what its fused modules give the reads (its outliers are not torchao's tensors)
+    assert TE_FUSED_NOTE in note
+    [(_, alone, _)] = [s for s in sections(df[df["backend"] == "torchao"]) if s[0] == "FP8 numerics per layer"]
+    assert TE_FUSED_NOTE not in alone and "not every FP8 module" not in alone

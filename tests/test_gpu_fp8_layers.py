@@ -104,3 +104,83 @@ def test_torchao_fp8_cells_on_cuda_read_every_layer():
         rec = run_trial(_small(backend="torchao", precision="fp8", recipe=recipe, train_steps=16))
         assert rec["status"] == "ok", rec["error"]
         assert all(rec[f"sqnr_{d}_min_db"] > floor for d, floor in SQNR_FLOOR_DB.items()), rec["fp8_layers"]
+
+
+def _trained_te_delayed():
+    from trials.workloads.data import ArithmeticSequences
+    from trials.workloads.train_step import build_train_step, train
+
+    spec = _small(backend="te", precision="fp8", recipe="delayed", train_steps=5)
+    step = build_train_step(spec, "te", "fp8", "cuda")
+    train(step, ArithmeticSequences(spec.vocab, spec.seq_len, "cuda", spec.seed), spec.train_steps, spec.batch_size)
+    return spec, step
+
+
+def test_te_delayed_reads_judge_and_run_every_pass_under_the_scales_training_left(te):
+    """TE's backward rolls the gradient it just saw into ``scaling_bwd`` and sets new scales, the read's own
+    backward and each module's FP8 pass included (``_graph`` skips only the forward's update). The read judged
+    the grad casts by that refreshed scale (every delayed record: cast_saturation_grad 0.0) and ran each pass
+    under what the passes before it left. Here each FP8 module runs a pass on a gradient far beyond any training
+    saw: TE's backward puts its amax into one backward slot (the slot TE casts it with: LayerNormMLP's fc2 grad
+    output, 2, not fc1's 0); the read judges the gradient by that slot's scale as training left it (so it
+    saturates), over all of the module's GEMM weights; the next FP8 pass starts from training's state again."""
+    import torch
+    from transformer_engine.common.recipe import Format
+
+    from trials.backends import numerics
+    from trials.measure import fp8_layers
+    from trials.workloads import teacher_forced
+
+    spec, step = _trained_te_delayed()
+    seam = numerics("te")
+    before = _fp8_meta(step.model)
+    bwd_max = torch.finfo(torch.float8_e4m3fn if step.recipe.fp8_format == Format.E4M3 else torch.float8_e5m2).max
+    modules = fp8_layers.fp8_modules(seam, step.model)
+    trained = {name: module.fp8_meta["scaling_bwd"].scale.clone() for name, module in modules}
+    kinds = set()
+    with fp8_layers.quiet(step.model, "cuda"), seam.read_context(step):
+        for name, module in modules:
+            kinds.add(type(module).__name__)
+            first = seam.weights(module)[0]  # the first GEMM's (out, in) weight: in is the module's input width
+            x = torch.randn(1, spec.seq_len, first.shape[-1], device="cuda", dtype=first.dtype)
+            with torch.no_grad():
+                shape = seam.run(module, x, fp8=False).shape
+            # far beyond any gradient training saw (its loss a mean over 2048 tokens); its scale (max / ~4e3)
+            # far from the initial 1 of a slot TE never fills
+            dy = torch.randn(shape, device="cuda", dtype=first.dtype) * 1e3
+            with seam.fp8_context(step):
+                fp8_layers._module_pass(seam, module, x, dy, fp8=True)
+            refreshed = module.fp8_meta["scaling_bwd"].scale
+            slot = int(torch.argmin((refreshed - bwd_max / dy.abs().amax().float()).abs() / refreshed))
+            assert float(refreshed[slot]) == pytest.approx(bwd_max / float(dy.abs().amax()), rel=1e-3), name
+            t, s, _ = seam.casts(module, x, dy, step)["grad"]
+            assert torch.equal((t.float() * s.float()).flatten(), dy.float().flatten() * trained[name][slot]), name
+            assert fp8_layers.cast_health(*seam.casts(module, x, dy, step)["grad"]).saturation > 0, name
+            w, _, _ = seam.casts(module, x, dy, step)["weight"]
+            assert w.numel() == sum(p.numel() for p in seam.weights(module)), name
+        assert not all(a.equal(b) for a, b in zip(_fp8_meta(step.model), before))  # the passes moved TE's state
+        with seam.fp8_context(step):
+            assert all(a.equal(b) for a, b in zip(_fp8_meta(step.model), before))  # every pass starts from training's
+    assert "LayerNormMLP" in kinds, kinds
+    # the whole read on a held gradient 2048x training's (train_tokens 1 against batch 16 x seq 128): saturates
+    held = teacher_forced.held_pair(spec.vocab, spec.seq_len, "cuda", spec.seed)
+    big = fp8_layers.record_fields(fp8_layers.read_layers(step, seam, held, "cuda", train_tokens=1), None)
+    assert big["cast_saturation_grad"] > 0, big
+    assert all(a.equal(b) for a, b in zip(_fp8_meta(step.model), before))
+
+
+@pytest.mark.parametrize("backend,recipe", [("te", "delayed"), ("torchao", "tensorwise")])
+def test_activation_checkpointed_cells_read_every_fp8_module_on_the_gpu(request, backend, recipe):
+    """Activation checkpointing full (TE: te.distributed.checkpoint; torchao: torch's): the recompute in the
+    read's backward no longer counts as a second forward, every FP8 module is read."""
+    import torch
+
+    if backend == "te":
+        request.getfixturevalue("te")  # skips without TE or a GPU
+    elif not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    rec = run_trial(_small(backend=backend, precision="fp8", recipe=recipe, train_steps=4,
+                           activation_checkpointing="full"))
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["fp8_layers_read"] == rec["fp8_layers_total"] > 0, rec["fp8_layers"]
+    assert all(math.isfinite(v) for v in json.loads(rec["fp8_layers"])["sqnr"]["fwd"])

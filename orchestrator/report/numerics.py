@@ -9,6 +9,7 @@ functions only (the headline works without it).
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import pandas as pd
@@ -46,6 +47,10 @@ def layer_frame(df: pd.DataFrame) -> pd.DataFrame:
     if not rows:
         return pd.DataFrame(columns=LAYER_COLUMNS)
     frame = pd.DataFrame(rows)
+    # a NaN SQNR (a layer whose FP8 output or gradient held a NaN) is the worst read, never a skipped one: the
+    # median and min would pass over it and ``<`` the floor is false for it, so a broken layer vanished.
+    # Records since trials/measure/fp8_layers.broken_is_worst write -inf; this reads older ones the same way
+    frame["sqnr_db"] = frame["sqnr_db"].astype(float).fillna(-math.inf)
     frame["low"] = frame["sqnr_db"] < frame["direction"].map(SQNR_FLOOR_DB)
     return (frame.groupby(["cell", "index", "module", "direction"], as_index=False, sort=False)
             .agg(sqnr_db=("sqnr_db", "median"), sqnr_min_db=("sqnr_db", "min"), samples=("sqnr_db", "size"),
@@ -109,9 +114,50 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
         row["worst input"] = first["outlier_ratio_worst"]
         row["kurtosis max"] = _rounded(g["outlier_kurtosis_max"].median())
         row["reads s"] = round(float((g["fp8_layers_s"].fillna(0) + g["outliers_s"].fillna(0)).median()), 2)
+        row["modules read"] = _modules_read(g)
         out.append(row)
     return pd.DataFrame(out)
 
+
+def _fewest_read(g: pd.DataFrame) -> tuple[int, int] | None:
+    """(FP8 modules read, FP8 modules the model runs) of the sample that read the fewest; None: records from
+    before the count."""
+    if "fp8_layers_read" not in g or "fp8_layers_total" not in g:
+        return None
+    counted = g[["fp8_layers_read", "fp8_layers_total"]].dropna()
+    if counted.empty:
+        return None
+    fewest = counted.loc[counted["fp8_layers_read"].idxmin()]
+    return int(fewest["fp8_layers_read"]), int(fewest["fp8_layers_total"])
+
+
+def _modules_read(g: pd.DataFrame) -> str | None:
+    fewest = _fewest_read(g)
+    return None if fewest is None else "{} of {}".format(*fewest)
+
+
+def partial(df: pd.DataFrame) -> list[str]:
+    """The cells some sample of which read fewer FP8 modules than the model runs (a module that saw no forward or
+    no gradient on the held batch, or ran twice in one forward), as "cell (read of total)": their figures are of
+    the modules read only."""
+    if "sqnr_fwd_min_db" not in df:
+        return []
+    rows = df[(df["status"] == "ok") & df["sqnr_fwd_min_db"].notna()]
+    out = []
+    for cell, g in rows.groupby(rows.apply(_cell, axis=1), sort=True):
+        fewest = _fewest_read(g)
+        if fewest is not None and fewest[0] < fewest[1]:
+            out.append("{} ({} of {})".format(cell, *fewest))
+    return out
+
+
+# what a Transformer Engine cell's fused modules give the reads (docs/guide/numerics.md, "A TE module is read whole")
+TE_FUSED_NOTE = ("TE's fused modules (LayerNormLinear: norm and QKV; LayerNormMLP: norm, fc1, activation, fc2) are "
+                 "read whole: one SQNR over both of the MLP's GEMMs, act cast health of the normalized input, weight "
+                 "cast health over all the module's GEMM weights, grad of the module's output gradient; their "
+                 "outlier input is the module's input before its norm, so a TE cell's kurtosis and max/rms never "
+                 "see the MLP's activation product (fc2's input) that torchao's down projection reads: the two "
+                 "stacks' outlier columns are not the same tensors")
 
 FLOOR_NOTE = ("floors: forward {fwd:g} dB, input and weight gradients {wgrad:g} dB, the SQNR torchao's own Float8Linear "
               "test holds each layer's output and weight gradient to against the high-precision Linear (pytorch/ao "
@@ -125,10 +171,18 @@ def sections(df: pd.DataFrame) -> list[Section]:
     if table.empty:
         return []
     low = below_floor(layer_frame(df))
-    out = [("FP8 numerics per layer", "every module that runs in FP8, against the same module in BF16 on the same "
-            "input and upstream gradient (one held batch, after the timed steps); SQNR in dB (higher: closer); "
-            "cast shares: elements flushed to zero / saturated under the recipe's scales, worst module; outliers: "
-            "the FP8 modules' inputs at the last sample; " + FLOOR_NOTE, table)]
+    note = ("every module that runs in FP8, against the same module in BF16 on the same input and upstream gradient "
+            "(one held batch, after the timed steps); SQNR in dB (higher: closer; -inf: the FP8 output or "
+            "gradient held a NaN or inf); cast shares: elements flushed to zero / saturated under the recipe's "
+            "scales, worst module; outliers: the FP8 modules' inputs at the last sample; modules read: of the FP8 "
+            "modules the model runs, the fewest any sample read")
+    if some := partial(df):
+        note += ("; not every FP8 module was read in " + ", ".join(some) + ": their figures are of the modules read "
+                 "only (a module is left out where it saw no forward or gradient on the held batch, or ran twice "
+                 "in one forward)")
+    if "backend" in df and (df.loc[df["sqnr_fwd_min_db"].notna(), "backend"] == "te").any():
+        note += "; " + TE_FUSED_NOTE
+    out = [("FP8 numerics per layer", note + "; " + FLOOR_NOTE, table)]
     note = (f"{len(low)} layer(s) read under their floor in at least one sample" if not low.empty else
             "no layer read under its floor in any sample")
     out.append(("FP8 layers below the SQNR floor", note + "; " + FLOOR_NOTE, low))

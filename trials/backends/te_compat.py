@@ -14,7 +14,7 @@ import inspect
 import logging
 import os
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..runtime.environ import environ
 
@@ -190,39 +190,65 @@ def own_extra_state() -> Any:
         yield
 
 
+class Fp8MetaSaved:
+    """Every TE module's delayed-scaling state as it was when taken: TE's ``get_fp8_meta_tensors()`` per module
+    (clones: ``{"scaling_fwd": [scale, amax_history], "scaling_bwd": [...]}``, None for a module with no FP8
+    state yet), to put back (:meth:`restore`) and to read the scales from (:meth:`scale`)."""
+
+    def __init__(self, model: Any):
+        from transformer_engine.pytorch.module.base import TransformerEngineBaseModule
+
+        # TE's modules, as its graph.py selects them (te.TransformerLayer is a plain nn.Module holding them)
+        self.tensors = {m: m.get_fp8_meta_tensors() for m in model.modules()
+                        if isinstance(m, TransformerEngineBaseModule)}
+
+    def restore(self) -> None:
+        """Copy the saved scales and histories back in place (``reset_fp8_meta_tensors``: ``copy_``, so the
+        quantizers, TE's global amax-reduction buffers and any captured CUDA graph, which hold views of these very
+        tensors, see them); a module that had no state is reset to TE's initial one (scale 1, zero history)."""
+        for module, tensors in self.tensors.items():
+            module.reset_fp8_meta_tensors(tensors)
+
+    def scale(self, module: Any, key: str, index: int) -> Any:
+        """The saved ``fp8_meta[key].scale[index]`` of ``module`` (key: scaling_fwd or scaling_bwd), None where it
+        had no state when taken or is no module this snapshot holds."""
+        tensors = self.tensors.get(module)
+        return None if tensors is None else tensors[key][0][index]
+
+
 @contextlib.contextmanager
-def fp8_meta_kept(model: Any, recipe_obj: Any) -> Any:
-    """Run a forward pass that leaves TE's delayed-scaling state exactly as it found it.
+def fp8_meta_kept(model: Any, recipe_obj: Any) -> Iterator[Fp8MetaSaved | None]:
+    """Run a forward pass that leaves TE's delayed-scaling state exactly as it found it; yields the
+    :class:`Fp8MetaSaved` it restores at exit (None for recipes without that state), for a read that needs
+    training's scales in the middle too (trials/backends/te_numerics.py).
 
     Under delayed scaling every FP8 forward max-accumulates its tensors' amaxes into row 0 of each module's
     ``fp8_meta['scaling_fwd'].amax_history``; TE folds that row into the history and a new ``scale`` when the
     outermost autocast of a training step exits (TE 2.20: ``FP8GlobalStateManager.autocast_exit``, with grad
     enabled). A no-grad read's amaxes would wait in row 0 for the next training step to fold in with its own, so
-    they would change the scales, the FP8 casts and the losses of every step after it. TE's own CUDA-graph capture faces the same problem
+    they would change the scales, the FP8 casts and the losses of every step after it. A read with a backward
+    changes more: the backward of the first FP8 module of an autocast folds every registered module's gradient
+    amaxes into ``scaling_bwd`` and sets new backward scales (``reduce_and_update_fp8_tensors(forward=False)``
+    in TE's Linear, LayerNormLinear and LayerNormMLP backward), whether or not the autocast was ``_graph``.
+    TE's own CUDA-graph capture faces the same problem
     with its warm-up passes and solves it this way (``transformer_engine.pytorch.graph.save_fp8_tensors`` /
     ``restore_fp8_tensors``): each module's ``get_fp8_meta_tensors()`` (clones of scale and amax_history for
-    the forward and backward sets) before, ``reset_fp8_meta_tensors(saved)`` after, which copies them back in
-    place (``copy_``), so the quantizers, TE's global amax-reduction buffers and any captured CUDA graph, which
-    all hold views of those very tensors, see the old values. A module with no state before the read (a model
-    that never ran in FP8) is reset to TE's initial state (scale 1, zero history), as TE's restore does.
+    the forward and backward sets) before, ``reset_fp8_meta_tensors(saved)`` after (:class:`Fp8MetaSaved`).
     Nothing else the read touches persists: under :func:`read_autocast` it registers no module in TE's global
-    amax buffers and reduces nothing, no weight is cached without ``is_first_microbatch``, quantizer usage flags
-    are set again by every forward, and dropout is off.
+    amax buffers and reduces nothing at the autocast's exit, no weight is cached without
+    ``is_first_microbatch``, quantizer usage flags are set again by every forward, and dropout is off.
     Recipes without delayed scaling (current, block, MXFP8, NVFP4) keep no such state: nothing to restore.
     """
     from transformer_engine.common.recipe import DelayedScaling
-    from transformer_engine.pytorch.module.base import TransformerEngineBaseModule
 
     if not isinstance(recipe_obj, DelayedScaling):
-        yield
+        yield None
         return
-    # TE's modules, as its graph.py selects them (te.TransformerLayer is a plain nn.Module holding them)
-    saved = [(m, m.get_fp8_meta_tensors()) for m in model.modules() if isinstance(m, TransformerEngineBaseModule)]
+    saved = Fp8MetaSaved(model)
     try:
-        yield
+        yield saved
     finally:
-        for module, tensors in saved:
-            module.reset_fp8_meta_tensors(tensors)
+        saved.restore()
 
 
 def make_graphed_callables(te: ModuleType, module: Callable, sample_args: tuple, recipe_obj: Any) -> Callable:

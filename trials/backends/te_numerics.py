@@ -4,17 +4,30 @@ called outside ``te.autocast`` (its BF16 GEMMs, the same weights); the FP8 side 
 (``step.recipe``) through ``te_compat.read_autocast`` inside ``te_compat.fp8_meta_kept``, so delayed scaling's
 amax histories and scales are as training left them after the read (as the teacher-forced read does).
 
-Cast health reads each module's first GEMM: its input (for the LayerNorm* modules, the normalized input,
-computed from the module's own norm weights), its weight (LayerNormMLP: fc1's) and the module's output gradient,
-under the scale the recipe used: delayed scaling's ``fp8_meta`` scales (the amax history's, as of the last
-training step), current scaling's per-tensor ``max / amax``. Block, MXFP8 and NVFP4 scale per block: not read.
-Not run on this repository's CPU CI (TE needs a GPU): tests/test_gpu.py.
+Delayed scaling: training's scales, throughout. The read's whole-model backward, and each module's FP8 pass,
+end in TE's backward reduce-and-update (the first FP8 module's backward of an autocast rolls every registered
+module's gradient amaxes into ``scaling_bwd`` and sets new scales; ``_graph`` only skips the forward's update),
+which would put the held gradient's own amax into the scale it is then judged and cast with (every delayed
+record read cast_saturation_grad 0.0 so) and let each pass run under the scales the passes before it left.
+``read_context`` keeps the snapshot ``fp8_meta_kept`` takes as the read starts; ``fp8_context`` puts it back
+before every FP8 pass, and ``casts`` judges by it: the scales the last training step left, those the next one
+would cast with.
+
+Cast health reads each module's operands (:data:`SLOTS` says which scale each is cast with): its first GEMM's
+input (for the LayerNorm* modules, the normalized input, computed from the module's own norm weights), every
+GEMM weight (split QKV's query, key and value weights, cast as one tensor; LayerNormMLP's fc1 and fc2 weights,
+each under its own scale) and the module's output gradient (LayerNormMLP: fc2's), under the scale the recipe
+casts it with: delayed scaling's saved ``fp8_meta`` scales, current scaling's per-tensor ``max / amax``.
+LayerNormMLP's fc2 input (the activation product) is no module's input: not read. Block, MXFP8 and NVFP4 scale
+per block: not read. Not run on this repository's CPU CI (TE needs a GPU): tests/test_gpu_fp8_layers.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+import contextvars
+from dataclasses import dataclass
+from typing import Any, Iterator
 
 import torch
 import torch.nn as nn
@@ -22,7 +35,31 @@ import torch.nn.functional as F
 
 from . import te_compat
 
-FWD_INPUT, FWD_WEIGHT, BWD_GRAD_OUTPUT = 0, 1, 0  # TE's FP8FwdTensors.GEMM1_INPUT/GEMM1_WEIGHT, FP8BwdTensors.GRAD_OUTPUT1
+# TE's FP8 scale slots (transformer_engine/pytorch/csrc/common.h: FP8FwdTensors, FP8BwdTensors)
+GEMM1_INPUT, GEMM1_WEIGHT, GEMM2_WEIGHT = 0, 1, 4
+GRAD_OUTPUT1, GRAD_OUTPUT2 = 0, 2
+
+
+@dataclass(frozen=True)
+class Slots:
+    """Which scale slot each operand of a module kind is cast with: its input's and its output gradient's, and
+    per GEMM weight (a parameter name, or None: every GEMM weight of the module as one tensor) the weight's."""
+
+    weights: tuple[tuple[str | None, int], ...]
+    grad: int
+    act: int = GEMM1_INPUT
+
+
+# per TE module class name (TE is imported lazily). Linear and LayerNormLinear quantize their (possibly split:
+# query, key, value) weight as one tensor. LayerNormMLP quantizes the gradient of its output, fc2's grad output,
+# with GRAD_OUTPUT2 and fc1's with GRAD_OUTPUT1 (layernorm_mlp.py ``_get_quantizers``): the module's output
+# gradient is slot 2, not 0 (slot 0 is fc1's, a tensor the read never has)
+SLOTS = {"Linear": Slots(((None, GEMM1_WEIGHT),), GRAD_OUTPUT1),
+         "LayerNormLinear": Slots(((None, GEMM1_WEIGHT),), GRAD_OUTPUT1),
+         "LayerNormMLP": Slots((("fc1_weight", GEMM1_WEIGHT), ("fc2_weight", GEMM2_WEIGHT)), GRAD_OUTPUT2)}
+
+# the delayed-scaling snapshot of the read under way (read_context), None outside one or for other recipes
+_SAVED: contextvars.ContextVar[te_compat.Fp8MetaSaved | None] = contextvars.ContextVar("te_read_saved", default=None)
 
 
 def _gemm_modules() -> tuple[type, ...]:
@@ -36,12 +73,27 @@ def fp8_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(name, m) for name, m in model.named_modules() if isinstance(m, kinds)]
 
 
-def read_context(step: Any) -> contextlib.AbstractContextManager:
-    return te_compat.fp8_meta_kept(step.model, step.recipe)
+@contextlib.contextmanager
+def read_context(step: Any) -> Iterator[None]:
+    """TE's scaling state kept (``te_compat.fp8_meta_kept``) and its snapshot held for ``fp8_context`` and
+    ``casts`` (the module docstring)."""
+    with te_compat.fp8_meta_kept(step.model, step.recipe) as saved:
+        token = _SAVED.set(saved)
+        try:
+            yield
+        finally:
+            _SAVED.reset(token)
 
 
-def fp8_context(step: Any) -> contextlib.AbstractContextManager:
-    return te_compat.read_autocast(step.te, step.recipe)
+@contextlib.contextmanager
+def fp8_context(step: Any) -> Iterator[None]:
+    """TE's FP8 autocast for a read (``te_compat.read_autocast``), started from training's delayed-scaling state:
+    inside ``read_context`` the snapshot is put back first, undoing what an earlier pass's backward updated."""
+    saved = _SAVED.get()
+    if saved is not None:
+        saved.restore()
+    with te_compat.read_autocast(step.te, step.recipe):
+        yield
 
 
 def run(module: nn.Module, x: torch.Tensor, fp8: bool) -> torch.Tensor:
@@ -53,6 +105,10 @@ def run(module: nn.Module, x: torch.Tensor, fp8: bool) -> torch.Tensor:
 def weights(module: nn.Module) -> list[torch.Tensor]:
     """The GEMM weights (every parameter of two or more dims: fc1 and fc2, split QKV weights)."""
     return [p for p in module.parameters() if p.dim() >= 2]
+
+
+def _slots(module: nn.Module) -> Slots:
+    return next(SLOTS[c.__name__] for c in type(module).__mro__ if c.__name__ in SLOTS)
 
 
 def _gemm_input(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -68,23 +124,43 @@ def _gemm_input(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return F.layer_norm(x.float(), shape, gamma, None if beta is None else beta.float(), module.eps)
 
 
+def _scale(module: nn.Module, key: str, index: int) -> torch.Tensor:
+    """Delayed scaling's scale for slot ``index`` of ``key``: the read's snapshot (training's), or the module's
+    own where no read holds one."""
+    saved = _SAVED.get()
+    scale = saved.scale(module, key, index) if saved is not None else None
+    return module.fp8_meta[key].scale[index] if scale is None else scale
+
+
+def _scaled(t: torch.Tensor, dtype: torch.dtype, delayed: bool, key: str, index: int, module: nn.Module
+            ) -> torch.Tensor:
+    """``t`` times the scale the recipe casts it with, as a flat fp32 tensor: delayed scaling's slot, current
+    scaling's ``max / amax`` of ``t`` itself."""
+    t = t.detach().float().flatten()
+    scale = (_scale(module, key, index).float() if delayed
+             else torch.finfo(dtype).max / t.abs().amax().clamp_min(1e-12))
+    return t * scale
+
+
 def casts(module: nn.Module, x: torch.Tensor, dy: torch.Tensor, step: Any
           ) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.dtype]]:
+    """Operand class -> (tensor, scale, FP8 dtype) as ``fp8_layers.cast_health`` takes them. Each operand comes
+    already multiplied by its own scale, with scale 1: a module's GEMM weights (LayerNormMLP's two) are one
+    operand class under scales of their own, and ``x * scale`` is what the cast sees either way."""
     from transformer_engine.common.recipe import DelayedScaling, Float8CurrentScaling, Format
 
     recipe = step.recipe
     if not isinstance(recipe, (DelayedScaling, Float8CurrentScaling)):
         return {}
+    delayed = isinstance(recipe, DelayedScaling)
     fwd = torch.float8_e4m3fn
     bwd = torch.float8_e4m3fn if recipe.fp8_format == Format.E4M3 else torch.float8_e5m2
-    operands = {"act": (_gemm_input(module, x).detach(), fwd, ("scaling_fwd", FWD_INPUT)),
-                "weight": (weights(module)[0].detach(), fwd, ("scaling_fwd", FWD_WEIGHT)),
-                "grad": (dy.detach(), bwd, ("scaling_bwd", BWD_GRAD_OUTPUT))}
-    out = {}
-    for cls, (t, dtype, (key, index)) in operands.items():
-        if isinstance(recipe, DelayedScaling):
-            scale = module.fp8_meta[key].scale[index]
-        else:  # current scaling: this tensor's own amax
-            scale = torch.finfo(dtype).max / t.abs().amax().float().clamp_min(1e-12)
-        out[cls] = (t, scale, dtype)
-    return out
+    slots = _slots(module)
+    params = dict(module.named_parameters())
+    weight = torch.cat([_scaled(torch.cat([w.detach().float().flatten() for w in
+                                           (weights(module) if name is None else [params[name]])]),
+                                fwd, delayed, "scaling_fwd", index, module) for name, index in slots.weights])
+    one = torch.ones((), device=x.device)
+    return {"act": (_scaled(_gemm_input(module, x), fwd, delayed, "scaling_fwd", slots.act, module), one, fwd),
+            "weight": (weight, one, fwd),
+            "grad": (_scaled(dy, bwd, delayed, "scaling_bwd", slots.grad, module), one, bwd)}

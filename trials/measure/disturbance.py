@@ -6,8 +6,9 @@ said so. :func:`watch` brackets the timed steps and reads, over that window:
 
 - the host (Linux /proc): how long this process's threads waited on a run queue for a CPU against how long they
   ran (``/proc/self/task/*/schedstat``: the scheduler's own account, ns), the CPU time other processes used as a
-  share of the host's core-seconds (``/proc/stat``'s busy jiffies less this process tree's ``utime + stime``) and
-  the 1-minute load average at the window's end;
+  share of the host's core-seconds (``/proc/stat``'s busy jiffies less the trial's own: ``utime + stime`` of this
+  process tree and of the trial's other ranks on this host with theirs, :func:`rank_pids`) and the 1-minute load
+  average at the window's end;
 - the GPU (NVML, the check optimum-benchmark makes): the other compute processes on the trial's device at the
   window's start and end, with the memory each held (this process tree's own are not listed). Where NVML lists
   no compute process at all it cannot see them (the trial's own process holds a CUDA context, so it is one:
@@ -28,6 +29,7 @@ import contextlib
 import json
 import logging
 import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -83,8 +85,9 @@ def _stat_fields(pid: int | str) -> list[str]:
     return text[text.rindex(")") + 2:].split()
 
 
-def _tree(root: int) -> frozenset[int]:
-    """``root`` and every live descendant (compile workers, a launcher's children), from each process's ppid."""
+def _tree(*roots: int) -> frozenset[int]:
+    """Each of ``roots`` and every live descendant (compile workers, a launcher's children), from each process's
+    ppid."""
     children: dict[int, list[int]] = {}
     for entry in PROC.iterdir():
         if entry.name.isdigit():
@@ -92,7 +95,7 @@ def _tree(root: int) -> frozenset[int]:
                 children.setdefault(int(_stat_fields(entry.name)[1]), []).append(int(entry.name))
             except (OSError, ValueError, IndexError):  # a process that ended while we looked
                 continue
-    out, todo = set(), [root]
+    out, todo = set(), list(roots)
     while todo:
         pid = todo.pop()
         out.add(pid)
@@ -100,19 +103,38 @@ def _tree(root: int) -> frozenset[int]:
     return frozenset(out)
 
 
-def _tree_jiffies(pids: frozenset[int], root: int) -> int:
+def _tree_jiffies(pids: frozenset[int], roots: frozenset[int]) -> int:
     total = 0
     for pid in pids:
         try:
             f = _stat_fields(pid)  # utime, stime at 14, 15 (1-based), cutime, cstime at 16, 17
         except (OSError, ValueError):
             continue
-        total += int(f[11]) + int(f[12]) + (int(f[13]) + int(f[14]) if pid == root else 0)
+        total += int(f[11]) + int(f[12]) + (int(f[13]) + int(f[14]) if pid in roots else 0)
     return total
 
 
-def host_sample() -> HostSample | None:
-    """The counters now, or None where /proc does not have them (not Linux, no schedstats)."""
+def rank_pids() -> frozenset[int]:
+    """The pids of this trial's other ranks on this host (torchrun's or Ray Train's rank processes), gathered over
+    the trial's process group: their CPU time is the trial's own, not another job's. Empty for a one-process
+    trial (no process group, or a group of one). A collective: every rank calls it at the same point (the timed
+    steps' start, which every rank reaches). A rank is taken for this host's by its host name; ranks on one host
+    in PID namespaces of their own (one container each) would name pids this process cannot see."""
+    import torch.distributed as dist
+
+    from ..parallel.ranks import Ranks, gathered  # torch: imported when a trial runs, not with this module
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return frozenset()
+    here, me = socket.gethostname(), os.getpid()
+    ranks = gathered((here, me), Ranks(dist.get_rank(), dist.get_world_size()))
+    return frozenset(pid for host, pid in ranks if host == here and pid != me)
+
+
+def host_sample(siblings: frozenset[int] = frozenset()) -> HostSample | None:
+    """The counters now, or None where /proc does not have them (not Linux, no schedstats). ``siblings``: the
+    trial's other rank processes on this host (:func:`rank_pids`), counted with their descendants as the trial's
+    own, as this process's tree is."""
     try:
         run, wait = {}, {}
         for task in (PROC / "self" / "task").iterdir():
@@ -126,9 +148,9 @@ def host_sample() -> HostSample | None:
         cpus = sum(1 for line in lines[1:] if line.startswith("cpu") and line[3:4].isdigit())
         user, nice, system, idle, iowait, irq, softirq, steal = cpu
         busy = user + nice + system + irq + softirq + steal
-        me = os.getpid()
-        pids = _tree(me)
-        return HostSample(run, wait, busy, busy + idle + iowait, _tree_jiffies(pids, me), pids, max(cpus, 1))
+        roots = frozenset({os.getpid()}) | siblings
+        pids = _tree(*roots)
+        return HostSample(run, wait, busy, busy + idle + iowait, _tree_jiffies(pids, roots), pids, max(cpus, 1))
     except (OSError, ValueError, IndexError) as exc:
         log.debug("host counters unavailable: %s", exc)
         return None
@@ -210,11 +232,12 @@ def watch(device: str) -> Iterator[Disturbance]:
     """Bracket the timed steps; the yielded :class:`Disturbance` is filled in when the block ends.
     The readings are taken outside the block (a few ms of /proc and NVML): nothing is read while it runs."""
     out = Disturbance()
-    start = host_sample()
+    siblings = rank_pids()  # before the first reading: a collective, it waits for the slowest rank
+    start = host_sample(siblings)
     gpu_start = gpu_processes() if device == "cuda" else None
     us = _us(gpu_start, start) if gpu_start is not None else None  # this process's NVML pid, decided once
     yield out
-    end = host_sample()
+    end = host_sample(siblings)
     if start is not None and end is not None:
         out.wait_share, out.foreign_cpu_share = compare(start, end)
     out.load_1m = _load_1m()

@@ -5,8 +5,9 @@ figure means and where its floor comes from):
 
     per-layer SQNR   after the cell's timed steps, on one held batch, for every module that runs its GEMMs in FP8:
                      the module's FP8 output, input gradient and weight gradient against the same module computed
-                     in BF16 on the same input with the same upstream gradient, SQNR in dB
-                     (10 log10(sum ref^2 / sum (ref - x)^2), torchao's ``compute_error``)
+                     in BF16 on the same input with the same upstream gradient (the held loss taken over a
+                     training step's token count: :func:`read_layers`), SQNR in dB
+                     (10 log10(sum ref^2 / sum (ref - x)^2), torchao's ``compute_error``; a NaN read as -inf)
     cast health      per operand class (act: the GEMM's input, weight, grad: the output gradient): the share of
                      elements the recipe's scale flushes to zero (nonzero, cast to FP8 zero) and the share it
                      saturates (|x * scale| beyond the format's maximum by more than half a unit in the last
@@ -156,12 +157,31 @@ def fp8_modules(seam: ModuleType, model: nn.Module) -> list[tuple[str, nn.Module
     return [(".".join(p for p in name.split(".") if p not in WRAPPERS), m) for name, m in seam.fp8_modules(model)]
 
 
-def read_layers(step: Any, seam: ModuleType, held: tuple[torch.Tensor, torch.Tensor], device: str
-                ) -> list[LayerRead]:
+class LayerReads(list):
+    """:func:`read_layers`'s answer: the :class:`LayerRead` of every FP8 module read, in model order (a list, as
+    callers take it), and ``total``, how many FP8 modules the model runs: fewer read than run is a partial read
+    the record says (``fp8_layers_read`` of ``fp8_layers_total``), never a full one."""
+
+    def __init__(self, reads: list[LayerRead] = (), total: int | None = None):
+        super().__init__(reads)
+        self.total = total
+
+
+def read_layers(step: Any, seam: ModuleType, held: tuple[torch.Tensor, torch.Tensor], device: str,
+                train_tokens: int | None = None) -> LayerReads:
     """Every FP8 module of ``step.model``, read on the held batch (the module docstring). One forward and
     backward of the whole model in FP8 gives each module's input and upstream gradient (the cross-entropy's on
     the held targets); each module is then run alone on them, in FP8 and in BF16. Parameters' gradients are
-    left as they were found (cleared: a training step leaves none)."""
+    left as they were found (cleared: a training step leaves none).
+
+    ``train_tokens``: the tokens a training step's loss averages over (batch_size * seq_len). The held loss is
+    summed and divided by that count, so each held gradient element is the size training's were: the held
+    batch is one row, and its mean loss would make every gradient batch_size times larger than those the
+    recipe's scales were made from. SQNR does not see the factor (both sides get the same dy, and it is a
+    ratio), nor does a recipe that scales each tensor by its own amax (torchao, TE current scaling); only
+    delayed scaling's does, whose backward scales come from training's gradients: its FP8 backward passes and
+    grad cast health would otherwise read a gradient its history never saw (saturated). None: the held
+    batch's own token count (its mean), as before this argument existed."""
     modules = fp8_modules(seam, step.model)
     seen: dict[str, dict[str, torch.Tensor]] = {name: {} for name, _ in modules}
 
@@ -177,18 +197,26 @@ def read_layers(step: Any, seam: ModuleType, held: tuple[torch.Tensor, torch.Ten
 
     x, y = held
     handles = [m.register_forward_hook(keep(name)) for name, m in modules]
-    reads = []
+    reads = LayerReads(total=len(modules))
     try:
         with quiet(step.model, device), seam.read_context(step):
             with seam.fp8_context(step):
                 logits = step.model(x)
-            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))
-            loss.backward()
-            for p in step.model.parameters():
-                p.grad = None
+            # the hooks go before the backward: activation checkpointing's recompute runs the units' forwards
+            # again inside it, and a hook still there took each recomputed module for one called twice (a
+            # shared module) and left it out (full-depth hf:llama on torchao, AC full: 32 of 224 FP8 modules
+            # read, the down projections only, whose forwards the recompute stops before). The gradient hooks
+            # stay: they sit on the first forward's outputs, which the backward reaches whether or not it
+            # recomputes what lies between
             for h in handles:
                 h.remove()
             handles = []
+            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))
+            if train_tokens:  # the held mean as a sum over training's token count
+                loss = loss * (y.numel() / train_tokens)
+            loss.backward()
+            for p in step.model.parameters():
+                p.grad = None
             for name, module in modules:
                 got = seen[name]
                 if "x" not in got or "dy" not in got or "reused" in got:
@@ -206,6 +234,9 @@ def read_layers(step: Any, seam: ModuleType, held: tuple[torch.Tensor, torch.Ten
             h.remove()
         for p in step.model.parameters():
             p.grad = None
+    if len(reads) < len(modules):
+        log.warning("fp8 layer read: %d of %d FP8 modules read (fp8_layers_read, fp8_layers_total)", len(reads),
+                    len(modules))
     return reads
 
 
@@ -234,13 +265,19 @@ class OutlierSampler:
     def __call__(self, i: int) -> None:
         if self.failed or ((i + 1) % self.every and i != self.last):
             return
+        self._sync()  # the training step's kernels still queued are the step's time, not the sample's
         t = time.perf_counter()
         try:
             self._sample(i)
+            self._sync()  # and the sample's own still queued (its forward past the last hook) are the sample's
         except Exception as exc:  # noqa: BLE001 - training goes on without the samples
             log.warning("outlier sample after step %d failed, no more taken: %s: %s", i, type(exc).__name__, exc)
             self.failed = True
         self.trend.seconds += time.perf_counter() - t
+
+    def _sync(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
 
     def _sample(self, i: int) -> None:
         modules = fp8_modules(self.seam, self.step.model)
@@ -269,13 +306,24 @@ def _finite(values: list[tuple[str, float]]) -> list[tuple[str, float]]:
     return [(n, v) for n, v in values if not math.isnan(v)]
 
 
+def broken_is_worst(db: float) -> float:
+    """A NaN SQNR as -inf, the worst: NaN is what a layer whose FP8 output (or gradient) holds a NaN reads, and
+    min() and a floor's ``<`` pass over it, so the summary read the good layers only. (+inf stays: a module
+    FP8 leaves exact.) The report applies the same rule to records written before it
+    (orchestrator/report/numerics.py)."""
+    return -math.inf if math.isnan(db) else db
+
+
 def record_fields(reads: list[LayerRead], trend: OutlierTrend | None) -> dict[str, Any]:
-    """The record's fields (trials/record/fields.py) from the reads: min, median and worst module per direction,
-    worst share and module per operand class, the last outlier sample's largest values, and every per-layer
-    value as JSON (``fp8_layers``) for the report."""
-    out: dict[str, Any] = {}
+    """The record's fields (trials/record/fields.py) from the reads: min, median and worst module per direction
+    (a NaN SQNR counted as -inf: :func:`broken_is_worst`), worst share and module per operand class, the last
+    outlier sample's largest values, how many FP8 modules were read of how many run (``reads.total``, where
+    ``reads`` is :func:`read_layers`'s), and every per-layer value as JSON (``fp8_layers``) for the report."""
+    total = getattr(reads, "total", None)
+    out: dict[str, Any] = {"fp8_layers_read": len(reads), "fp8_layers_total": total}
+    sqnr = {d: [broken_is_worst(r.sqnr[d]) for r in reads] for d in DIRECTIONS}
     for d in DIRECTIONS:
-        values = _finite([(r.name, r.sqnr[d]) for r in reads])
+        values = list(zip((r.name for r in reads), sqnr[d]))
         if values:
             worst = min(values, key=lambda nv: nv[1])
             out.update({f"sqnr_{d}_min_db": worst[1], f"sqnr_{d}_median_db": statistics.median(v for _, v in values),
@@ -297,10 +345,11 @@ def record_fields(reads: list[LayerRead], trend: OutlierTrend | None) -> dict[st
             out["outlier_kurtosis_max"] = max(v for _, v in kurt)
     layers = {"floors_db": SQNR_FLOOR_DB,
               "modules": [r.name for r in reads],
-              "sqnr": {d: [r.sqnr[d] for r in reads] for d in DIRECTIONS},
+              "sqnr": sqnr,
               "cast": {cls: {kind: [asdict(r.cast[cls])[kind] if cls in r.cast else None for r in reads]
                              for kind in ("underflow", "saturation")} for cls in OPERANDS}}
     if trend is not None:
         layers["outliers"] = {"steps": trend.steps, "ratio": trend.ratio, "kurtosis": trend.kurtosis}
-    out["fp8_layers"] = json.dumps(layers)  # inf (a module FP8 leaves exact) is written as Infinity, read back
+    # inf (a module FP8 leaves exact) is written as Infinity, -inf (a broken one) as -Infinity, both read back
+    out["fp8_layers"] = json.dumps(layers)
     return out

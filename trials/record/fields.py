@@ -198,8 +198,8 @@ FIELDS: list[Field] = [
     _f("timing_wait_share", "float", "Over the timed steps: the share of the time the trial process's threads "
        "wanted a CPU that they waited for one on a run queue (Linux schedstat; 0: never waited)."),
     _f("timing_foreign_cpu_share", "float", "Over the timed steps: other processes' CPU time as a share of the "
-       "host's core-seconds (/proc/stat's busy time less the trial process tree's; null under 0.2 core-seconds, where "
-       "10 ms jiffies are too coarse)."),
+       "host's core-seconds (/proc/stat's busy time less the trial's own: its process tree's and, multi-rank, its "
+       "other ranks' on this host with theirs; null under 0.2 core-seconds, where 10 ms jiffies are too coarse)."),
     _f("timing_load_1m", "float", "The host's 1-minute load average at the end of the timed steps."),
     _f("timing_foreign_gpu_processes", "str", "GPU trials: JSON list of the other compute processes (pid, "
        "used_bytes) NVML saw on the trial's GPU at the start or end of the timed steps ([]: none; null: a CPU "
@@ -316,15 +316,16 @@ FIELDS: list[Field] = [
        "cell in the same trial process trained the same partner (same model, seed and schedule; delayed and current "
        "scaling share one) and its read was taken (trials/teacher_forced.Partners)."),
     # -- per-layer FP8 numerics (trials/measure/fp8_layers.py, docs/guide/numerics.md): fp8 training cells with fp8_reads
-    *[_f(f"sqnr_{d}_{stat}", typ, f"fp8 train: {what} of every FP8 module against the same module in BF16 on the same "
-         f"input and upstream gradient (one held batch, after the timed steps): {sdoc}.")
+    *[_f(f"sqnr_{d}_{stat}", typ, f"fp8 train: {what} of every FP8 module read (fp8_layers_read) against the same "
+         f"module in BF16 on the same input and upstream gradient (one held batch, after the timed steps): {sdoc}.")
       for d, what in (("fwd", "SQNR of the output"), ("dgrad", "SQNR of the input gradient"),
                       ("wgrad", "SQNR of the weight gradient"))
-      for stat, typ, sdoc in (("min_db", "float", "the lowest over modules, dB"),
+      for stat, typ, sdoc in (("min_db", "float", "the lowest over modules, dB (-inf: a module whose FP8 result "
+                                           "held a NaN or inf)"),
                               ("median_db", "float", "the median over modules, dB"),
                               ("worst", "str", "the module with the lowest"))],
-    *[_f(f"cast_{kind}_{cls}{tail}", typ, f"fp8 train: {cdoc}, cast to FP8 under the scale the recipe used: {kdoc}"
-         f"{tdoc}.")
+    *[_f(f"cast_{kind}_{cls}{tail}", typ, f"fp8 train: {cdoc}, cast to FP8 under the scale the recipe casts them with "
+         f"(TE delayed scaling: the scales the last training step left): {kdoc}{tdoc}.")
       for cls, cdoc in (("act", "GEMM inputs (activations)"), ("weight", "GEMM weights"),
                         ("grad", "output gradients"))
       for kind, kdoc in (("underflow", "the largest share, over FP8 modules, of elements flushed to zero "
@@ -339,6 +340,11 @@ FIELDS: list[Field] = [
        "the FP8 modules' inputs at the last outlier sample."),
     _f("fp8_layers", "str", "fp8 train: JSON of every per-layer value: modules, sqnr per direction, cast shares per "
        "operand class, outlier samples (steps, ratio and kurtosis per module), the SQNR floors; the report draws it."),
+    _f("fp8_layers_read", "int", "fp8 train: the FP8 modules the per-layer read read (sqnr_*, cast_* and fp8_layers "
+       "are of these only); under fp8_layers_total where a module saw no forward or no gradient on the held batch, "
+       "or ran twice in one forward (a shared module); 0 where the read failed."),
+    _f("fp8_layers_total", "int", "fp8 train: the FP8 modules the model runs (the stack's numerics seam finds them), "
+       "of which fp8_layers_read were read."),
     _f("fp8_layers_s", "float", "fp8 train: the per-layer SQNR and cast-health read, after the timed steps, s."),
     _f("outliers_s", "float", "fp8 train: the outlier samples between training steps, s (inside train_s, never inside "
        "the timed steps)."),
