@@ -12,7 +12,11 @@ who took it and a heartbeat the driver rewrites every :data:`HEARTBEAT_S`. A loc
 than :data:`LEASE_S` belongs to a driver that is gone and is taken over. Two drivers starting at once both
 write it; each reads it back after :data:`SETTLE_S` and only the one whose write is there runs (S3 reads are
 strongly consistent after a write: a driver that checked before the other wrote, and wrote within the settle
-time, overwrote it, and the first sees that; one that checks after sees a live lock and stops).
+time, overwrote it, and the first sees that; one that checks after sees a live lock and stops). A driver that
+could not refresh its lock for longer than :data:`LEASE_S` (a write outage) may find it taken over when the store
+answers again: each heartbeat reads the lock back first, and one that is no longer this driver's is never
+rewritten; the :class:`Lease` says so, the runner stops its trials and the sweep ends in one line
+(:class:`SweepLocked`), leaving the lock to its new holder.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import threading
 import time
 import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -42,6 +47,18 @@ class SweepLocked(RuntimeError):
     """Another driver runs this sweep now."""
 
 
+@dataclass
+class Lease:
+    """The sweep lock as its holder sees it while it runs: ``lost`` says why it is this driver's no more (another
+    driver took an object-store lock over), None while it holds. A local flock is never lost."""
+    lost: str | None = None
+
+    def check(self) -> None:
+        """Raise :class:`SweepLocked` (its one line) once the lock is lost."""
+        if self.lost:
+            raise SweepLocked(self.lost)
+
+
 def lock_path(store: Store) -> str:
     """``<storage>/.<sweep>.lock``: beside the sweep directory, in the store's filesystem (local or an object)."""
     parent, _, name = store.root.rpartition("/")
@@ -55,10 +72,10 @@ def _in_use(store: Store, holder: dict) -> SweepLocked:
 
 
 @contextmanager
-def sweep_lock(store: Store) -> Iterator[None]:
+def sweep_lock(store: Store) -> Iterator[Lease]:
     if not store.local:
-        with _object_lock(store):
-            yield
+        with _object_lock(store) as lease:
+            yield lease
         return
     path = Path(lock_path(store))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -77,7 +94,7 @@ def sweep_lock(store: Store) -> Iterator[None]:
         os.pwrite(fd, me.encode(), 0)
         os.fsync(fd)
         try:
-            yield
+            yield Lease()
         finally:
             os.ftruncate(fd, 0)  # an empty lock file is a clean release, not a stale lock
     finally:
@@ -93,11 +110,41 @@ def _holder(fd: int) -> dict:
 
 
 def _read_object(store: Store, path: str) -> dict:
-    data = store.read_at(path) or ""
+    try:
+        return _holder_now(store, path)
+    except OSError:
+        return {}
+
+
+def _holder_now(store: Store, path: str) -> dict:
+    """The lock object's holder, {} where there is none; raises OSError where the store cannot answer (an outage
+    is no answer: the next heartbeat asks again)."""
+    try:
+        with store.fs.open_input_stream(path) as fh:
+            data = fh.read().decode()
+    except FileNotFoundError:
+        return {}
     try:
         return json.loads(data) if data.strip() else {}
     except ValueError:
         return {}
+
+
+def _ours(store: Store, path: str, token: str, lease: Lease) -> bool:
+    """Whether the lock object is still this driver's (``token``); where not, ``lease`` says why, logged once.
+    Raises OSError where the store cannot answer."""
+    holder = _holder_now(store, path)
+    if holder.get("token") == token:
+        return True
+    if holder:
+        who = (f"another driver took it over (host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, "
+               f"started {holder.get('started_at', '?')}), seeing no heartbeat of this one for {LEASE_S:g} s")
+    else:
+        who = "its lock object is gone (deleted, or taken over by another driver that has ended)"
+    lease.lost = (f"sweep lock lost: {store.url()}: {who}; this driver stops here so that two drivers do not run "
+                  "the same cells at once")
+    log.error("%s", lease.lost)
+    return False
 
 
 def _write_object(store: Store, path: str, holder: dict) -> None:
@@ -106,7 +153,7 @@ def _write_object(store: Store, path: str, holder: dict) -> None:
 
 
 @contextmanager
-def _object_lock(store: Store) -> Iterator[None]:
+def _object_lock(store: Store) -> Iterator[Lease]:
     """The lock as an object with a heartbeat (the module's doc says why it holds)."""
     path = lock_path(store)
     held = _read_object(store, path)
@@ -122,11 +169,13 @@ def _object_lock(store: Store) -> Iterator[None]:
     now = _read_object(store, path)
     if now.get("token") != me["token"]:
         raise _in_use(store, now)
-    stop = threading.Event()
+    stop, lease = threading.Event(), Lease()
 
     def beat() -> None:
         while not stop.wait(HEARTBEAT_S):
             try:
+                if not _ours(store, path, me["token"], lease):  # never rewrite a lock taken over meanwhile
+                    return
                 _write_object(store, path, me)
             except OSError as exc:  # the next beat tries again; LEASE_S allows several misses
                 log.warning("could not refresh the sweep lock %s: %s", path, exc)
@@ -134,11 +183,13 @@ def _object_lock(store: Store) -> Iterator[None]:
     thread = threading.Thread(target=beat, name="juicytalk-sweep-lock", daemon=True)
     thread.start()
     try:
-        yield
+        yield lease
     finally:
         stop.set()
         thread.join()
-        try:
-            store.fs.delete_file(path)  # a clean release: no lock object left
-        except (FileNotFoundError, OSError):
+        try:  # a clean release, no lock object left: where it is still this driver's
+            if not lease.lost and _ours(store, path, me["token"], lease):
+                store.fs.delete_file(path)
+        except OSError:  # the store does not answer: the lease runs out on its own
             pass
+    lease.check()  # lost while the sweep ended: it still ends in that one line

@@ -30,7 +30,7 @@ from . import embedded_ray
 from .launchers import LAUNCHERS, LaunchSettings, prestart
 from .launchers.base import PACKAGE_ROOT
 from .launchers.ranks import RANKS_DRIVER_CPU
-from .lock import sweep_lock
+from .lock import Lease, sweep_lock
 from .store import StorageFull, Store, utc_stamp
 from .search import Search
 from .sweep import Sweep
@@ -262,31 +262,50 @@ def resources_note(asked: dict[str, float], got: dict[str, float]) -> str | None
             f"(the file asks {fmt(asked)})")
 
 
+def rank_slots(node: dict[str, float], rank_cpu: float, gpu: bool) -> int:
+    """How many ranks of a multi-rank cell one node (its ``ray.nodes()`` resources) holds at once: its CPUs in
+    ``rank_cpu``'s, and on GPU no more than its GPUs (a rank's GPU and CPUs are on one node). A rank asks
+    ``rank_cpu`` less the trial's own sliver (``launchers.ranks.rank_cpu``), so the trial fits beside its ranks."""
+    cpus = int(node.get("CPU", 0) / rank_cpu + 1e-9) if rank_cpu > 0 else sys.maxsize  # 1e-9: 0.3 / 0.1 is 2.99..
+    return min(cpus, int(node.get("GPU", 0))) if gpu else cpus
+
+
 def check_ranks(nodes: list[dict[str, Any]], world_sizes: list[int], resources: dict[str, float]) -> int | None:
     """A multi-rank cell needs world_size ranks' worth of resources at once (``resources`` as
-    :func:`check_resources` returns them: a GPU per rank, else ``rank_cpu`` CPUs); refuse it in one line when
-    the cluster (``ray.nodes()``) can never give them (before any trial starts). Returns how many trials may
-    run at once (None: no limit from ranks): a multi-rank trial holds only a sliver itself and Ray Train asks
-    for its ranks after it started, so two such trials started together could each hold what the other's
-    ranks need."""
+    :func:`check_resources` returns them: a GPU and ``rank_cpu`` CPUs per rank, or ``rank_cpu`` CPUs on CPU,
+    counted per node by :func:`rank_slots`); refuse it in one line when the cluster (``ray.nodes()``) can never
+    give them (before any trial starts). Returns how many trials may run at once (None: no limit from ranks): a
+    multi-rank trial holds only a sliver itself and Ray Train asks for its ranks after it started, so two such
+    trials started together could each hold what the other's ranks need (and a worker group that cannot be placed
+    waits for ever)."""
     widest = max(world_sizes, default=1)
     if widest <= 1:
         return None
     alive = [n["Resources"] for n in nodes if n.get("Alive")]
-    if resources.get("gpu"):
-        kind, unit = "GPU", 1.0
-        have = sum(r.get("GPU", 0) for r in alive)
-        instead = f"a smaller world_size (at most {have:g})"
-    else:
-        kind, unit = "CPU", resources.get("rank_cpu", resources["cpu"])
-        have = sum(r.get("CPU", 0) for r in alive)
-        fit = int(have // widest) if have >= widest else 0
-        instead = (f"resources: {{cpu: {fit:g}}} (each rank's CPUs) or a smaller world_size" if fit else
-                   f"a world_size of at most {int(have):d}")
-    if have < widest * unit:
-        raise SweepInputError(f"world_size: {widest} ranks need {widest * unit:g} {kind}s at once; this cluster has "
-                              f"{have:g} ({unit:g} per rank); write {instead}")
-    return max(1, int(have // (widest * unit)))
+    gpu, unit = bool(resources.get("gpu")), resources.get("rank_cpu", resources["cpu"])
+    slots = sum(rank_slots(r, unit, gpu) for r in alive)
+    if slots < widest:
+        raise SweepInputError(_ranks_refusal(alive, widest, unit, gpu, slots))
+    return max(1, slots // widest)
+
+
+def _ranks_refusal(alive: list[dict[str, float]], widest: int, unit: float, gpu: bool, slots: int) -> str:
+    """The one line :func:`check_ranks` refuses with, and what to write instead."""
+    most_cpu = int(max((r.get("CPU", 0) for r in alive), default=0))
+    fit = next((c for c in range(most_cpu, 0, -1) if sum(rank_slots(r, c, gpu) for r in alive) >= widest), 0)
+    fewer = f"resources: {{cpu: {fit}}} (each rank's CPUs) or a smaller world_size"
+    if gpu:
+        gpus = sum(r.get("GPU", 0) for r in alive)
+        if gpus < widest:
+            return (f"world_size: {widest} ranks need {widest} GPUs at once; this cluster has {gpus:g} (1 per rank); "
+                    f"write a smaller world_size (at most {slots})")
+        return (f"world_size: {widest} ranks need {widest} GPUs with {unit:g} CPUs each at once (a rank's GPU and "
+                f"CPUs on one node); this cluster has room for {slots}; write "
+                + (fewer if fit else f"a smaller world_size (at most {slots})"))
+    cpus = sum(r.get("CPU", 0) for r in alive)
+    spread = f", room for {slots} ranks: a rank's CPUs are on one node" if cpus >= widest * unit else ""
+    return (f"world_size: {widest} ranks need {widest * unit:g} CPUs at once; this cluster has {cpus:g} ({unit:g} "
+            f"per rank{spread}); write " + (fewer if fit else f"a world_size of at most {slots}"))
 
 
 def check_shared_storage(ray: Any, store: Store) -> None:
@@ -334,24 +353,25 @@ def _trial_name(trial: Any) -> str:
     return f"{item.label}-s{item.sample}"
 
 
-def _stop_when_storage_is_full() -> Any:
-    """A Tune stopper: once a trial could not write to the store because it is full, stop every trial."""
+def _stopper(lease: Lease | None = None) -> Any:
+    """A Tune stopper: stop every trial once a trial could not write to the store because it is full, or once this
+    driver lost the sweep lock (``lease``: another driver runs the same cells now)."""
     from ray import tune
 
     from .trainable import STORAGE_FULL
 
-    class StopOnFullStorage(tune.Stopper):
+    class StopSweep(tune.Stopper):
         def __init__(self) -> None:
             self.full = False
 
         def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
             self.full = self.full or bool(result.get(STORAGE_FULL))
-            return self.full
+            return self.stop_all()
 
         def stop_all(self) -> bool:
-            return self.full
+            return self.full or bool(lease is not None and lease.lost)
 
-    return StopOnFullStorage()
+    return StopSweep()
 
 
 # Tune's result files (what ExperimentAnalysis and Tuner.restore read), named because Tune's automatic loggers
@@ -371,9 +391,10 @@ def tune_loggers() -> AbstractContextManager:
 
 def fit(ray: Any, sweep: Sweep, store: Store, context: Context, resources: dict[str, float],
         max_concurrent: int | None, verbose: bool, items: list[WorkItem] | None = None, searcher: Any = None,
-        max_trials: int = 1, interrupts: Interrupts | None = None) -> None:
+        max_trials: int = 1, interrupts: Interrupts | None = None, lease: Lease | None = None) -> None:
     """Run ``items`` (a grid) or what ``searcher`` proposes (at most ``max_trials``) as Tune trials;
-    raises :class:`StorageFull` when the store ran out of room; ``interrupts`` notes a Ctrl-C."""
+    raises :class:`StorageFull` when the store ran out of room, :class:`~orchestrator.lock.SweepLocked` when this
+    driver lost the sweep lock (``lease``) meanwhile; ``interrupts`` notes a Ctrl-C."""
     from ray import tune
 
     from .trackers import build_callbacks
@@ -383,8 +404,8 @@ def fit(ray: Any, sweep: Sweep, store: Store, context: Context, resources: dict[
     names = {it.key: f"{it.label}-s{it.sample}" for it in items or []}  # a grid config is not resolved when named
 
     def per_trial(config: dict[str, Any]) -> dict[str, float]:
-        # a multi-rank trial holds next to nothing itself (Ray needs some resource): its Ray Train workers take
-        # a GPU, or rank_cpu CPUs, per rank, less that sliver on CPU (trials/ranks: orchestrator/launchers/ranks.py)
+        # a multi-rank trial holds next to nothing itself (Ray needs some resource): its Ray Train workers take a
+        # GPU and rank_cpu CPUs, or rank_cpu CPUs, per rank, less that sliver (orchestrator/launchers/ranks.py)
         return {"cpu": RANKS_DRIVER_CPU, "gpu": 0} if int(config.get("world_size", 1)) > 1 else one
 
     interrupts = interrupts or Interrupts()
@@ -404,7 +425,7 @@ def fit(ray: Any, sweep: Sweep, store: Store, context: Context, resources: dict[
             name=f"{sweep.name}-{time.strftime('%Y%m%dT%H%M%S')}",
             storage_path=store.url("ray"),  # an object store's URI with its query (endpoint_override=...) kept
             failure_config=tune.FailureConfig(max_failures=MAX_FAILURES),
-            stop=_stop_when_storage_is_full(),
+            stop=_stopper(lease),
             # the store holds every result; a one-step trial has nothing to resume from
             checkpoint_config=tune.CheckpointConfig(checkpoint_at_end=False, checkpoint_frequency=0),
             # the trackers' callbacks; Tune's own result files come from TUNE_LOGGERS (below)
@@ -418,6 +439,8 @@ def fit(ray: Any, sweep: Sweep, store: Store, context: Context, resources: dict[
     full = next((r.metrics[STORAGE_FULL] for r in results if (r.metrics or {}).get(STORAGE_FULL)), None)
     if full:
         raise StorageFull(store.root, f"no space left on device (first failed write: {full})")
+    if lease is not None:
+        lease.check()
 
 
 def prepare_store(sweep: Sweep, storage: str, restart: bool) -> Store:
@@ -446,12 +469,13 @@ def run_sweep(sweep: Sweep, storage: str, address: str | None = None, restart: b
     One driver per sweep directory: a second one is refused (:func:`~orchestrator.lock.sweep_lock`).
     """
     check_address(address)
-    with sweep_lock(Store(storage, sweep.name)):
-        return _run_locked(sweep, storage, address, restart, max_concurrent, verbose, dashboard, progress, launcher)
+    with sweep_lock(Store(storage, sweep.name)) as lease:
+        return _run_locked(sweep, storage, address, restart, max_concurrent, verbose, dashboard, progress, launcher,
+                           lease)
 
 
 def _run_locked(sweep: Sweep, storage: str, address: str | None, restart: bool, max_concurrent: int | None,
-                verbose: bool, dashboard: bool, progress: Any, launcher: str | None) -> SweepOutcome:
+                verbose: bool, dashboard: bool, progress: Any, launcher: str | None, lease: Lease) -> SweepOutcome:
     t0 = time.perf_counter()
     started = utc_stamp()
     run = {"run_id": f"{started.replace('-', '').replace(':', '')}-{uuid.uuid4().hex[:6]}",
@@ -482,14 +506,15 @@ def _run_locked(sweep: Sweep, storage: str, address: str | None, restart: bool, 
             try:
                 limit = min((v for v in (max_concurrent or sweep.max_concurrent, ranks_limit) if v), default=None)
                 if pending:
-                    fit(ray, sweep, store, context, resources, limit, verbose, items=pending, interrupts=interrupts)
+                    fit(ray, sweep, store, context, resources, limit, verbose, items=pending, interrupts=interrupts,
+                        lease=lease)
                 if search is not None and not interrupts.seen:
                     search.refresh()  # the grid's records, just written, are the search's too
                     if not search.finished:
                         from .searcher import CrossoverSearcher  # imports Ray: inside the sweep's Ray session
 
                         fit(ray, sweep, store, context, resources, limit, verbose, searcher=CrossoverSearcher(search),
-                            max_trials=search.plan.max_trials, interrupts=interrupts)
+                            max_trials=search.plan.max_trials, interrupts=interrupts, lease=lease)
             finally:
                 if progress is not None:
                     progress.stop()

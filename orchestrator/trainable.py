@@ -23,7 +23,7 @@ from trials.models import CWD_ENV
 
 from .launchers import LaunchSettings, TrialDied, make_launcher
 from .launchers.base import trial_env
-from .launchers.ranks import RANKS_DRIVER_CPU, run_ranks
+from .launchers.ranks import rank_cpu, run_ranks
 from .store import StorageFull, Store
 from .trackers.base import RESULT_TAGS
 from .work import Context, WorkItem
@@ -110,10 +110,8 @@ class TrialTrainable(tune.Trainable):
                 env = {k: v for k, v in trial_env(self.settings).items() if k.endswith("CACHE_DIR") or k == CWD_ENV}
                 train_dir = store.url("ray", "train")
                 use_gpu = bool(ctx.resources.get("gpu"))
-                # each rank the CPUs the file gives it (runner.check_resources), less the trial's sliver on CPU
-                cpu = ctx.resources.get("rank_cpu", ctx.resources.get("cpu", 1)) - (0 if use_gpu else RANKS_DRIVER_CPU)
-                outcome = run_ranks(item.spec, env, use_gpu, cpu, train_dir, f"{item.key}-{int(time.time())}",
-                                    ctx.timeout_s)
+                outcome = run_ranks(item.spec, env, use_gpu, rank_cpu(ctx.resources), train_dir,
+                                    f"{item.key}-{int(time.time())}", ctx.timeout_s)
             else:
                 if self._launcher is None:
                     self._launcher = make_launcher(self.settings)

@@ -45,6 +45,8 @@ def test_ddp_and_fsdp2_on_two_ranks_train_like_one_process_on_the_global_batch(t
     for rec in (ddp, fsdp, alone):
         assert rec["status"] == "ok", rec["error"]
         assert rec["loss_curve"] == pytest.approx(one["loss_curve"], abs=TOLERANCE), rec["parallel"]
+        # the timed steps' last loss too is the global batch's (the ranks' mean), not rank 0's rows' alone
+        assert rec["bench_loss_final"] == pytest.approx(one["bench_loss_final"], abs=TOLERANCE), rec["parallel"]
         assert rec["tokens_per_step"] == one["tokens_per_step"] == 8 * 32 and rec["interconnect"] == "same host"
     for rec in (ddp, fsdp):
         assert rec["world_size"] == 2 and rec["tokens_per_s_per_gpu"] == pytest.approx(rec["tokens_per_s"] / 2)
@@ -205,7 +207,8 @@ def test_two_rank_cells_through_ray_train_one_record_each_even_when_a_rank_dies_
 
 
 def test_a_failed_multi_rank_trial_keeps_its_root_cause():
-    """Rank 0's record when it is ok; a rank's OOM over the others' timeouts; else rank 0's record."""
+    """Rank 0's record when it is ok; a rank's final status (OOM, divergence, unsupported: the sweep keeps it and
+    does not rerun the cell) over rank 0's timeout or error (its collective waited on that rank); else rank 0's."""
     from orchestrator.launchers.ranks import one_record
 
     ok, timeout = {"status": "ok", "error": None}, {"status": "timeout", "error": "Timed out waiting 12000ms"}
@@ -214,3 +217,8 @@ def test_a_failed_multi_rank_trial_keeps_its_root_cause():
     assert one_record({0: timeout, 1: oom}) == {"status": "oom", "error": "rank 1: CUDA out of memory"}
     assert one_record({0: timeout, 1: {"status": "error", "error": "closed by peer"}}) is timeout
     assert one_record({1: {"status": "error", "error": "closed by peer"}})["error"] == "rank 1: closed by peer"
+    for status in ("diverged", "unsupported"):
+        final = {"status": status, "error": "why"}
+        assert one_record({0: timeout, 1: final}) == {"status": status, "error": "rank 1: why"}
+        assert one_record({0: {"status": "error", "error": "closed by peer"}, 2: final})["status"] == status
+    assert one_record({0: {**oom}, 1: {"status": "diverged", "error": "nan"}}) == oom  # rank 0's own comes first

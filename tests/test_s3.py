@@ -154,3 +154,33 @@ def test_restart_of_an_s3_sweep_is_refused_in_one_line(s3_sweep):
                                               "not moved aside; give the sweep a new --out prefix instead$"):
         run_sweep(load_sweep(path), storage, restart=True)
     assert store.statuses()  # nothing moved or deleted
+
+
+def test_a_driver_whose_lock_was_taken_over_stops_and_leaves_it_to_its_new_holder(s3, monkeypatch):
+    """After a write outage longer than LEASE_S a second driver takes the lock over; the first, when the store
+    answers again, must see that at its next heartbeat instead of overwriting the new holder's lock (both would
+    then run the same cells), stop its trials (the runner's Tune stopper) and end in one line, leaving the lock."""
+    import json
+
+    from orchestrator import lock
+    from orchestrator.runner import _stopper
+    from orchestrator.store import Store
+
+    # the take-over lands before the first heartbeat (a second after the lock is taken), as after an outage it lands
+    # between two: a real second driver, writing while a heartbeat is under way, reads its write back and yields
+    monkeypatch.setattr(lock, "HEARTBEAT_S", 1.0)
+    monkeypatch.setattr(lock, "SETTLE_S", 0.05)
+    store = Store(f"s3://{BUCKET}/taken", "s")
+    path = lock.lock_path(store)
+    other = {"host": "other", "pid": 2, "started_at": "now", "token": "theirs"}
+    _stopper(None)  # Tune imported before the lock is taken, so that the take-over is done within its first second
+    with pytest.raises(lock.SweepLocked, match=r"^sweep lock lost: s3://\S+/taken/s: another driver took it over "
+                                               r"\(host other, pid 2, started now\)"):
+        with lock.sweep_lock(store) as lease:
+            stopper = _stopper(lease)
+            assert lease.lost is None and not stopper.stop_all()
+            lock._write_object(store, path, other)  # the second driver's take-over, while this one could not write
+            wait_for(lambda: lease.lost, timeout=30, interval=0.02)
+            assert json.loads(store.read_at(path))["token"] == "theirs"  # the heartbeat did not write it back
+            assert stopper.stop_all()
+    assert json.loads(store.read_at(path))["token"] == "theirs"  # released without deleting the holder's lock

@@ -15,9 +15,10 @@ the run and tears the worker group down (a rank stuck in a collective, or stoppe
 Every rank writes its pid first; a failed rank SIGKILLs the other ranks on its host, because a stopped
 rank answers neither a collective nor Ray Train's health check (ten minutes by default). No restarts: a
 rank that died once would die again. The one record of the trial is rank 0's when it is
-ok; otherwise the root cause: a rank's ``oom``, else rank 0's ``timeout`` or ``error`` (a stopped rank
-makes the others' collectives time out after the group's timeout, at most the sweep's
-``trial_timeout_s``), else an ``error`` naming what Ray Train saw (a rank killed before anyone wrote).
+ok; otherwise the root cause: a rank's final status (``oom``, ``diverged``, ``unsupported``), else rank 0's
+``timeout`` or ``error`` (a stopped rank makes the others' collectives time out after the group's timeout, at
+most the sweep's ``trial_timeout_s``), else an ``error`` naming what Ray Train saw (a rank killed before anyone
+wrote).
 A rank stopped before its trial starts is caught by neither (Ray Train makes the process group first and
 waits on every rank without a timeout): every rank must have started its trial (written its pid) within
 Ray Train's start-up, its worker-group start timeout plus the process group's, else the trial ends as
@@ -41,6 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trials.record.fields import FINAL_STATUSES
+
 from .base import Outcome, failure_record
 
 log = logging.getLogger(__name__)
@@ -54,12 +57,27 @@ class RankFailed(RuntimeError):
     """Raised by a rank whose trial did not end ok, after writing its record: Ray Train then fails the run."""
 
 
+def rank_cpu(resources: dict[str, float]) -> float:
+    """The CPUs each rank (Ray Train worker) of a multi-rank trial asks: the file's per rank (``rank_cpu``, as
+    ``runner.check_resources`` returns it) less the trial's own :data:`RANKS_DRIVER_CPU`, on GPU as on CPU, so
+    that the ranks and their trial fit the CPUs ``runner.check_ranks`` counted (world_size x rank_cpu). One node of
+    8 GPUs and 128 CPUs, {gpu: 1, cpu: 16}: 8 x 16 + 0.01 CPUs never fit it, and the worker group never started."""
+    return max(0.0, resources.get("rank_cpu", resources.get("cpu", 1)) - RANKS_DRIVER_CPU)
+
+
+def _beside(storage_path: str, leaf: str) -> str:
+    """``leaf`` in the run's directory: before a storage URI's query (``?endpoint_override=...``,
+    ``Store.url`` keeps it), which stays last, else every rank's file would be one object."""
+    head, sep, query = storage_path.partition("?")
+    return f"{head.rstrip('/')}/{leaf}{sep}{query}"
+
+
 def record_path(storage_path: str, name: str, rank: int) -> str:
-    return f"{storage_path.rstrip('/')}/{name}.rank{rank}.json"
+    return _beside(storage_path, f"{name}.rank{rank}.json")
 
 
 def pid_path(storage_path: str, name: str, rank: int) -> str:
-    return f"{storage_path.rstrip('/')}/{name}.rank{rank}.pid.json"
+    return _beside(storage_path, f"{name}.rank{rank}.pid.json")
 
 
 def _filesystem(path: str):
@@ -146,11 +164,13 @@ def _all_started(child: subprocess.Popen, storage_path: str, name: str, world: i
 
 
 def one_record(records: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
-    """The trial's record from what the ranks wrote: rank 0's if ok, else the root cause (see above)."""
+    """The trial's record from what the ranks wrote: rank 0's if ok, else the root cause (see above): the first
+    rank's final status (oom, diverged, unsupported), which the sweep does not rerun, over rank 0's timeout or error
+    (its collective waiting on the rank that failed), which every rerun would repeat."""
     lead = records.get(0)
     if lead is not None and lead["status"] == "ok":
         return lead
-    chosen = next((r for _, r in sorted(records.items()) if r["status"] == "oom"), None) or lead
+    chosen = next((r for _, r in sorted(records.items()) if r["status"] in FINAL_STATUSES), None) or lead
     if chosen is None and records:
         chosen = records[min(records)]
     if chosen is not None and chosen is not lead:

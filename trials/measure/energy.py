@@ -13,7 +13,7 @@ timing the window's length comes from): each reads its own board, and the step's
 (:meth:`Energy.fields`), over the global batch's tokens; power and clocks are rank 0's board.
 
 On CPU, and where NVML or its energy counter is missing, every field is null and ``energy_why``
-says why.
+says why; on a GPU the window's steps run all the same (:func:`measure`: a rank's peers wait on them).
 """
 
 from __future__ import annotations
@@ -84,32 +84,41 @@ def calls_for(ms_per_call: float, min_s: float = MIN_WINDOW_S) -> int:
 
 
 def measure(run: Callable[[], Any], calls: int, device: str) -> Energy:
-    """Energy of ``calls`` calls of ``run`` on the current CUDA device, and the clocks they ran at."""
+    """Energy of ``calls`` calls of ``run`` on the current CUDA device, and the clocks they ran at.
+
+    On a GPU the ``calls`` run whether or not the board can be read: the ranks of a multi-rank trial run the window
+    together, and a rank that skipped its steps (its NVML or counter failing alone) would leave the others waiting
+    in their collectives; the model after the window is then the same too. Only the reading is skipped, and
+    ``why`` says why. CPU trials (every rank on CPU alike) run no window."""
     if device != "cuda":
         return Energy(why="CPU trial: NVML measures GPU boards only")
     import torch
 
     with nvml.session() as nv:
         if nv is None:
-            return Energy(why="NVML unavailable (no NVIDIA driver here)")
+            return _unread(run, calls, "NVML unavailable (no NVIDIA driver here)")
+        torch.cuda.synchronize()
         try:
             handle = nvml.torch_device_handle(nv)
             limit, top = nvml.limits(nv, handle)
-            nvml.energy_mj(nv, handle)
+            e0, t0 = _tick(nv, handle)
         except Exception as exc:  # noqa: BLE001 - a GPU without an energy counter, MIG, old drivers
-            return Energy(why=f"NVML: {type(exc).__name__}: {exc}")
+            return _unread(run, calls, f"NVML: {type(exc).__name__}: {exc}")
         out = Energy(power_limit_w=limit, sm_clock_max_mhz=top, calls=calls)
         stop = threading.Event()
         sampler = threading.Thread(target=_sample, args=(nv, handle, out, stop), daemon=True)
-        torch.cuda.synchronize()
-        e0, t0 = _tick(nv, handle)
         sampler.start()
         for _ in range(calls):
             run()
         torch.cuda.synchronize()
-        e1, t1 = _tick(nv, handle)
-        stop.set()
-        sampler.join()
+        try:
+            e1, t1 = _tick(nv, handle)
+        except Exception as exc:  # noqa: BLE001 - the steps ran: the reading alone is lost
+            out.why = f"NVML: {type(exc).__name__}: {exc}"
+            return out
+        finally:
+            stop.set()
+            sampler.join()
         out.window_s, out.joules = t1 - t0, (e1 - e0) / 1000.0
         me = os.getpid()
         try:
@@ -117,6 +126,13 @@ def measure(run: Callable[[], Any], calls: int, device: str) -> Energy:
         except Exception as exc:  # noqa: BLE001 - a container may not list processes: unknown, not a failure
             log.debug("NVML processes: %s", exc)
     return out
+
+
+def _unread(run: Callable[[], Any], calls: int, why: str) -> Energy:
+    """The window's ``calls`` run without a reading (see :func:`measure`)."""
+    for _ in range(calls):
+        run()
+    return Energy(why=why)
 
 
 def _tick(nv: Any, handle: Any) -> tuple[int, float]:

@@ -236,17 +236,45 @@ def breakdown_fields(enabled: bool, run: Callable[[], Any], device: str, timed_m
                      compiled: int | None = None) -> dict[str, Any]:
     """The record's breakdown of ``run``'s step; with ``baseline``, of (run - baseline) / ``per`` (a decode
     token from a generation less its prefill). ``compiled``: for a compiled cell, the compiled graphs a step
-    should run (:func:`compiled_eager_why`). A profiler that fails costs the fields, never the trial."""
+    should run (:func:`compiled_eager_why`). A profiler that fails costs the fields, never the trial, and never
+    the steps: those it did not run, ``run``'s and ``baseline``'s, run unprofiled (:class:`Counted`)."""
     if not enabled:
         return {"breakdown_why": "profile: false"}
+    runs = [Counted(run)] + ([Counted(baseline)] if baseline is not None else [])
     try:
-        found = profile(run, steps, device, compiled=compiled is not None)
+        found = profile(runs[0], steps, device, compiled=compiled is not None)
         if baseline is not None:
-            found = found.minus(profile(baseline, steps, device, compiled=compiled is not None), per)
+            found = found.minus(profile(runs[1], steps, device, compiled=compiled is not None), per)
         out = found.fields(timed_ms)
         if compiled is not None:
             out["compiled_eager_why"] = compiled_eager_why(found.compiled_calls, compiled)
         return out
     except Exception as exc:  # noqa: BLE001 - CUPTI missing or busy (another profiler), driver limits
         log.warning("kernel breakdown failed: %s: %s", type(exc).__name__, exc)
+        for counted in runs:
+            counted.finish(steps)
         return {"breakdown_why": f"profiler: {type(exc).__name__}: {exc}"[:500]}
+
+
+class Counted:
+    """A step that counts its calls, so that a profiler failing before or between them (at start-up: CUPTI busy on
+    one GPU) still leaves every step run: the ranks of a multi-rank trial profile together, and a rank that ran
+    fewer steps would leave its peers waiting in their collectives. A step that itself failed is not run again:
+    the cell's own failure, not the profiler's."""
+
+    def __init__(self, step: Callable[[], Any]):
+        self.step, self.calls, self.failed = step, 0, False
+
+    def __call__(self) -> Any:
+        try:
+            out = self.step()
+        except BaseException:
+            self.failed = True
+            raise
+        self.calls += 1
+        return out
+
+    def finish(self, steps: int) -> None:
+        """The calls left of ``steps``, unprofiled (none after a step of its own failed)."""
+        while not self.failed and self.calls < steps:
+            self()

@@ -17,7 +17,10 @@ CPU (where a launcher already made one, as Ray Train does, it is used as is).
   checkpointing), so FSDP2's hooks stay outside the compiled code; the root runs eager.
 - A step's time is the slowest rank's: each rank times its own steps, then an all-reduce (MAX) of the
   per-step times; every rank then holds the same numbers, so whatever runs after timing (the energy
-  window, the profiler) runs the same number of steps on every rank and no collective waits forever.
+  window, the profiler) runs the same number of steps on every rank and no collective waits forever
+  (a rank whose NVML or profiler fails still runs them, unmeasured). What else ran during the timed
+  steps is every rank's reading in one (:func:`timing`); losses are the global batch's (:func:`mean`),
+  so every rank decides divergence alike.
 - Rank 0 keeps the record; the others return theirs for nobody to write.
 """
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import logging
 import os
 import socket
@@ -220,6 +224,53 @@ def gathered(value: float | int | str | None, ranks: Ranks) -> list[Any]:
     out: list[Any] = [None] * ranks.world
     dist.all_gather_object(out, value)
     return out
+
+
+def timing(fields: dict[str, Any], ranks: Ranks) -> dict[str, Any]:
+    """This rank's readings of what else ran during the timed steps (``timing_*``: disturbance and GC), every
+    rank's in one (:func:`merged_timing`): the steps' times are the slowest rank's, so what disturbed any rank's
+    steps disturbed them."""
+    return dict(fields) if ranks.world == 1 else merged_timing(gathered(fields, ranks))
+
+
+def merged_timing(every: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each rank's ``timing_*`` fields (rank 0's first) as one record's: disturbed where any rank was (unknown where
+    none was and a rank could not tell), every rank's reasons and other GPU processes (each with its rank), and the
+    largest of each number (wait share, others' CPU share, load, GC pauses). One rank's are returned as they are."""
+    if len(every) == 1:
+        return dict(every[0])
+    out: dict[str, Any] = {}
+    for key in every[0]:
+        values = [f.get(key) for f in every]
+        merge = _TIMING_MERGES.get(key)
+        if merge is not None:
+            out[key] = merge(values)
+        elif all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values):
+            out[key] = max((v for v in values if v is not None), default=None)
+        else:  # a field no rule here knows: rank 0's, as before the ranks' were merged
+            out[key] = values[0]
+    return out
+
+
+def _any_disturbed(flags: list[bool | None]) -> bool | None:
+    if any(flags):
+        return True
+    return None if None in flags else False
+
+
+def _reasons(whys: list[str | None]) -> str | None:
+    return "; ".join(f"rank {rank}: {why}" for rank, why in enumerate(whys) if why) or None
+
+
+def _processes(lists: list[str | None]) -> str | None:
+    """Every rank's other GPU processes, each tagged with its rank (a process on two ranks' GPUs is listed twice,
+    with what it held on each); null where nothing was seen and a rank could not tell."""
+    seen = [{**p, "rank": rank} for rank, text in enumerate(lists) if text for p in json.loads(text)]
+    return None if not seen and None in lists else json.dumps(seen)
+
+
+_TIMING_MERGES = {"timing_disturbed": _any_disturbed, "timing_disturbed_why": _reasons,
+                  "timing_foreign_gpu_processes": _processes}
 
 
 def _free_port() -> int:

@@ -163,7 +163,8 @@ FIELDS: list[Field] = [
     _f("loss_first", "float", "Loss of the first training step."),
     _f("loss_final", "float", "Loss of the last training step."),
     _f("loss_curve", "list[float]", "Loss at every training step."),
-    _f("bench_loss_final", "float", "Loss of the last timed step (the model keeps training)."),
+    _f("bench_loss_final", "float", "Loss of the last timed step (the model keeps training); several ranks: "
+       "the global batch's, the mean of the ranks' losses (as loss_curve)."),
     # -- timing
     _f("timer", "str", "cuda_event (GPU) or perf_counter (CPU)."),
     _f("step_ms_p50", "float", "Median step time over all timed steps, ms."),
@@ -196,21 +197,29 @@ FIELDS: list[Field] = [
        "(no profile: profile: false, or the profiler failed); null on CPU."),
     # -- what else ran while the steps were timed (trials/measure/disturbance.py): null where /proc or NVML cannot tell
     _f("timing_wait_share", "float", "Over the timed steps: the share of the time the trial process's threads "
-       "wanted a CPU that they waited for one on a run queue (Linux schedstat; 0: never waited)."),
+       "wanted a CPU that they waited for one on a run queue (Linux schedstat; 0: never waited). Several ranks: the "
+       "largest rank's."),
     _f("timing_foreign_cpu_share", "float", "Over the timed steps: other processes' CPU time as a share of the "
        "host's core-seconds (/proc/stat's busy time less the trial's own: its process tree's and, multi-rank, its "
-       "other ranks' on this host with theirs; null under 0.2 core-seconds, where 10 ms jiffies are too coarse)."),
-    _f("timing_load_1m", "float", "The host's 1-minute load average at the end of the timed steps."),
+       "other ranks' on this host with theirs; null under 0.2 core-seconds, where 10 ms jiffies are too coarse). "
+       "Several ranks: the largest rank's."),
+    _f("timing_load_1m", "float", "The host's 1-minute load average at the end of the timed steps (several "
+       "ranks: the largest rank's)."),
     _f("timing_foreign_gpu_processes", "str", "GPU trials: JSON list of the other compute processes (pid, "
        "used_bytes) NVML saw on the trial's GPU at the start or end of the timed steps ([]: none; null: a CPU "
-       "trial, or NVML could not tell, e.g. it listed no process at all, not even the trial's own)."),
+       "trial, or NVML could not tell, e.g. it listed no process at all, not even the trial's own). Several ranks: "
+       "every rank's GPU, each entry with its rank; null where none was seen and a rank could not tell."),
     _f("timing_disturbed", "bool", "Something else took the trial's CPU or GPU while its steps were timed: its "
-       "threads waited for a CPU >= 20% of the time (timing_wait_share), or another compute process shared its GPU."),
-    _f("timing_disturbed_why", "str", "What disturbed the timed steps, in words (null: nothing seen)."),
+       "threads waited for a CPU >= 20% of the time (timing_wait_share), or another compute process shared its GPU. "
+       "Several ranks: any rank's (null where none was and a rank could not tell)."),
+    _f("timing_disturbed_why", "str", "What disturbed the timed steps, in words (null: nothing seen); several "
+       "ranks: each rank's, as 'rank N: ...'."),
     _f("timing_gc_ms_per_step", "float", "Training: ms per timed step the trial's host spent in Python's garbage "
-       "collector (its own pauses, not another process's; a launch-bound step waits on them in full)."),
+       "collector (its own pauses, not another process's; a launch-bound step waits on them in full). Several "
+       "ranks: the largest rank's."),
     _f("timing_gc_full_collections", "int", "Training: full (generation 2) garbage collections during the timed "
-       "steps; each walks every Python object of the process (~0.1 s with torch and transformers loaded)."),
+       "steps; each walks every Python object of the process (~0.1 s with torch and transformers loaded). Several "
+       "ranks: the largest rank's."),
     # -- energy, power and clocks (trials/measure/energy.py): a window of its own right after timing
     _f("energy_window_s", "float", "Length of the energy window: the timed step (infer: a whole generation) repeated "
        "for at least 1 s, edges on ticks of NVML's energy counter, s."),

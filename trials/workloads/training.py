@@ -64,8 +64,9 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
     data: Any = ArithmeticSequences(vocab, spec.seq_len, res.device, spec.seed)
     if spec.parallel != "none":
         data = distributed.RankData(data, ranks)  # this rank's rows of the global batch
-    if spec.cuda_graphs:
-        step.capture(data.batch(spec.batch_size)[0])
+    if spec.cuda_graphs:  # a sample of the batch's shape, from data of its own: training's batches stay the
+        # partner's (teacher_forced_fields), batch 1 first; capture runs no optimizer step on it
+        step.capture(ArithmeticSequences(vocab, spec.seq_len, res.device, spec.seed).batch(spec.batch_size)[0])
     record["setup_s"] = time.perf_counter() - t_setup
 
     t_train = time.perf_counter()
@@ -104,13 +105,16 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
             peaks = distributed.gathered(int(torch.cuda.max_memory_allocated()), ranks)
             record.update(rank_peak_mem_min_bytes=min(peaks), rank_peak_mem_max_bytes=max(peaks))
     medians = [statistics.median(step_ms[i:i + spec.bench_steps]) for i in range(0, len(step_ms), spec.bench_steps)]
+    # the global batch's loss, as the training losses: every rank then decides divergence alike (one that stopped
+    # here alone would leave the others waiting in the window's collectives)
+    bench_loss = distributed.mean([result.last_loss], ranks)[0]
     record.update(timer=result.timer, step_times_ms=step_ms, repeat_medians_ms=medians,
-                  host_ms_per_step=result.host_ms_per_step, bench_loss_final=result.last_loss)
+                  host_ms_per_step=result.host_ms_per_step, bench_loss_final=bench_loss)
     # by the host-issue rule until the profile's gap is known (why_this_number); a diverged cell keeps this one
     record["launch_bound"], record["launch_bound_by"] = launch_bound(stats["step_ms_p50"], result.host_ms_per_step)
-    record.update(result.disturbance.fields())
-    record.update(result.gc.fields(len(result.step_ms)))
-    if not math.isfinite(result.last_loss):
+    # what else ran meanwhile, on any rank: the step times are the slowest rank's
+    record.update(distributed.timing({**result.disturbance.fields(), **result.gc.fields(len(result.step_ms))}, ranks))
+    if not math.isfinite(bench_loss):
         record.update(status="diverged", error="non-finite loss during the benchmark")
         return
     if seam is not None:
@@ -118,7 +122,7 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
         # steps on. Not after the energy window and the profiler: they train on for as many steps as the measured
         # step time asks (energy.calls_for), so a read after them was of a model trained a timing-dependent number
         # of steps further, never the same twice (two H200 runs of one seeded cell differed from the first value)
-        record.update(layer_reads(step, seam, layer_held, res.device, sampler.trend))
+        record.update(layer_reads(step, seam, layer_held, res.device, sampler.trend, spec.batch_size * spec.seq_len))
     # the generation check too: before the energy window's timing-dependent steps, as the reads above
     t_gen = time.perf_counter()
     with distributed.whole(model, spec.parallel):
@@ -147,12 +151,14 @@ def reads_apply(spec: TrialSpec, record: dict[str, Any]) -> bool:
     return spec.fp8_reads and fp8_alone(spec, record)
 
 
-def layer_reads(step: Any, seam: Any, held: Any, device: str, trend: fp8_layers.OutlierTrend) -> dict[str, Any]:
+def layer_reads(step: Any, seam: Any, held: Any, device: str, trend: fp8_layers.OutlierTrend,
+                train_tokens: int) -> dict[str, Any]:
     """The per-layer SQNR and cast-health read and the outlier trend as record fields, with their cost; a failure
-    (a held length an FP8 GEMM refuses, an OOM) leaves the fields empty and the cell as it was."""
+    (a held length an FP8 GEMM refuses, an OOM) leaves the fields empty and the cell as it was. ``train_tokens``:
+    the tokens one rank's training loss averages over, so the held gradients are the size training's were."""
     t = time.perf_counter()
     try:
-        reads = fp8_layers.read_layers(step, seam, held, device)
+        reads = fp8_layers.read_layers(step, seam, held, device, train_tokens)
     except Exception as exc:  # noqa: BLE001 - the cell's own numbers stand without it
         log.warning("per-layer FP8 read failed: %s: %s", type(exc).__name__, exc)
         reads = []
