@@ -70,13 +70,20 @@ SINGLE_VALUES = "single values (numbers, strings, true/false, null)"
 class _Loader(yaml.SafeLoader):
     """``yaml.safe_load``, but numbers as YAML 1.2 (and every user) reads them: ``1e-3`` is a number (YAML 1.1's
     float needs a dot, ``1.0e-3``, so safe_load gives the string '1e-3'), and an integer with leading zeros is
-    decimal (YAML 1.1 reads ``0640`` as octal 416, and ``0999`` as a string)."""
+    decimal (YAML 1.1 reads ``0640`` as octal 416, and ``0999`` as a string), and ``1:30`` is the string it reads
+    as (YAML 1.1's base 60 makes it 90; a field that wants a number then says so)."""
 
-    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int | str:
         digits = str(self.construct_scalar(node)).replace("_", "")
+        if ":" in digits:
+            return str(self.construct_scalar(node))
         if re.fullmatch(r"[-+]?0[0-9]+", digits):
             return int(digits, 10)
         return super().construct_yaml_int(node)
+
+    def construct_yaml_float(self, node: yaml.ScalarNode) -> float | str:
+        text = str(self.construct_scalar(node))
+        return text if ":" in text else super().construct_yaml_float(node)
 
 
 _Loader.add_implicit_resolver(
@@ -84,6 +91,7 @@ _Loader.add_implicit_resolver(
     list("-+0123456789."))
 _Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?0[0-9_]+$"), list("-+0"))
 _Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+_Loader.add_constructor("tag:yaml.org,2002:float", _Loader.construct_yaml_float)
 
 
 class SweepError(ValueError):

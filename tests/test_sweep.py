@@ -430,6 +430,9 @@ def test_leading_zeros_read_as_decimal_as_yaml_1_2_reads_them():
     s = sweep("name: a\ngrid: {d_model: [0640, 01024]}\nfixed: {n_layers: 02}\n")
     assert sorted(c.spec.d_model for c in s.cells) == [640, 1024] and s.cells[0].spec.n_layers == 2
     assert sweep("name: a\ngrid: {lr: [0.001]}\n").cells[0].spec.lr == 0.001
+    for base60 in ("1:30", "1:30.5"):  # YAML 1.1's sexagesimal numbers (90, 90.5): a string, refused by its field
+        with pytest.raises(SweepError, match=f"grid.d_model.*{base60}"):
+            sweep(f"name: a\ngrid: {{d_model: [{base60}]}}\n")
 
 
 @pytest.mark.parametrize("text,key,allowed", [
