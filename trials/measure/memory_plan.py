@@ -157,7 +157,7 @@ def _probe(key: _Key) -> Probe | None:
 
     from .. import models
     from ..parallel.checkpointing import SavedBytes
-    from .metrics import ActivationGemms, gemm_flop_counter
+    from .metrics import weight_gemm_counter
 
     spec = key.spec
     precision = "fp32" if spec.precision == "fp32" else "bf16"
@@ -168,9 +168,7 @@ def _probe(key: _Key) -> Probe | None:
         with FakeTensorMode(allow_non_fake_inputs=True) as mode, _unpacked_positions():
             _to_fake(model, mode)
             ids = torch.zeros(key.batch, spec.seq_len, dtype=torch.long)
-            between = ActivationGemms()  # eager attention's matmuls: the formula's term stands for them (metrics)
-            with gemm_flop_counter(skip=between.region.inside) as counter, between, \
-                    SavedBytes(model, units=built.units) as saved:
+            with weight_gemm_counter() as counter, SavedBytes(model, units=built.units) as saved:
                 model(ids)
         params = list(model.parameters())
         n_params = sum(p.numel() for p in params)

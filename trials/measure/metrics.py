@@ -12,6 +12,7 @@ AV cost 4 * seq * d FLOPs per token and layer in the forward pass, halved by the
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -20,6 +21,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
 
 from ..models.minigpt_net import ModelConfig, matmul_param_count
 
@@ -258,8 +260,6 @@ class ActivationGemms(TorchFunctionMode):
         self.region = GraphRegion()
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        from torch.utils._pytree import tree_leaves
-
         kwargs = kwargs or {}
         if (func not in GEMM_CALLS or torch._C._current_autograd_node() is not None
                 or any(_is_weight(t) for t in tree_leaves((args, kwargs)))):
@@ -323,6 +323,16 @@ def gemm_flop_counter(tally: Tally | None = None, skip: Callable[[], bool] | Non
     return FlopCounterMode(display=False, custom_mapping=mapping)
 
 
+@contextlib.contextmanager
+def weight_gemm_counter(tally: Tally | None = None) -> Any:
+    """:func:`gemm_flop_counter` over the weights' GEMMs only: the GEMMs between two activations
+    (:class:`ActivationGemms`: eager attention's, an SSM's scans) left out, as every count here wants them (the
+    trial's, :func:`counted_flops_per_step`, and the dry run's probe, trials/measure/memory_plan.py)."""
+    between = ActivationGemms()
+    with gemm_flop_counter(tally, between.region.inside) as counter, between:
+        yield counter
+
+
 def counted_flops_per_step(model: Any, ids: Any, n_layers: int, attn_width: int, world: int = 1,
                            tally: Tally | None = None) -> float:
     """One eager forward+backward of ``model`` on ``ids`` (b, t) under ``FlopCounterMode``: the GEMMs it counts
@@ -342,12 +352,10 @@ def counted_flops_per_step(model: Any, ids: Any, n_layers: int, attn_width: int,
     scope = ModuleScope(model, tally.modules if tally is not None else ())
     if tally is not None:
         tally.scope = scope
-    activations = ActivationGemms()
     # eager also where units are compiled: a count under the counter's mode and module hooks would compile them
     # for it, and the training steps would then recompile (trials/measure/fp8_layers.quiet says what that costs)
     try:
-        with gemm_flop_counter(tally, activations.region.inside) as counter, \
-                torch.compiler.set_stance("force_eager"), scope, activations:
+        with weight_gemm_counter(tally) as counter, torch.compiler.set_stance("force_eager"), scope:
             logits = model(ids)
             logits.float().sum().backward()
     finally:
