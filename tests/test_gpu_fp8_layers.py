@@ -138,7 +138,7 @@ def test_te_delayed_reads_judge_and_run_every_pass_under_the_scales_training_lef
     modules = fp8_layers.fp8_modules(seam, step.model)
     trained = {name: module.fp8_meta["scaling_bwd"].scale.clone() for name, module in modules}
     kinds = set()
-    with fp8_layers.quiet(step.model, "cuda"), seam.read_context(step):
+    with fp8_layers.quiet(step.model, "cuda"), seam.read_context(step) as saved:
         for name, module in modules:
             kinds.add(type(module).__name__)
             first = seam.weights(module)[0]  # the first GEMM's (out, in) weight: in is the module's input width
@@ -148,18 +148,18 @@ def test_te_delayed_reads_judge_and_run_every_pass_under_the_scales_training_lef
             # far beyond any gradient training saw (its loss a mean over 2048 tokens); its scale (max / ~4e3)
             # far from the initial 1 of a slot TE never fills
             dy = torch.randn(shape, device="cuda", dtype=first.dtype) * 1e3
-            with seam.fp8_context(step):
+            with seam.fp8_context(step, saved):
                 fp8_layers._module_pass(seam, module, x, dy, fp8=True)
             refreshed = module.fp8_meta["scaling_bwd"].scale
             slot = int(torch.argmin((refreshed - bwd_max / dy.abs().amax().float()).abs() / refreshed))
             assert float(refreshed[slot]) == pytest.approx(bwd_max / float(dy.abs().amax()), rel=1e-3), name
-            t, s, _ = seam.casts(module, x, dy, step)["grad"]
+            t, s, _ = seam.casts(module, x, dy, step, saved)["grad"]
             assert torch.equal((t.float() * s.float()).flatten(), dy.float().flatten() * trained[name][slot]), name
-            assert fp8_layers.cast_health(*seam.casts(module, x, dy, step)["grad"]).saturation > 0, name
-            w, _, _ = seam.casts(module, x, dy, step)["weight"]
+            assert fp8_layers.cast_health(*seam.casts(module, x, dy, step, saved)["grad"]).saturation > 0, name
+            w, _, _ = seam.casts(module, x, dy, step, saved)["weight"]
             assert w.numel() == sum(p.numel() for p in seam.weights(module)), name
         assert not all(a.equal(b) for a, b in zip(_fp8_meta(step.model), before))  # the passes moved TE's state
-        with seam.fp8_context(step):
+        with seam.fp8_context(step, saved):
             assert all(a.equal(b) for a, b in zip(_fp8_meta(step.model), before))  # every pass starts from training's
     assert "LayerNormMLP" in kinds, kinds
     # the whole read on a held gradient 2048x training's (train_tokens 1 against batch 16 x seq 128): saturates

@@ -25,7 +25,6 @@ per block: not read. Not run on this repository's CPU CI (TE needs a GPU): tests
 from __future__ import annotations
 
 import contextlib
-import contextvars
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -58,10 +57,6 @@ SLOTS = {"Linear": Slots(((None, GEMM1_WEIGHT),), GRAD_OUTPUT1),
          "LayerNormLinear": Slots(((None, GEMM1_WEIGHT),), GRAD_OUTPUT1),
          "LayerNormMLP": Slots((("fc1_weight", GEMM1_WEIGHT), ("fc2_weight", GEMM2_WEIGHT)), GRAD_OUTPUT2)}
 
-# the delayed-scaling snapshot of the read under way (read_context), None outside one or for other recipes
-_SAVED: contextvars.ContextVar[te_compat.Fp8MetaSaved | None] = contextvars.ContextVar("te_read_saved", default=None)
-
-
 def _gemm_modules() -> tuple[type, ...]:
     import transformer_engine.pytorch as te
 
@@ -73,23 +68,16 @@ def fp8_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(name, m) for name, m in model.named_modules() if isinstance(m, kinds)]
 
 
-@contextlib.contextmanager
-def read_context(step: Any) -> Iterator[None]:
-    """TE's scaling state kept (``te_compat.fp8_meta_kept``) and its snapshot held for ``fp8_context`` and
-    ``casts`` (the module docstring)."""
-    with te_compat.fp8_meta_kept(step.model, step.recipe) as saved:
-        token = _SAVED.set(saved)
-        try:
-            yield
-        finally:
-            _SAVED.reset(token)
+def read_context(step: Any) -> contextlib.AbstractContextManager:
+    """TE's scaling state kept (``te_compat.fp8_meta_kept``); yields its snapshot (None but for delayed
+    scaling), which the read hands to ``fp8_context`` and ``casts`` (the module docstring)."""
+    return te_compat.fp8_meta_kept(step.model, step.recipe)
 
 
 @contextlib.contextmanager
-def fp8_context(step: Any) -> Iterator[None]:
+def fp8_context(step: Any, saved: te_compat.Fp8MetaSaved | None = None) -> Iterator[None]:
     """TE's FP8 autocast for a read (``te_compat.read_autocast``), started from training's delayed-scaling state:
-    inside ``read_context`` the snapshot is put back first, undoing what an earlier pass's backward updated."""
-    saved = _SAVED.get()
+    ``saved`` (``read_context``'s snapshot) is put back first, undoing what an earlier pass's backward updated."""
     if saved is not None:
         saved.restore()
     with te_compat.read_autocast(step.te, step.recipe):
@@ -124,26 +112,25 @@ def _gemm_input(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return F.layer_norm(x.float(), shape, gamma, None if beta is None else beta.float(), module.eps)
 
 
-def _scale(module: nn.Module, key: str, index: int) -> torch.Tensor:
+def _scale(module: nn.Module, key: str, index: int, saved: te_compat.Fp8MetaSaved | None) -> torch.Tensor:
     """Delayed scaling's scale for slot ``index`` of ``key``: the read's snapshot (training's), or the module's
-    own where no read holds one."""
-    saved = _SAVED.get()
+    own without one."""
     scale = saved.scale(module, key, index) if saved is not None else None
     return module.fp8_meta[key].scale[index] if scale is None else scale
 
 
-def _scaled(t: torch.Tensor, dtype: torch.dtype, delayed: bool, key: str, index: int, module: nn.Module
-            ) -> torch.Tensor:
+def _scaled(t: torch.Tensor, dtype: torch.dtype, delayed: bool, key: str, index: int, module: nn.Module,
+            saved: te_compat.Fp8MetaSaved | None) -> torch.Tensor:
     """``t`` times the scale the recipe casts it with, as a flat fp32 tensor: delayed scaling's slot, current
     scaling's ``max / amax`` of ``t`` itself."""
     t = t.detach().float().flatten()
-    scale = (_scale(module, key, index).float() if delayed
+    scale = (_scale(module, key, index, saved).float() if delayed
              else torch.finfo(dtype).max / t.abs().amax().clamp_min(1e-12))
     return t * scale
 
 
-def casts(module: nn.Module, x: torch.Tensor, dy: torch.Tensor, step: Any
-          ) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.dtype]]:
+def casts(module: nn.Module, x: torch.Tensor, dy: torch.Tensor, step: Any,
+          saved: te_compat.Fp8MetaSaved | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.dtype]]:
     """Operand class -> (tensor, scale, FP8 dtype) as ``fp8_layers.cast_health`` takes them. Each operand comes
     already multiplied by its own scale, with scale 1: a module's GEMM weights (LayerNormMLP's two) are one
     operand class under scales of their own, and ``x * scale`` is what the cast sees either way."""
@@ -159,8 +146,8 @@ def casts(module: nn.Module, x: torch.Tensor, dy: torch.Tensor, step: Any
     params = dict(module.named_parameters())
     weight = torch.cat([_scaled(torch.cat([w.detach().float().flatten() for w in
                                            (weights(module) if name is None else [params[name]])]),
-                                fwd, delayed, "scaling_fwd", index, module) for name, index in slots.weights])
+                                fwd, delayed, "scaling_fwd", index, module, saved) for name, index in slots.weights])
     one = torch.ones((), device=x.device)
-    return {"act": (_scaled(_gemm_input(module, x), fwd, delayed, "scaling_fwd", slots.act, module), one, fwd),
+    return {"act": (_scaled(_gemm_input(module, x), fwd, delayed, "scaling_fwd", slots.act, module, saved), one, fwd),
             "weight": (weight, one, fwd),
-            "grad": (_scaled(dy, bwd, delayed, "scaling_bwd", slots.grad, module), one, bwd)}
+            "grad": (_scaled(dy, bwd, delayed, "scaling_bwd", slots.grad, module, saved), one, bwd)}

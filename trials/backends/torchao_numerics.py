@@ -26,11 +26,11 @@ def fp8_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def read_context(step: Any) -> contextlib.AbstractContextManager:
-    """Nothing to keep: torchao's dynamic scaling has no state a forward pass updates."""
+    """Nothing to keep: torchao's dynamic scaling has no state a forward pass updates (yields None)."""
     return contextlib.nullcontext()
 
 
-def fp8_context(step: Any) -> contextlib.AbstractContextManager:
+def fp8_context(step: Any, saved: Any = None) -> contextlib.AbstractContextManager:
     """A Float8Linear runs in FP8 whenever it is called: no autocast."""
     return contextlib.nullcontext()
 
@@ -44,7 +44,7 @@ def weights(module: nn.Module) -> list[torch.Tensor]:
     return [module.weight]
 
 
-def casts(module: nn.Module, x: torch.Tensor, dy: torch.Tensor, step: Any
+def casts(module: nn.Module, x: torch.Tensor, dy: torch.Tensor, step: Any, saved: Any = None
           ) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.dtype]]:
     """Operand class -> (tensor, the scale the recipe gives it, its FP8 dtype), for the classes cast to FP8."""
     from torchao.float8.config import ScalingGranularity, ScalingType

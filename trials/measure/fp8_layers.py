@@ -199,8 +199,8 @@ def read_layers(step: Any, seam: ModuleType, held: tuple[torch.Tensor, torch.Ten
     handles = [m.register_forward_hook(keep(name)) for name, m in modules]
     reads = LayerReads(total=len(modules))
     try:
-        with quiet(step.model, device), seam.read_context(step):
-            with seam.fp8_context(step):
+        with quiet(step.model, device), seam.read_context(step) as saved:
+            with seam.fp8_context(step, saved):
                 logits = step.model(x)
             # the hooks go before the backward: activation checkpointing's recompute runs the units' forwards
             # again inside it, and a hook still there took each recomputed module for one called twice (a
@@ -222,12 +222,12 @@ def read_layers(step: Any, seam: ModuleType, held: tuple[torch.Tensor, torch.Ten
                 if "x" not in got or "dy" not in got or "reused" in got:
                     log.info("fp8 layer read: %s saw no forward, no gradient or two forwards, left out", name)
                     continue
-                with seam.fp8_context(step):
+                with seam.fp8_context(step, saved):
                     out8, dx8, dw8 = _module_pass(seam, module, got["x"], got["dy"], fp8=True)
                 out16, dx16, dw16 = _module_pass(seam, module, got["x"], got["dy"], fp8=False)
                 sqnr = {"fwd": sqnr_db(out16, out8), "dgrad": sqnr_db(dx16, dx8), "wgrad": sqnr_db(dw16, dw8)}
                 cast = {cls: cast_health(t, s, dt) for cls, (t, s, dt) in seam.casts(module, got["x"], got["dy"],
-                                                                                      step).items()}
+                                                                                      step, saved).items()}
                 reads.append(LayerRead(name, sqnr, cast))
     finally:
         for h in handles:
@@ -290,8 +290,8 @@ class OutlierSampler:
 
         handles = [m.register_forward_pre_hook(keep(name)) for name, m in modules]
         try:
-            with torch.no_grad(), quiet(self.step.model, self.device), self.seam.read_context(self.step), \
-                    self.seam.fp8_context(self.step):
+            with torch.no_grad(), quiet(self.step.model, self.device), \
+                    self.seam.read_context(self.step) as saved, self.seam.fp8_context(self.step, saved):
                 self.step.model(self.held)
         finally:
             for h in handles:

@@ -178,8 +178,8 @@ def fp8_read(spec: TrialSpec, res: Resolution, step: Any, vocab: int) -> tuple[A
     seam = numerics(res.backend)
     held = teacher_forced.held_batch(vocab, spec.seq_len, res.device, spec.seed)
     try:
-        with fp8_layers.quiet(step.model, res.device), seam.read_context(step):
-            return held, teacher_forced.log_probs(step.model, held, lambda: seam.fp8_context(step))
+        with fp8_layers.quiet(step.model, res.device), seam.read_context(step) as saved:
+            return held, teacher_forced.log_probs(step.model, held, lambda: seam.fp8_context(step, saved))
     except Exception as exc:  # noqa: BLE001 - e.g. a held length TE's FP8 GEMMs refuse; the cell stands without
         log.warning("teacher-forced read of the FP8 model failed: %s: %s", type(exc).__name__, exc)
         return None, None
