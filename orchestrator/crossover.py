@@ -39,7 +39,7 @@ import numpy as np
 from trials.spec import SpecError, TrialSpec, defaults_for, variant_name
 
 from .answer import Answer, Probe
-from .cells import cell_values
+from .cells import blame, cell_values
 from .report.analysis import bootstrap_ratio, launch_bound_note
 
 FINDS = ("crossover",)
@@ -176,24 +176,13 @@ def _written(sides: dict[str, dict[str, Any]], sweep_fixed: dict[str, Any],
 
 def _blame(plan: CrossoverPlan, side: str, x: int, exc: SpecError, sides: dict[str, dict[str, Any]],
            sweep_fixed: dict[str, Any]) -> tuple:
-    """The key path the file wrote that makes the ``side`` cell at ``x`` invalid: where the field the error
-    names is written (the searched axis: search.over), else the written field without which the cell is valid
-    (fixed.seq_len for "prompt_len: must be < seq_len"); search.over when no one field is."""
+    """The key path the file wrote that makes the ``side`` cell at ``x`` invalid (orchestrator/cells.blame, over
+    the cell's values as :meth:`CrossoverPlan.spec` makes them); the searched axis, or no one field: search.over."""
     written = _written(sides, sweep_fixed, side)
-    for place, values in written:
-        if exc.field in values:
-            return place + (exc.field,)
-    if exc.field == plan.axis:
+    if exc.field == plan.axis and not any(exc.field in given for _, given in written):
         return ("search", "over")
-    values = {**plan.fixed, **getattr(plan, side), plan.axis: x}
-    for place, given in written:
-        for name in given:
-            try:
-                TrialSpec.from_dict({k: v for k, v in values.items() if k != name})
-                return place + (name,)
-            except SpecError:
-                continue
-    return ("search", "over")
+    values = cell_values({**plan.fixed, **getattr(plan, side), plan.axis: x})[0]
+    return blame(exc, written, values) or ("search", "over")
 
 
 @dataclass(frozen=True)

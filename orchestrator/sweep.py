@@ -52,7 +52,7 @@ from trials.models import parse as parse_model
 from trials.spec import (SpecError, TrialSpec, applies, check_model, close_matches, default_for, defaults_for,
                          field_default, normalised, scope_words, te_layer_refusal, variant_name)
 
-from .cells import cell_values
+from .cells import blame, cell_values
 from .crossover import CrossoverPlan, parse_search
 from .launchers import DEFAULT_LAUNCHER, DEFAULT_WARM_MAX_TRIALS, LAUNCHERS
 from .store import storage_problem
@@ -487,26 +487,6 @@ class _Uses:
             self.example = self.example or values
 
 
-def _blame(exc: SpecError, asked: dict[str, Any], fixed: dict[str, Any], values: dict[str, Any]) -> tuple | None:
-    """The key the user wrote that a cell's error comes from: the refused field where they wrote it, else a
-    written field without which the error goes (prompt_len 8, never written, is refused for seq_len 4: seq_len),
-    those the error names first. None where no one field is to blame."""
-    if exc.field in asked:
-        return ("grid", exc.field)
-    if exc.field in fixed:
-        return ("fixed", exc.field)
-    written = [("grid", k) for k in asked] + [("fixed", k) for k in fixed if k in values]
-    named = [w for w in written if re.search(rf"\b{w[1]}\b", str(exc))]
-    for where, key in named + [w for w in written if w not in named]:
-        try:
-            check_model(TrialSpec.from_dict({k: v for k, v in values.items() if k != key}))
-        except SpecError as again:
-            if again.field == exc.field:
-                continue
-        return (where, key)
-    return None
-
-
 def _expand(sweep: Sweep, prefixes: list[tuple], err) -> None:
     first: dict[str, dict[str, Any]] = {}  # same_trial -> the grid values of the cell that runs it
     fixed_uses = {k: _Uses() for k in sweep.fixed}
@@ -529,7 +509,7 @@ def _expand(sweep: Sweep, prefixes: list[tuple], err) -> None:
                     continue
                 check_model(spec)  # an hf: or py: model that cannot be built: one line, before Ray
             except SpecError as exc:
-                blamed = _blame(exc, asked, sweep.fixed, values)
+                blamed = blame(exc, [(("grid",), asked), (("fixed",), sweep.fixed)], values)
                 place = (prefix + blamed[1:] if blamed[0] == "grid" else blamed) if blamed else prefix
                 raise err(place, f"{exc} (in cell {shown(asked)})") from None
             cid, label, dropped = cell_id(spec), cell_label(spec), _meaningful(dropped, values)

@@ -268,6 +268,9 @@ COMPILED = "variant: {backend: torch, compile: true}\n  baseline: {backend: torc
     # a bad cell names the key written that makes it bad: the sweep's fixed, search.fixed
     ("fixed: {seq_len: 4}\nsearch:\n  find: crossover\n  " + COMPILED + "\n  target: 1.1\n"
      "  over: {d_model: [256, 512], step: 256}", "fixed.seq_len", 2),
+    # ... where the cell drops another written field (compile on te): it is no suspect
+    ("fixed: {seq_len: 4, compile: true}\nsearch:\n  find: crossover\n  variant: {backend: te, precision: fp8}\n"
+     "  baseline: {backend: te}\n  target: 1.1\n  over: {d_model: [256, 512], step: 256}", "fixed.seq_len", 2),
     ("search:\n  find: crossover\n  " + COMPILED + "\n  target: 1.1\n"
      "  over: {d_model: [256, 512], step: 256}\n  fixed: {cuda_graphs: true}", "search.fixed.cuda_graphs", 8),
 ])
