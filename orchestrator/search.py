@@ -29,21 +29,23 @@ class Search:
         # cell id -> (side, x): the cells the plan could probe
         self.cells = {WorkItem.of(plan.spec(side, x), 0).cell_id: (side, x) for side in SIDES for x in plan.points}
         self.bisection = Bisection(plan)
-        self.earlier_failures: set[tuple] | None = None  # set by the first refresh: see :meth:`refresh`
-        self.refresh()
+        rows = self._rows()
+        # records an earlier run left without a final status: its failures, which this run retries
+        self.earlier_failures = frozenset(_identity(r) for r in rows if r["status"] not in FINAL_STATUSES)
+        self.observe_records(rows)
 
     @property
     def columns(self) -> list[str]:
         return ["cell_id", "sample", "status", self.timing.median, "effective_precision", "trial_wall_s", "error",
                 "gpu_name", "launch_bound", "run_id", "recorded_at"]
 
+    def _rows(self) -> list[dict[str, Any]]:
+        return self.store.read_records(self.columns).to_pylist() if self.store.record_files() else []
+
     def refresh(self) -> None:
-        """Observe every record on disk that belongs to one of the plan's cells. The first call (at the start)
-        notes the records without a final status: an earlier run's failures, which this run retries."""
-        rows = self.store.read_records(self.columns).to_pylist() if self.store.record_files() else []
-        if self.earlier_failures is None:
-            self.earlier_failures = {_identity(r) for r in rows if r["status"] not in FINAL_STATUSES}
-        self.observe_records(rows)
+        """Observe every record on disk that belongs to one of the plan's cells (but an earlier run's failures,
+        noted when the search was made)."""
+        self.observe_records(self._rows())
 
     def observe_records(self, rows: list[dict[str, Any]]) -> None:
         """Observe those of ``rows`` (records with at least :attr:`columns`) that are cells of the plan, but
@@ -51,7 +53,7 @@ class Search:
         search with its reason, as one of this search's own does (:meth:`observe_trial`)."""
         for r in rows:
             where = self.cells.get(r["cell_id"])
-            if where is not None and _identity(r) not in (self.earlier_failures or ()):
+            if where is not None and _identity(r) not in self.earlier_failures:
                 self.observe(where, int(r["sample"]), r)
 
     def observe_trial(self, side: str, x: int, sample: int) -> None:
