@@ -63,9 +63,9 @@ def test_a_tiny_torchao_tensorwise_model_reads_every_fp8_layer_finite_and_the_sa
 
     def read() -> dict:
         step = build_train_step(spec, "torchao", "fp8", "cpu")
-        reads = fp8_layers.read_layers(step, numerics("torchao"), held, "cpu")
+        reads, total = fp8_layers.read_layers(step, numerics("torchao"), held, "cpu")
         assert all(p.grad is None for p in step.model.parameters())
-        return fp8_layers.record_fields(reads, None)
+        return fp8_layers.record_fields(reads, None, total)
 
     first, second = read(), read()
     assert first == second
@@ -110,7 +110,8 @@ def _tiny_read(**fields) -> dict:
                      seq_len=16, device="cpu", **fields)
     step = build_train_step(spec, "torchao", "fp8", "cpu")
     held = held_pair(spec.vocab, spec.seq_len, "cpu", spec.seed)
-    return fp8_layers.record_fields(fp8_layers.read_layers(step, numerics("torchao"), held, "cpu"), None)
+    reads, total = fp8_layers.read_layers(step, numerics("torchao"), held, "cpu")
+    return fp8_layers.record_fields(reads, None, total)
 
 
 def test_activation_checkpointing_full_reads_every_fp8_module_as_without_it():

@@ -85,8 +85,8 @@ def test_the_te_layer_read_leaves_delayed_scaling_state_exactly_as_it_was(te):
     step = build_train_step(spec, "te", "fp8", "cuda")
     train(step, ArithmeticSequences(spec.vocab, spec.seq_len, "cuda", spec.seed), spec.train_steps, spec.batch_size)
     before = _fp8_meta(step.model)
-    reads = fp8_layers.read_layers(step, numerics("te"), teacher_forced.held_pair(spec.vocab, spec.seq_len, "cuda",
-                                                                                   spec.seed), "cuda")
+    reads, _ = fp8_layers.read_layers(step, numerics("te"), teacher_forced.held_pair(spec.vocab, spec.seq_len,
+                                                                                      "cuda", spec.seed), "cuda")
     assert reads and all(math.isfinite(r.sqnr["fwd"]) for r in reads)
     after = _fp8_meta(step.model)
     assert len(after) == len(before) and all(a.equal(b) for a, b in zip(after, before))
@@ -164,7 +164,8 @@ def test_te_delayed_reads_judge_and_run_every_pass_under_the_scales_training_lef
     assert "LayerNormMLP" in kinds, kinds
     # the whole read on a held gradient 2048x training's (train_tokens 1 against batch 16 x seq 128): saturates
     held = teacher_forced.held_pair(spec.vocab, spec.seq_len, "cuda", spec.seed)
-    big = fp8_layers.record_fields(fp8_layers.read_layers(step, seam, held, "cuda", train_tokens=1), None)
+    reads, total = fp8_layers.read_layers(step, seam, held, "cuda", train_tokens=1)
+    big = fp8_layers.record_fields(reads, None, total)
     assert big["cast_saturation_grad"] > 0, big
     assert all(a.equal(b) for a, b in zip(_fp8_meta(step.model), before))
 

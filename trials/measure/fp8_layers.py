@@ -157,19 +157,10 @@ def fp8_modules(seam: ModuleType, model: nn.Module) -> list[tuple[str, nn.Module
     return [(".".join(p for p in name.split(".") if p not in WRAPPERS), m) for name, m in seam.fp8_modules(model)]
 
 
-class LayerReads(list):
-    """:func:`read_layers`'s answer: the :class:`LayerRead` of every FP8 module read, in model order (a list, as
-    callers take it), and ``total``, how many FP8 modules the model runs: fewer read than run is a partial read
-    the record says (``fp8_layers_read`` of ``fp8_layers_total``), never a full one."""
-
-    def __init__(self, reads: list[LayerRead] = (), total: int | None = None):
-        super().__init__(reads)
-        self.total = total
-
-
 def read_layers(step: Any, seam: ModuleType, held: tuple[torch.Tensor, torch.Tensor], device: str,
-                train_tokens: int | None = None) -> LayerReads:
-    """Every FP8 module of ``step.model``, read on the held batch (the module docstring). One forward and
+                train_tokens: int | None = None) -> tuple[list[LayerRead], int]:
+    """Every FP8 module of ``step.model``, read on the held batch (the module docstring): the reads, in model
+    order, and how many FP8 modules the model runs (more than were read where some saw no forward). One forward and
     backward of the whole model in FP8 gives each module's input and upstream gradient (the cross-entropy's on
     the held targets); each module is then run alone on them, in FP8 and in BF16. Parameters' gradients are
     left as they were found (cleared: a training step leaves none).
@@ -197,7 +188,7 @@ def read_layers(step: Any, seam: ModuleType, held: tuple[torch.Tensor, torch.Ten
 
     x, y = held
     handles = [m.register_forward_hook(keep(name)) for name, m in modules]
-    reads = LayerReads(total=len(modules))
+    reads: list[LayerRead] = []
     try:
         with quiet(step.model, device), seam.read_context(step) as saved:
             with seam.fp8_context(step, saved):
@@ -237,7 +228,7 @@ def read_layers(step: Any, seam: ModuleType, held: tuple[torch.Tensor, torch.Ten
     if len(reads) < len(modules):
         log.warning("fp8 layer read: %d of %d FP8 modules read (fp8_layers_read, fp8_layers_total)", len(reads),
                     len(modules))
-    return reads
+    return reads, len(modules)
 
 
 @dataclass
@@ -314,12 +305,12 @@ def broken_is_worst(db: float) -> float:
     return -math.inf if math.isnan(db) else db
 
 
-def record_fields(reads: list[LayerRead], trend: OutlierTrend | None) -> dict[str, Any]:
+def record_fields(reads: list[LayerRead], trend: OutlierTrend | None, total: int | None = None) -> dict[str, Any]:
     """The record's fields (trials/record/fields.py) from the reads: min, median and worst module per direction
     (a NaN SQNR counted as -inf: :func:`broken_is_worst`), worst share and module per operand class, the last
-    outlier sample's largest values, how many FP8 modules were read of how many run (``reads.total``, where
-    ``reads`` is :func:`read_layers`'s), and every per-layer value as JSON (``fp8_layers``) for the report."""
-    total = getattr(reads, "total", None)
+    outlier sample's largest values, how many FP8 modules were read of ``total``, how many run (fewer read than
+    run is a partial read the record says, never a full one; both from :func:`read_layers`), and every per-layer
+    value as JSON (``fp8_layers``) for the report."""
     out: dict[str, Any] = {"fp8_layers_read": len(reads), "fp8_layers_total": total}
     sqnr = {d: [broken_is_worst(r.sqnr[d]) for r in reads] for d in DIRECTIONS}
     for d in DIRECTIONS:

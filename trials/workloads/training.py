@@ -158,11 +158,11 @@ def layer_reads(step: Any, seam: Any, held: Any, device: str, trend: fp8_layers.
     the tokens one rank's training loss averages over, so the held gradients are the size training's were."""
     t = time.perf_counter()
     try:
-        reads = fp8_layers.read_layers(step, seam, held, device, train_tokens)
+        reads, total = fp8_layers.read_layers(step, seam, held, device, train_tokens)
     except Exception as exc:  # noqa: BLE001 - the cell's own numbers stand without it
         log.warning("per-layer FP8 read failed: %s: %s", type(exc).__name__, exc)
-        reads = []
-    fields = fp8_layers.record_fields(reads, trend)
+        reads, total = [], None
+    fields = fp8_layers.record_fields(reads, trend, total)
     log.info("per-layer FP8 read: %d modules, fwd SQNR min %s dB (%.1f s)", len(reads), fields.get("sqnr_fwd_min_db"),
              time.perf_counter() - t)
     return {**fields, "fp8_layers_s": time.perf_counter() - t, "outliers_s": trend.seconds}
