@@ -65,9 +65,10 @@ class Measured:
 
 def kernel_classes(run: Callable[[], Any], ms: float, steps: int = 5) -> dict[str, float]:
     """``run``'s step under the profiler the trial uses (trials/measure/kernels.profile): kernel ms per class, and
-    the gap to ``ms``, the step's timed median."""
+    the gap to ``ms``, the step's timed median, by the trial's rule (``Breakdown.busy``: overlapping streams once),
+    so that the two sides' gaps compare."""
     found = kernels.profile(run, steps, "cuda")
-    return {**{c: v for c, v in found.ms().items() if v}, "gap": ms - found.total_ms}
+    return {**{c: v for c, v in found.ms().items() if v}, "gap": ms - found.busy}
 
 
 def _trial_classes(rec: dict[str, Any]) -> dict[str, float] | None:
