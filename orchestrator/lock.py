@@ -119,13 +119,9 @@ def _read_object(store: Store, path: str) -> dict:
 def _holder_now(store: Store, path: str) -> dict:
     """The lock object's holder, {} where there is none; raises OSError where the store cannot answer (an outage
     is no answer: the next heartbeat asks again)."""
+    data = store.read_strict(path)
     try:
-        with store.fs.open_input_stream(path) as fh:
-            data = fh.read().decode()
-    except FileNotFoundError:
-        return {}
-    try:
-        return json.loads(data) if data.strip() else {}
+        return json.loads(data) if data and data.strip() else {}
     except ValueError:
         return {}
 

@@ -179,11 +179,20 @@ class Store:
         return self.read_at(self.path(*parts))
 
     def read_at(self, path: str) -> str | None:
-        """A text file at a path of the store's filesystem (beside the store too: its lock), or None."""
+        """A text file at a path of the store's filesystem (beside the store too: its lock), or None (absent, or
+        the store could not answer)."""
+        try:
+            return self.read_strict(path)
+        except OSError:
+            return None
+
+    def read_strict(self, path: str) -> str | None:
+        """:meth:`read_at`, but an outage raises OSError: None means the file is not there (the lock's heartbeat
+        tells "taken over" from "no answer")."""
         try:
             with self.fs.open_input_stream(path) as fh:
                 return fh.read().decode()
-        except (FileNotFoundError, OSError):
+        except FileNotFoundError:
             return None
 
     def ensure(self) -> None:
