@@ -45,6 +45,7 @@ from plain_check import (HF_NAMES, Measured, compare, gc_off as collector_off, h
 from trials import TrialSpec
 from trials.backends import te_compat
 from trials.backends import te_convert
+from trials.backends.te import fp8_recipe
 from trials.measure.gc_pauses import GcPauses
 from trials.workloads.train_step import make_optimizer
 
@@ -160,9 +161,7 @@ def runs_parser(description: str, steps: int) -> argparse.ArgumentParser:
 def runs_setup(args: argparse.Namespace) -> tuple[Any, Any, Shape]:
     """TE, the recipe of :func:`runs_parser`'s flags (None for bf16) and their shape; prints what runs where."""
     te = te_compat.import_te()
-    d = TrialSpec()  # the harness's FP8 defaults (format, amax history)
-    recipe = (te_compat.make_recipe(args.recipe, d.fp8_format, d.amax_history_len, d.amax_compute_algo)
-              if args.precision == "fp8" else None)
+    recipe = fp8_recipe(TrialSpec(recipe=args.recipe)) if args.precision == "fp8" else None  # the harness's defaults
     shape = Shape.from_args(args)
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} TE {te_compat.te_version()}; {shape}; "
           f"{args.te_layer} {args.precision} {args.recipe if recipe else ''}", flush=True)
@@ -171,12 +170,10 @@ def runs_setup(args: argparse.Namespace) -> tuple[Any, Any, Shape]:
 
 def by_flags(args: argparse.Namespace, te) -> list[dict]:
     shape = Shape.from_args(args)
-    d = TrialSpec()  # the harness's FP8 defaults (format, amax history)
     rows = []
     for cell in args.cells:
         te_layer, precision, *rest = cell.split(":")
-        recipe = (te_compat.make_recipe(rest[0], d.fp8_format, d.amax_history_len, d.amax_compute_algo)
-                  if precision == "fp8" else None)
+        recipe = fp8_recipe(TrialSpec(recipe=rest[0])) if precision == "fp8" else None  # the harness's defaults
         r = plain_loop(shape, te, te_layer, recipe, args.steps, args.warmup)
         rows.append({"cell": f"{args.model}-{cell}", **r})
         print(f"{args.model} {cell}: plain {r['ms_p50']:.2f} ms (min {r['ms_min']:.2f}, max {r['ms_max']:.2f}), "
@@ -195,8 +192,7 @@ def by_sweep(args: argparse.Namespace, te) -> list[dict]:
     for cell in cells:
         spec = cell.spec.replace(device="cuda", train_steps=args.warmup, warmup_steps=args.warmup,
                                  bench_steps=args.steps, repeats=1, profile=args.kernels)
-        recipe = (te_compat.make_recipe(spec.recipe, spec.fp8_format, spec.amax_history_len, spec.amax_compute_algo)
-                  if spec.precision == "fp8" else None)
+        recipe = fp8_recipe(spec) if spec.precision == "fp8" else None
 
         def plain() -> Measured:
             r = plain_loop(Shape.of(spec), te, spec.te_layer, recipe, args.steps, untimed_steps(spec),
