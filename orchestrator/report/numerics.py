@@ -94,11 +94,8 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     """Per FP8 cell with reads: the lowest SQNR over its samples and that read's module per direction, the worst
     cast shares per operand class, the outlier ratio and kurtosis at the last sample (medians over samples), and
     what the reads cost."""
-    if "sqnr_fwd_min_db" not in df:
-        return pd.DataFrame()
-    rows = df[(df["status"] == "ok") & df["sqnr_fwd_min_db"].notna()]
     out = []
-    for cell, g in rows.groupby(rows.apply(_cell, axis=1), sort=True):
+    for cell, g in _cells(df):
         first = g.iloc[0]
         row: dict[str, Any] = {"cell": cell, "n": len(g)}
         for d in DIRECTIONS:  # the lowest read of any sample, and its module (below_floor lists the same)
@@ -117,6 +114,14 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
         row["modules read"] = _modules_read(g)
         out.append(row)
     return pd.DataFrame(out)
+
+
+def _cells(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """(cell name, its ok samples) of every FP8 cell with per-layer reads, by name."""
+    if "sqnr_fwd_min_db" not in df:
+        return []
+    rows = df[(df["status"] == "ok") & df["sqnr_fwd_min_db"].notna()]
+    return list(rows.groupby(rows.apply(_cell, axis=1), sort=True)) if not rows.empty else []
 
 
 def _fewest_read(g: pd.DataFrame) -> tuple[int, int] | None:
@@ -140,11 +145,8 @@ def partial(df: pd.DataFrame) -> list[str]:
     """The cells some sample of which read fewer FP8 modules than the model runs (a module that saw no forward or
     no gradient on the held batch, or ran twice in one forward), as "cell (read of total)": their figures are of
     the modules read only."""
-    if "sqnr_fwd_min_db" not in df:
-        return []
-    rows = df[(df["status"] == "ok") & df["sqnr_fwd_min_db"].notna()]
     out = []
-    for cell, g in rows.groupby(rows.apply(_cell, axis=1), sort=True):
+    for cell, g in _cells(df):
         fewest = _fewest_read(g)
         if fewest is not None and fewest[0] < fewest[1]:
             out.append("{} ({} of {})".format(cell, *fewest))
