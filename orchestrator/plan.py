@@ -59,14 +59,14 @@ def estimate_flops_guess(spec: TrialSpec) -> tuple[float, bool]:
     fake tensors, 6 x parameters per token (a guess)."""
     facts = models.describe(spec)
     steps = spec.train_steps + spec.bench_steps * spec.repeats
-    tokens = spec.tokens * spec.world_size
+    tokens = spec.tokens
     got = None if facts.analytic is not None else memory_plan.probe(spec)
     guess = False
     if facts.analytic is not None:
         per_step = flops_per_step(facts.analytic, tokens)
     elif got is not None:
         attention = 6.0 * len(got.activations.units) * spec.seq_len * (facts.attn_width or 0) * tokens
-        per_step = 3.0 * got.forward_flops * spec.world_size + attention
+        per_step = 3.0 * got.forward_flops * spec.micro_batches + attention  # the probe ran one micro-batch
     else:
         per_step, guess = 6.0 * (facts.n_params or 0) * tokens, True
     flops = per_step * steps

@@ -197,8 +197,9 @@ def cell_label(spec: TrialSpec) -> str:
 
 # How a field other than cell_label's own reads in a label when it has to tell cells apart ("b1", "seq512"):
 # the field's name unless named here; a bool reads as its name or no-<name>; device and workload as their value.
-LABEL_PREFIX = {"batch_size": "b", "seq_len": "seq", "n_heads": "h", "n_kv_heads": "kv", "vocab": "v",
-                "tokens_per_step": "tok", "train_steps": "steps", "warmup_steps": "warmup", "bench_steps": "bench",
+LABEL_PREFIX = {"batch_size": "b", "grad_accum": "ga", "seq_len": "seq", "n_heads": "h", "n_kv_heads": "kv",
+                "vocab": "v", "tokens_per_step": "tok", "train_steps": "steps", "warmup_steps": "warmup",
+                "bench_steps": "bench",
                 "repeats": "rep", "gen_len": "gen", "prompt_len": "prompt", "device": "", "workload": "",
                 "activation_checkpointing": "ac-", "ac_every": "ac-every"}
 

@@ -66,10 +66,11 @@ class SpecError(ValueError):
 # ("te-fp8"), TE's delayed-scaling cells ("te-delayed": the amax history, which current scaling, block and MX
 # never read), stacks that compile ("compiles"), stacks with their own FP8 layer filter ("fp8-filter") or
 # JuicyTalk's own MiniGPT ("minigpt": a model source with ``own`` shape, trials/models) or selective activation
-# checkpointing ("selective-ac"); elsewhere the sweep
+# checkpointing ("selective-ac") or training ("train": workload train); elsewhere the sweep
 # collapses it to its default and variant names leave it out.
 AXES = ("shape", "schedule", "execution", "variant", "run")
-SCOPES = ("fp8", "te", "te-fp8", "te-delayed", "compiles", "fp8-filter", "minigpt", "selective-ac")  # ``only``'s
+# ``only``'s
+SCOPES = ("fp8", "te", "te-fp8", "te-delayed", "compiles", "fp8-filter", "minigpt", "selective-ac", "train")
 
 
 def _on(axis: str, default: Any, label: str | None = None, only: str | None = None) -> Any:
@@ -86,10 +87,13 @@ class TrialSpec:
     n_heads: int | None = _on("shape", None)  # default: default_n_heads(d_model)
     ffn: int | None = _on("shape", None)  # default 4 * d_model (gpt), SwiGLU's ~8/3 * d_model (llama)
     seq_len: int = _on("shape", 256)
-    batch_size: int = _on("shape", 32)
+    batch_size: int = _on("shape", 32)  # one micro-batch, per rank
+    # micro-batches of batch_size rows per optimizer step (gradient accumulation): a step's batch is their sum
+    grad_accum: int = _on("shape", 1, only="train")
     arch: str = _on("shape", "gpt", only="minigpt")
     n_kv_heads: int | None = _on("shape", None)  # GQA key/value heads (llama); default n_heads
-    tokens_per_step: int | None = _on("shape", None)  # sizes the batch: batch_size = tokens_per_step / seq_len
+    # sizes the batch: batch_size = tokens_per_step / (seq_len * grad_accum), a rank's tokens per optimizer step
+    tokens_per_step: int | None = _on("shape", None)
     model: str = _on("shape", DEFAULT_MODEL)  # minigpt | hf:<model_type or config path> | py:<module>:<callable>
     backend: str = _on("variant", "auto")
     precision: str = _on("variant", "bf16")
@@ -137,13 +141,17 @@ class TrialSpec:
                 object.__setattr__(self, "n_heads", default_n_heads(self.d_model))
             if self.ffn is None:
                 object.__setattr__(self, "ffn", swiglu_hidden(self.d_model) if self.arch == "llama" else 4 * self.d_model)
+        if self.grad_accum < 1:
+            raise SpecError("grad_accum", f"must be a positive integer (micro-batches per optimizer step), got "
+                            f"{self.grad_accum}")
         if self.tokens_per_step is not None:
-            if self.batch_size != field_default("batch_size") and self.batch_size * self.seq_len != self.tokens_per_step:
+            per_micro = self.seq_len * self.grad_accum
+            if self.batch_size != field_default("batch_size") and self.batch_size * per_micro != self.tokens_per_step:
                 raise _batch_conflict(self.batch_size, self.seq_len)
-            if self.tokens_per_step < 1 or self.tokens_per_step % self.seq_len:
-                raise SpecError("tokens_per_step", f"must be a positive multiple of seq_len={self.seq_len}, "
-                                f"got {self.tokens_per_step}")
-            object.__setattr__(self, "batch_size", self.tokens_per_step // self.seq_len)
+            if self.tokens_per_step < 1 or self.tokens_per_step % per_micro:
+                what = f"seq_len={self.seq_len}" + (f" x grad_accum={self.grad_accum}" if self.grad_accum > 1 else "")
+                raise SpecError("tokens_per_step", f"must be a positive multiple of {what}, got {self.tokens_per_step}")
+            object.__setattr__(self, "batch_size", self.tokens_per_step // per_micro)
         self._validate()
         # after _validate: an fp8 cell's d_model error comes first
         if self.d_model is not None and self.n_heads is not None and self.head_dim % HEAD_DIM_MULTIPLE:
@@ -199,9 +207,25 @@ class TrialSpec:
         return self.d_model // int(self.n_heads)  # type: ignore[arg-type]
 
     @property
-    def tokens(self) -> int:
-        """Tokens per training step (batch_size * seq_len)."""
+    def micro_batches(self) -> int:
+        """Micro-batches of ``batch_size`` rows in one optimizer step, every rank's: grad_accum x world_size."""
+        return self.grad_accum * self.world_size
+
+    @property
+    def step_rows(self) -> int:
+        """Rows one rank trains on per optimizer step: its grad_accum micro-batches of batch_size."""
+        return self.batch_size * self.grad_accum
+
+    @property
+    def micro_tokens(self) -> int:
+        """Tokens of one micro-batch on one rank (batch_size * seq_len): what one forward holds and FP8 GEMMs see."""
         return self.batch_size * self.seq_len
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per optimizer step, the global batch: batch_size x seq_len x grad_accum x world_size. The one
+        rule tokens/s, FLOPs per step, MFU and energy per token follow."""
+        return self.micro_tokens * self.micro_batches
 
     @property
     def kv_heads(self) -> int:
@@ -295,7 +319,7 @@ class TrialSpec:
             dims = ((("d_model", self.d_model), ("ffn", self.ffn),
                      ("n_kv_heads*head_dim", self.kv_heads * self.head_dim))
                     if self.source.own else ())  # other models: torchao keeps Linears with other dims in BF16
-            for name, value in (*dims, ("batch_size*seq_len", self.tokens)):
+            for name, value in (*dims, ("batch_size*seq_len", self.micro_tokens)):
                 if value % 16:  # type: ignore[operator]
                     raise SpecError(name, f"fp8 GEMMs need a multiple of 16, got {value}")
         if stack is not None and stack.needs_cuda and self.device == "cpu":
@@ -325,6 +349,8 @@ class TrialSpec:
             if self.cuda_graphs:
                 raise SpecError("activation_checkpointing", "not with cuda_graphs (a captured backward cannot "
                                 "recompute its forward); use one of them")
+        if self.grad_accum > 1 and self.workload != "train":
+            raise SpecError("grad_accum", "accumulates gradients over micro-batches: workload train only")
         if self.ac_every != field_default("ac_every") and self.activation_checkpointing != "selective":
             raise SpecError("ac_every", "applies to activation_checkpointing: selective (every ac_every-th unit)")
         if self.fp8_all_gather:
@@ -517,7 +543,8 @@ def scope_words(field_name: str) -> str:
             "fp8-filter": f"precision: fp8 cells of backend {stacks}",
             "minigpt": f"cells of model {', '.join(m for m, s in SOURCES.items() if s.own)} (other models have their "
                        "own architecture)",
-            "selective-ac": "cells of activation_checkpointing: selective"}.get(only, "every cell")
+            "selective-ac": "cells of activation_checkpointing: selective",
+            "train": "workload: train cells"}.get(only, "every cell")
 
 
 def axis_fields(*axes: str) -> list[str]:
@@ -540,7 +567,8 @@ def applies(field_name: str, values: Mapping[str, Any]) -> bool:
             or (only == "compiles" and stack is not None and stack.compiles)
             or (only == "fp8-filter" and fp8 and stack is not None and bool(stack.fp8_filter_auto))
             or (only == "minigpt" and own)
-            or (only == "selective-ac" and values.get("activation_checkpointing") == "selective"))
+            or (only == "selective-ac" and values.get("activation_checkpointing") == "selective")
+            or (only == "train" and values.get("workload", field_default("workload")) == "train"))
 
 
 def variant_name(values: Mapping[str, Any]) -> str:

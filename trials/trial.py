@@ -74,8 +74,8 @@ def run_trial(spec: TrialSpec, capability: Capability | None = None, process_tri
         record.update({name: value for name, value in facts.shape.items() if value is not None or record[name] is None})
         if cfg is not None:
             record["n_matmul_params"] = matmul_param_count(cfg)
-        if spec.workload == "train":  # the global batch: every rank's rows
-            tokens = spec.tokens * spec.world_size
+        if spec.workload == "train":  # the global batch: every rank's micro-batches
+            tokens = spec.tokens
             record["tokens_per_step"] = tokens
             if cfg is not None:
                 record.update(flops_per_step=flops_per_step(cfg, tokens), flops_method="analytic")

@@ -251,8 +251,12 @@ def fp8_meta_kept(model: Any, recipe_obj: Any) -> Iterator[Fp8MetaSaved | None]:
         saved.restore()
 
 
-def make_graphed_callables(te: ModuleType, module: Callable, sample_args: tuple, recipe_obj: Any) -> Callable:
-    """CUDA-graph ``module`` forward+backward with TE, FP8 state included when a recipe is given."""
+def make_graphed_callables(te: ModuleType, module: Callable, sample_args: tuple, recipe_obj: Any,
+                           cache_weights: bool = False) -> Callable:
+    """CUDA-graph ``module`` forward+backward with TE, FP8 state included when a recipe is given.
+    ``cache_weights`` (gradient accumulation, FP8): the graphs cast each weight to FP8 only where the call says
+    ``is_first_microbatch=True`` and reuse the cast otherwise (TE's ``cache_quantized_params``, older TE's
+    ``fp8_weight_caching``); every call must then pass it."""
     params = inspect.signature(te.make_graphed_callables).parameters
     kwargs: dict[str, Any] = {}
     if recipe_obj is not None:
@@ -260,6 +264,8 @@ def make_graphed_callables(te: ModuleType, module: Callable, sample_args: tuple,
             kwargs.update(enabled=True, recipe=recipe_obj)
         else:  # older TE compatibility
             kwargs.update(fp8_enabled=True, fp8_recipe=recipe_obj)
+        if cache_weights:
+            kwargs["cache_quantized_params" if "cache_quantized_params" in params else "fp8_weight_caching"] = True
     return te.make_graphed_callables(module, sample_args, **kwargs)
 
 

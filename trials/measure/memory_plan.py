@@ -32,8 +32,10 @@ The parts of one rank, in the cell's weight dtype (fp32 for fp32 cells, bf16 oth
 
 The peak is weights + optimizer + max(activations + recomputed + logits, grads): at the start of backward every
 activation and the logits' gradients are held; by its end the activations are freed and every gradient
-exists. The plan is of the module the source builds (the torch twin): an FP8 stack's own saved casts are
-not in it.
+exists. Activations and logits are one micro-batch's (``batch_size`` rows); under gradient accumulation
+(``grad_accum`` > 1) a later micro-batch's backward runs with the gradients held, so the peak is their sum, and
+FSDP2 accumulates whole (unsharded) gradients until the step's last micro-batch reduces them. The plan is of
+the module the source builds (the torch twin): an FP8 stack's own saved casts are not in it.
 """
 
 from __future__ import annotations
@@ -112,20 +114,25 @@ class MemoryPlan:
     ac_every: int  # selective: every ac_every-th unit recomputed
     parallel: str
     world_size: int
-    batch_size: int  # rows per rank
+    batch_size: int  # rows per rank, one micro-batch
     guess: bool = False
     recomputed: int = 0
+    grad_accum: int = 1  # micro-batches per optimizer step
 
     @property
     def total(self) -> int:
-        return self.weights + self.optimizer + max(self.activations + self.recomputed + self.logits, self.grads)
+        held = self.activations + self.recomputed + self.logits
+        if self.grad_accum > 1:  # a later micro-batch's backward: the earlier ones' gradients are held
+            return self.weights + self.optimizer + held + self.grads
+        return self.weights + self.optimizer + max(held, self.grads)
 
     def setting(self) -> str:
         """The knobs this plan is for, as sweep fields."""
         where = (f"parallel {self.parallel}, world_size {self.world_size}, batch_size {self.batch_size} per rank"
                  if self.parallel != "none" else "1 GPU")
         every = f", ac_every {self.ac_every}" if self.checkpointing == "selective" else ""
-        return f"activation_checkpointing {self.checkpointing}{every}, {where}"
+        accum = f", grad_accum {self.grad_accum}" if self.grad_accum > 1 else ""
+        return f"activation_checkpointing {self.checkpointing}{every}, {where}{accum}"
 
 
 @dataclass(frozen=True)
@@ -140,7 +147,7 @@ class _Key:
 
 def _key(spec: Any, batch: int) -> _Key:
     shape = tuple((name, getattr(spec, name)) for name in axis_fields("shape")
-                  if name not in ("batch_size", "tokens_per_step"))
+                  if name not in ("batch_size", "tokens_per_step", "grad_accum"))  # the probe runs one micro-batch
     return _Key((*shape, spec.precision == "fp32"), batch, spec)
 
 
@@ -261,13 +268,14 @@ def plan(spec: Any, checkpointing: str | None = None, parallel: str | None = Non
         # every parameter sharded; the root's own (outside the units) whole besides, from its forward to the
         # end of backward; two units whole at a time
         weights = weights // world + outside + GATHERED_UNITS * largest * width
-        grads, optimizer = grads // world, optimizer // world
+        # set_requires_gradient_sync(False) until a step's last micro-batch: whole gradients besides the shards
+        grads, optimizer = grads // world + (grads if spec.grad_accum > 1 else 0), optimizer // world
     elif parallel == "ddp":
         grads = 2 * grads  # DDP's buckets hold a copy of the gradients (gradient_as_bucket_view is off)
     vocab = models.describe(spec).shape.get("vocab") or spec.vocab or 0
     logits = batch * spec.seq_len * vocab * (width + LOGITS_BYTES)
     return MemoryPlan(weights, grads, optimizer, acts, logits, setting, spec.ac_every, parallel, world, batch,
-                      guess, again)
+                      guess, again, spec.grad_accum)
 
 
 def record_fields(spec: Any) -> dict[str, int | None]:

@@ -386,7 +386,9 @@ def count_flops(spec: Any, model: Any, vocab: int, device: str, world: int,
     ids, _ = ArithmeticSequences(vocab, spec.seq_len, device, spec.seed + 2).batch(spec.batch_size)
     known = bool(facts.n_layers and facts.attn_width)
     tally = Tally(modules=tuple(fp8_modules))
-    flops = counted_flops_per_step(model, ids, facts.n_layers or 0, facts.attn_width or 0, world, tally)
+    # one micro-batch counted, a step's every micro-batch on every rank charged (TrialSpec.tokens' rule)
+    flops = counted_flops_per_step(model, ids, facts.n_layers or 0, facts.attn_width or 0, world * spec.grad_accum,
+                                   tally)
     return {"flops_per_step": flops, "flops_method": "counted" if known else "counted-gemms-only",
             "fp8_flop_share": tally.fp8 / flops if flops else None}
 

@@ -104,6 +104,7 @@ class SavedBytes:
         self.per_unit = [0] * len(units)
         self.unit_inputs = [0] * len(units)
         self._current: int | None = None  # the unit whose forward runs now
+        self._counting = True  # off once a step's first micro-batch is counted (:meth:`stop`)
         self._params: set[int] = set()
         self._handles: list[Any] = []
         self._hooks: Any = None
@@ -142,7 +143,14 @@ class SavedBytes:
             if isinstance(value, torch.Tensor):
                 self._count(value)
 
+    def stop(self) -> None:
+        """Count nothing more: under gradient accumulation a step's first micro-batch is what one forward holds
+        (each one's saved tensors are freed by its backward before the next runs)."""
+        self._counting = False
+
     def _count(self, tensor: torch.Tensor) -> None:
+        if not self._counting:
+            return
         if isinstance(tensor, nn.Parameter) or isinstance(tensor._base, nn.Parameter):
             return  # a weight (or its transpose) held for the backward's GEMM: held by the model anyway
         key, size = _storage(tensor)

@@ -7,8 +7,11 @@ group. Each reads its place from the environment torchrun sets (``RANK``, ``WORL
 CPU (where a launcher already made one, as Ray Train does, it is used as is).
 
 - ``batch_size`` is per rank. Every rank draws the same global batch (``world_size * batch_size``
-  rows) from the seeded data and trains on its own rows, so DDP's averaged gradient is exactly the
-  one-process gradient of the global batch (the acceptance test checks the loss curves agree).
+  rows; with ``grad_accum``, ``grad_accum`` times that, split into micro-batches on each rank) from the seeded
+  data and trains on its own rows, so DDP's averaged gradient is exactly the one-process gradient of the
+  global batch (the acceptance test checks the loss curves agree). Under gradient accumulation the ranks
+  reduce gradients on a step's last micro-batch only (:func:`held_gradients` on the others: DDP's
+  ``no_sync``, FSDP2's ``set_requires_gradient_sync``, which torchtitan's FSDP notes name for it).
 - ``parallel: ddp`` wraps the model in ``DistributedDataParallel``; ``parallel: fsdp`` shards it with
   FSDP2 (``torch.distributed.fsdp.fully_shard``): one unit per decoder layer, then the root. The units
   are the model source's (trials/models: MiniGPT's blocks, a transformers model's ``_no_split_modules``
@@ -142,6 +145,26 @@ def wrap(model: nn.Module, parallel: str, device: str, ranks: Ranks, units: tupl
         fully_shard(model)
         return model
     return model
+
+
+@contextlib.contextmanager
+def held_gradients(module: nn.Module, parallel: str) -> Iterator[None]:
+    """A micro-batch's forward and backward that keep this rank's gradients to itself: every one of a step's but
+    the last, whose backward then reduces their sum once (DDP's ``no_sync``; FSDP2's
+    ``set_requires_gradient_sync(False)``, which accumulates unsharded gradients until it is on again). ``module``:
+    what :func:`wrap` returned."""
+    if parallel == "ddp":
+        with module.no_sync():
+            yield
+        return
+    if parallel == "fsdp":
+        module.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            module.set_requires_gradient_sync(True)
+        return
+    yield
 
 
 def compile_units(model: nn.Module, units: tuple[str, ...]) -> None:

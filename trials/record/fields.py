@@ -51,7 +51,12 @@ FIELDS: list[Field] = [
     _f("ffn", "int", "MLP hidden size (MiniGPT default 4*d_model; hf: the type's own name for it, intermediate_size, "
        "ffn_dim, n_inner, ...; MoE types: every expert's and the shared expert's too), read back from the model."),
     _f("seq_len", "int", "Tokens per sequence."),
-    _f("batch_size", "int", "Sequences per step."),
+    _f("batch_size", "int", "Sequences per micro-batch, per rank (one step is grad_accum micro-batches on each rank)."),
+    _f("grad_accum", "int", "Micro-batches per optimizer step (gradient accumulation; default 1): each rank runs "
+       "grad_accum forward+backward passes of batch_size rows, the loss of each divided by grad_accum, then one "
+       "optimizer step; DDP (no_sync) and FSDP2 (set_requires_gradient_sync(False)) reduce gradients on the last "
+       "micro-batch only; TE casts its FP8 weights on the first (is_first_microbatch). A step, its time and its "
+       "tokens are the optimizer step's."),
     _f("arch", "str", "Architecture: gpt (the tutorial's MiniGPT) or llama (RMSNorm, SwiGLU, GQA, RoPE, no biases)."),
     _f("n_kv_heads", "int", "Key/value heads (grouped-query attention, llama; hf: num_key_value_heads); null: n_heads."),
     _f("backend", "str", "Requested backend: auto, te, torch or torchao (trials/backends)."),
@@ -83,7 +88,7 @@ FIELDS: list[Field] = [
     _f("model_units", "int", "Units the model splits into (its decoder layers, as its source names them): FSDP2 "
        "shards each, activation checkpointing recomputes them; null where the trial needed none."),
     _f("checkpointed_units", "int", "Units recomputed in backward (activation_checkpointing)."),
-    _f("saved_activation_bytes", "int", "Bytes held for backward over one training step (this rank): distinct "
+    _f("saved_activation_bytes", "int", "Bytes held for backward by one micro-batch's forward (this rank): distinct "
        "storages packed by torch.autograd.graph.saved_tensors_hooks during the first (untimed) step, parameters "
        "excluded, checkpointed units' inputs included; null for compiled cells (hooks in Dynamo's regions break "
        "them)."),
@@ -147,8 +152,9 @@ FIELDS: list[Field] = [
        "without an SDPA path (gemma2, bloom); null for MiniGPT and py: factories."),
     _f("n_params", "int", "All parameters (embeddings included; tied ones once)."),
     _f("n_matmul_params", "int", "Weights in matrix products (blocks + LM head), N in the FLOP formula (MiniGPT)."),
-    _f("tokens_per_step", "int", "batch_size * seq_len * world_size (the global batch). As a spec field (requested), "
-       "it sizes the per-rank batch: batch_size = tokens_per_step / seq_len."),
+    _f("tokens_per_step", "int", "batch_size * seq_len * grad_accum * world_size (the global batch of one optimizer "
+       "step). As a spec field (requested), it sizes the per-rank micro-batch: batch_size = tokens_per_step / "
+       "(seq_len * grad_accum)."),
     _f("flops_per_step", "float", "6*N_matmul*tokens + 6*n_layers*seq_len*d_model*tokens (causal attention; "
        "N_matmul follows the arch: GQA's narrower K/V, SwiGLU's third GEMM, the LM head at the full vocabulary); "
        "hf and py models: counted, see flops_method (te on them: counted on the model before TE converts it). "
@@ -162,7 +168,7 @@ FIELDS: list[Field] = [
     # -- training
     _f("loss_first", "float", "Loss of the first training step."),
     _f("loss_final", "float", "Loss of the last training step."),
-    _f("loss_curve", "list[float]", "Loss at every training step."),
+    _f("loss_curve", "list[float]", "Loss at every training step (grad_accum > 1: the mean of its micro-batches')."),
     _f("bench_loss_final", "float", "Loss of the last timed step (the model keeps training); several ranks: "
        "the global batch's, the mean of the ranks' losses (as loss_curve)."),
     # -- timing

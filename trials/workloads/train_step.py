@@ -4,6 +4,12 @@ One step = forward (inside FP8 autocast for fp8 cells), fp32 cross-entropy, back
 optimizer a stack brings: TE's FP8 primary weights train with FusedAdam's fp32 masters).
 A step returns its loss as a device tensor and never syncs with the host: losses are collected on
 the device and read once at the end, so the loop runs as fast as the GPU allows.
+
+With ``grad_accum`` > 1 a step is one optimizer step over the rows it is given, in ``grad_accum`` micro-batches:
+each one's forward and backward, its loss divided by ``grad_accum`` so the gradients sum to the whole batch's
+mean (micro-batches are equal, so the update is the unsplit one up to rounding); ranks reduce gradients on the
+last only (trials/parallel/ranks.py ``held_gradients``); TE casts its FP8 weights on the first only
+(trials/backends/te_microbatch.py). The step's loss is the micro-batches' mean.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from .. import backends, models
 from ..parallel import checkpointing, ranks as distributed
 from ..backends import te_compat
 from ..backends import Built
+from ..backends.te_microbatch import FirstMicroBatch
 from .data import ArithmeticSequences
 from ..models.minigpt_net import MiniGPT
 from ..spec import TrialSpec
@@ -59,8 +66,12 @@ class TrainStep:
     """Callable ``step(x, y) -> loss`` (a 0-d device tensor) for a stack's built model."""
 
     def __init__(self, built: Built, lr: float, device: str, amax_group: Any = None,
-                 checkpointed: checkpointing.Checkpointed | None = None, compiled: bool = False):
+                 checkpointed: checkpointing.Checkpointed | None = None, compiled: bool = False,
+                 grad_accum: int = 1, parallel: str = "none", wrapped: nn.Module | None = None):
         self.built = built
+        self.grad_accum = grad_accum  # micro-batches per optimizer step
+        self.parallel = parallel
+        self.wrapped = wrapped  # what ranks.wrap returned (DDP, or the FSDP2-sharded model): it holds gradients
         self.compiled = compiled  # torch.compile'd (units or the whole model): no measuring hooks in its steps
         self.checkpointed = checkpointed or checkpointing.Checkpointed()  # the units recomputed in backward
         self.amax_group = amax_group  # where TE's delayed scaling reduces amaxes (multi-rank trials)
@@ -69,8 +80,11 @@ class TrainStep:
         self.recipe = built.recipe
         self.optimizer = (make_optimizer(self.model, lr, device) if built.make_optimizer is None
                           else built.make_optimizer(self.model, lr))
-        self.forward: Callable[[torch.Tensor], torch.Tensor] = self.model if built.forward is None else built.forward
+        self.forward: Callable[..., torch.Tensor] = self.model if built.forward is None else built.forward
         self.graphed = False
+        # TE under accumulation: FP8 weights cast on a step's first micro-batch, reused after
+        self.first_microbatch = FirstMicroBatch(self.model) if self.te is not None and grad_accum > 1 else None
+        self.graph_kwargs: Callable[[bool], dict[str, Any]] = lambda first: {}  # what a graphed forward is told
 
     @property
     def compiled_graphs(self) -> int | None:
@@ -79,24 +93,60 @@ class TrainStep:
         return (len(self.built.units) or 1) if self.compiled else None
 
     def capture(self, sample: torch.Tensor) -> None:
-        """Capture forward and backward as CUDA graphs (the optimizer step stays eager)."""
+        """Capture forward and backward of one micro-batch (``sample``'s shape) as CUDA graphs; the optimizer
+        step stays eager. Under accumulation the graphs replay once per micro-batch: TE's cast the FP8 weights
+        where told ``is_first_microbatch``. Graphs hand back gradients in their static buffers, which autograd may
+        keep as ``.grad`` on a step's first micro-batch (torch's graphs; TE's before it cloned them) for the next
+        replay to overwrite, so under accumulation the gradients stay allocated (zeroed between steps, not freed)
+        and each micro-batch's is added to them."""
+        cache = self.grad_accum > 1 and self.recipe is not None
         if self.te is not None:
             root_cls = type("GraphedMiniGPT", (_GraphRoot,), {})
             root = root_cls(self.model)
-            self.forward = te_compat.make_graphed_callables(self.te, root, (sample,), self.recipe)
+            self.forward = te_compat.make_graphed_callables(self.te, root, (sample,), self.recipe, cache)
+            if cache:
+                self.graph_kwargs = lambda first: {"is_first_microbatch": first}
         else:
             self.forward = torch.cuda.make_graphed_callables(self.model, (sample,))
+        if self.grad_accum > 1:
+            for p in self.model.parameters():
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
         self.graphed = True
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        with te_compat.autocast(self.te, self.recipe, self.amax_group):
-            logits = self.forward(x)
-        loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))  # shifted: y is x's next token
-        loss.backward()
+        """One optimizer step on ``x``, ``y`` (rows, seq): ``grad_accum`` micro-batches of rows / grad_accum."""
+        if self.grad_accum == 1:
+            loss = self._forward_backward(x, y, None)
+        else:
+            xs, ys = x.chunk(self.grad_accum), y.chunk(self.grad_accum)
+            losses = []
+            for i in range(self.grad_accum):
+                if i == self.grad_accum - 1:  # the last: its backward reduces the ranks' summed gradients
+                    losses.append(self._forward_backward(xs[i], ys[i], i == 0))
+                    continue
+                with distributed.held_gradients(self.wrapped, self.parallel):
+                    losses.append(self._forward_backward(xs[i], ys[i], i == 0))
+                if i == 0 and self.checkpointed.tally is not None:
+                    self.checkpointed.tally.stop()  # the bytes one micro-batch holds: the first's
+            loss = torch.stack(losses).mean()
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        # graphed under accumulation: keep the gradients' memory (see capture)
+        self.optimizer.zero_grad(set_to_none=not (self.graphed and self.grad_accum > 1))
         if self.built.after_step is not None:
             self.built.after_step()
+        return loss
+
+    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor, first: bool | None) -> torch.Tensor:
+        """One micro-batch's forward and backward, its loss scaled by 1 / grad_accum; ``first``: whether it is its
+        step's first (None: the step is not split). Returns the unscaled loss, detached."""
+        cast_once = (self.first_microbatch.micro_batch(first) if self.first_microbatch is not None and not self.graphed
+                     else contextlib.nullcontext())
+        kwargs = self.graph_kwargs(first) if first is not None else {}
+        with te_compat.autocast(self.te, self.recipe, self.amax_group), cast_once:
+            logits = self.forward(x, **kwargs)
+        loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))  # shifted: y is x's next token
+        (loss if first is None else loss / self.grad_accum).backward()
         return loss.detach()
 
 
@@ -121,7 +171,10 @@ def build_train_step(spec: TrialSpec, backend: str, precision: str, device: str,
                 raise
             raise distributed.Unsupported(f"TE under {spec.parallel}: {type(exc).__name__}: {exc}") from exc
         built.forward = torch.compile(target) if spec.compile and not built.units else target
-    return TrainStep(built, spec.lr, device, distributed.amax_group(ranks), checkpointed, compiled=spec.compile)
+    else:
+        target = built.model
+    return TrainStep(built, spec.lr, device, distributed.amax_group(ranks), checkpointed, compiled=spec.compile,
+                     grad_accum=spec.grad_accum, parallel=spec.parallel, wrapped=target)
 
 
 @dataclass
@@ -133,11 +186,12 @@ class TrainResult:
 
 def train(step: TrainStep, data: ArithmeticSequences, steps: int, batch: int,
           after_step: Callable[[int], None] | None = None) -> TrainResult:
-    """Run ``steps`` steps on fresh batches; the loss curve is read from the device once, at the end.
+    """Run ``steps`` steps on fresh batches of ``batch`` rows each (a rank's whole step: ``TrialSpec.step_rows``,
+    which the step splits into its micro-batches); the loss curve is read from the device once, at the end.
 
     The first step is timed apart (one sync after it): it holds the one-off compiles, and a process
     that runs many trials pays them once per shape instead of once per trial. It is also the step whose
-    saved tensors are counted (untimed by the benchmark, so the hooks disturb no step time), except in a compiled
+    saved tensors are counted (its first micro-batch's; untimed by the benchmark, so the hooks disturb no step time), except in a compiled
     model, whose units Dynamo would trace the hooks into (graph breaks, recompiles): ``saved_bytes`` is then None.
     ``after_step(i)``:
     called after step ``i`` (and after the first step's timing), for reads between steps (trials/measure/fp8_layers.py's

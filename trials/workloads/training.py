@@ -75,7 +75,7 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
     layer_held = teacher_forced.held_pair(vocab, spec.seq_len, res.device, spec.seed) if seam is not None else None
     sampler = (fp8_layers.OutlierSampler(step, seam, layer_held[0], res.device, fp8_layers.outlier_every(spec.train_steps),
                                          spec.train_steps) if seam is not None else None)
-    trained = train(step, data, spec.train_steps, spec.batch_size, after_step=sampler)
+    trained = train(step, data, spec.train_steps, spec.step_rows, after_step=sampler)
     losses = distributed.mean(trained.losses, ranks)  # the global batch's loss
     record.update(train_s=time.perf_counter() - t_train, first_step_s=trained.first_step_s, loss_first=losses[0],
                   loss_final=losses[-1], loss_curve=losses, saved_activation_bytes=trained.saved_bytes,
@@ -90,14 +90,14 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
     held, fp8_log_probs = fp8_read(spec, res, step, vocab) if fp8_alone(spec, record) else (None, None)
 
     t_bench = time.perf_counter()
-    batches = [data.batch(spec.batch_size) for _ in range(BENCH_BATCHES)]
+    batches = [data.batch(spec.step_rows) for _ in range(BENCH_BATCHES)]
     result = benchmark(step, batches, res.device, spec.warmup_steps, spec.bench_steps, spec.repeats)
     record["bench_s"] = time.perf_counter() - t_bench
     step_ms = distributed.slowest(result.step_ms, ranks)  # a step takes as long as its slowest rank
     stats = step_stats(step_ms)
     record.update(stats)
     # the peak of the precision that ran: an FP8 cell that ran BF16 (above) is measured against BF16's
-    record.update(throughput(record["flops_per_step"], spec.tokens * ranks.world, stats["step_ms_mean"],
+    record.update(throughput(record["flops_per_step"], spec.tokens, stats["step_ms_mean"],
                              record["gpu_name"], record["effective_precision"], gpus=ranks.world))
     if ranks.world > 1 or spec.parallel != "none":
         record.update(distributed.facts(ranks, res.device))
@@ -122,7 +122,7 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
         # steps on. Not after the energy window and the profiler: they train on for as many steps as the measured
         # step time asks (energy.calls_for), so a read after them was of a model trained a timing-dependent number
         # of steps further, never the same twice (two H200 runs of one seeded cell differed from the first value)
-        record.update(layer_reads(step, seam, layer_held, res.device, sampler.trend, spec.batch_size * spec.seq_len))
+        record.update(layer_reads(step, seam, layer_held, res.device, sampler.trend, spec.step_rows * spec.seq_len))
     # the generation check too: before the energy window's timing-dependent steps, as the reads above
     t_gen = time.perf_counter()
     with distributed.whole(model, spec.parallel):
@@ -155,7 +155,8 @@ def layer_reads(step: Any, seam: Any, held: Any, device: str, trend: fp8_layers.
                 train_tokens: int) -> dict[str, Any]:
     """The per-layer SQNR and cast-health read and the outlier trend as record fields, with their cost; a failure
     (a held length an FP8 GEMM refuses, an OOM) leaves the fields empty and the cell as it was. ``train_tokens``:
-    the tokens one rank's training loss averages over, so the held gradients are the size training's were."""
+    the tokens one rank's training loss averages over (every micro-batch of its step: each one's loss is divided by
+    grad_accum), so the held gradients are the size training's were."""
     t = time.perf_counter()
     try:
         reads, total = fp8_layers.read_layers(step, seam, held, device, train_tokens)
@@ -202,7 +203,7 @@ def teacher_forced_fields(spec: TrialSpec, res: Resolution, vocab: int, held: An
         if bf16 is None:
             partner = build_train_step(pspec, pspec.backend, "bf16", res.device)
             data = ArithmeticSequences(vocab, spec.seq_len, res.device, spec.seed)  # the FP8 run's batches, in turn
-            train(partner, data, spec.train_steps, spec.batch_size)
+            train(partner, data, spec.train_steps, spec.step_rows)
             bf16 = teacher_forced.log_probs(partner.model, held)
         fields = teacher_forced.compare(fp8_log_probs, bf16)
     except Exception as exc:  # noqa: BLE001 - the cell's own numbers stand without it
@@ -227,5 +228,5 @@ def why_this_number(spec: TrialSpec, device: str, step: Any, batches: list, reco
 
     p50 = record["step_ms_p50"]
     window = energy.measure(one, energy.calls_for(p50), device)
-    record.update(window.fields(spec.tokens * ranks.world, distributed.gathered(window.drawn(), ranks)))
+    record.update(window.fields(spec.tokens, distributed.gathered(window.drawn(), ranks)))
     record.update(kernels.breakdown_fields(spec.profile, one, device, p50, compiled=step.compiled_graphs))
