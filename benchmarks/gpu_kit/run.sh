@@ -65,9 +65,12 @@ if [ "${TESTS_S:-0}" -gt 0 ]; then
   # -v: each test's name and outcome as it ends, so a run cut by its timeout still says which failed
   whole=${TESTS_K:+no}
   echo "== python3 -m pytest -m gpu -n 4 -v -k '${TESTS_K:=not test_disturbance}' at $(el) s"
-  step gpu-tests "$TESTS_S" python3 -m pytest -m gpu -n 4 -v -p no:cacheprovider --durations=15 tests \
+  step gpu-tests "$TESTS_S" python3 -m pytest -m gpu -n 4 -v -rfE -p no:cacheprovider --durations=15 tests \
     --deselect tests/test_disturbance.py -k "$TESTS_K"
-  grep -v " PASSED " "$OUT/gpu-tests.txt" | tail -60
+  # every FAILED/ERROR block whole (pytest's FAILURES and ERRORS sections), then the short summary and the rest
+  sed -n '/^=* \(FAILURES\|ERRORS\) =*$/,/^=* short test summary info =*$/p' "$OUT/gpu-tests.txt" | head -400
+  grep -v " PASSED " "$OUT/gpu-tests.txt" | sed -n '/^=* short test summary info =*$/,$p'
+  grep -v " PASSED " "$OUT/gpu-tests.txt" | grep -v '^\(FAILED\|ERROR\) ' | grep -E '::|passed|failed' | tail -30
   if [ -z "$whole" ]; then
     echo "== python3 -m pytest -m gpu tests/test_disturbance.py (alone) at $(el) s"
     step gpu-disturbance 90 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_disturbance.py
