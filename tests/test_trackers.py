@@ -102,6 +102,20 @@ def test_a_tracker_whose_package_is_missing_is_refused_before_any_trial(tmp_path
     assert not Path(tmp_path, "nopkg").exists()
 
 
+def test_a_tracker_listed_twice_is_refused_before_any_trial(tmp_path, capsys):
+    """Two identical mlflow entries logged two MLflow runs per trial."""
+    path = write_sweep(tmp_path, "twice", """
+        grid: {d_model: [32]}
+        trackers:
+          - mlflow: {tracking_uri: 'sqlite:///m.db'}
+          - mlflow: {tracking_uri: 'sqlite:///m.db'}
+    """)
+    assert cli.main(["sweep", str(path), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "line 6: trackers.1.mlflow: mlflow is listed already (trackers.0)" in err, err
+    assert not Path(tmp_path, "twice").exists()
+
+
 def test_export_to_an_unsupported_tracking_uri_is_one_line(tmp_path):
     study = REPO / "docs" / "results" / "h200" / "results.parquet"
     out = juicytalk("export", str(study), "--mlflow", "postgresql://db/mlflow")

@@ -54,6 +54,11 @@ def check_trackers(entries: Any) -> list[tuple[str, dict[str, Any]]]:
         tracker = TRACKERS.get(name)
         if tracker is None:
             raise TrackerError(f"trackers.{i}", f"unknown tracker {name!r}; allowed: {', '.join(TRACKERS)}")
+        if (first := next((j for j, (seen, _) in enumerate(out) if seen == name), None)) is not None:
+            # each entry is a Tune callback of its own: a second would log every trial again (and MLflow's tracking
+            # URI is one per process, so two mlflow entries would both log to whichever was set last)
+            raise TrackerError(f"trackers.{i}.{name}", f"{name} is listed already (trackers.{first}); "
+                               "each tracker at most once")
         options = {} if options is None else options  # {tensorboard: } has none; [] or 0 is no mapping of them
         if not isinstance(options, dict):
             raise TrackerError(f"trackers.{i}.{name}", f"options must be a mapping, got {options!r}")
