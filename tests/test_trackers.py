@@ -104,11 +104,12 @@ def test_a_tracker_whose_package_is_missing_is_refused_before_any_trial(tmp_path
 
 def test_a_tracker_listed_twice_is_refused_before_any_trial(tmp_path, capsys):
     """Two identical mlflow entries logged two MLflow runs per trial."""
-    path = write_sweep(tmp_path, "twice", """
-        grid: {d_model: [32]}
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    path = write_sweep(tmp_path, "twice", f"""
+        grid: {{d_model: [32]}}
         trackers:
-          - mlflow: {tracking_uri: 'sqlite:///m.db'}
-          - mlflow: {tracking_uri: 'sqlite:///m.db'}
+          - mlflow: {{tracking_uri: '{uri}'}}
+          - mlflow: {{tracking_uri: '{uri}'}}
     """)
     assert cli.main(["sweep", str(path), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
