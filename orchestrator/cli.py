@@ -274,6 +274,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         return _fail(f"--png: {args.png} is a file; give a directory (one PNG per chart is written into it)")
     if args.plotlyjs and not args.plotlyjs.endswith(".js"):
         return _fail(f"--plotlyjs: must name a .js file, got {args.plotlyjs!r}")
+    if args.png:
+        from .report.render import browser_problem
+
+        if why := browser_problem():
+            return _fail(f"--png: {why}")
     try:
         report = build_report(args.dir, out_html=args.out, png_dir=args.png, compare_dir=args.compare,
                               plotlyjs=args.plotlyjs)

@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.cli import main
 
-from .conftest import REPO, _free_port
+from .conftest import REPO, _free_port, juicytalk, user_env
 
 
 def one_line_error(capsys, argv) -> str:
@@ -36,6 +36,21 @@ def test_report_png_that_is_a_file_is_one_line(capsys, tmp_path):
     seed = REPO / "docs" / "results" / "h200" / "seed" / "results.parquet"  # a real report's input
     line = one_line_error(capsys, ["report", str(seed), "--out", str(tmp_path / "r.html"), "--png", str(png)])
     assert f"--png: {png} is a file" in line
+
+
+def test_report_png_without_a_browser_says_what_to_install_before_the_report(tmp_path):
+    """kaleido's traceback (30 lines) came after the report's charts were built. No browser here: an empty PATH, a
+    new HOME (no browser kaleido downloaded) and BROWSER_PATH, which kaleido's lookup takes before its usual install
+    paths (a CI host has /usr/bin/chromium), naming a file that is not there."""
+    (tmp_path / "bin").mkdir()
+    env = user_env(tmp_path / "home", PATH=str(tmp_path / "bin"), BROWSER_PATH=str(tmp_path / "no-chromium"),
+                   PYTHONPATH=str(REPO))
+    seed = REPO / "docs" / "results" / "h200" / "seed" / "results.parquet"
+    run = juicytalk("report", str(seed), "--out", str(tmp_path / "r.html"), "--png", str(tmp_path / "png"), env=env)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr[-3000:]
+    assert run.stderr.startswith("juicytalk: error: --png: no Chrome or Chromium for kaleido") and \
+        "apt-get install chromium" in run.stderr and "plotly_get_chrome" in run.stderr, run.stderr
+    assert not (tmp_path / "r.html").exists() and not (tmp_path / "png").exists()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason="needs the mlflow extra")

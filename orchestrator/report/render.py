@@ -495,6 +495,19 @@ def write_html(path: str, figures: list[tuple[str, go.Figure]], df: pd.DataFrame
 BROWSERS = 3  # kaleido's tab race (below) met ~1 browser in 12 on a loaded 2-core host: 3 make a failure ~1 in 2000
 
 
+def browser_problem() -> str | None:
+    """Why kaleido has no browser to draw PNGs with, in one line, or None: asked with kaleido's own lookup (its
+    download, BROWSER_PATH, PATH, the usual install paths) before the report is built, whose PNGs come last."""
+    from choreographer.browsers.chromium import Chromium
+
+    found = Chromium.find_browser(skip_local=False)
+    if found and Path(found).is_file():
+        return None
+    where = f"BROWSER_PATH={found} is no file" if found else "none on PATH or in the usual install paths"
+    return (f"no Chrome or Chromium for kaleido to draw PNGs with ({where}); install one (Debian/Ubuntu: "
+            "apt-get install chromium) or run plotly_get_chrome, or leave out --png")
+
+
 def export_pngs(figures: list[tuple[str, go.Figure]], out_dir: str) -> list[str]:
     """PNG per chart through kaleido, which drives a Chromium (Debian's /usr/bin/chromium works).
 
