@@ -83,7 +83,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from .embedded_ray import RayStartError
     from .lock import SweepLocked
     from .runner import MAX_FAILURES, SweepInputError, resources_note, run_sweep
-    from .store import StorageFull, Store, storage_problem
+    from .store import StorageFull, Store, missing_bucket, storage_problem
     from .sweep import SweepError, load_sweep, shown
 
     _quiet_ray_logs(args.verbose)
@@ -98,6 +98,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.out and (why := storage_problem(args.out)):
         return _fail(f"--out: {why}")
     storage = args.out or sweep.storage or DEFAULT_OUT
+    if why := missing_bucket(storage):
+        return _fail(f"{'--out' if args.out else 'storage'}: {why}")
     console = _console()
     if args.dry_run:
         from trials.record.fields import FINAL_STATUSES

@@ -110,6 +110,31 @@ def storage_problem(where: str) -> str | None:
     return None
 
 
+# how to make a bucket, per pyarrow filesystem that has them: pyarrow makes a prefix, never a bucket
+MAKE_BUCKET = {"s3": "aws s3 mb s3://{}", "gcs": "gcloud storage buckets create gs://{}"}
+
+
+def missing_bucket(where: str) -> str | None:
+    """The one line saying that the bucket of ``where`` (object storage, ``s3://bucket/prefix``) does not exist, else
+    None (a local path, a bucket that is there, or a store that cannot be asked: its own failure comes later).
+    Asked, over the network, before Ray starts: the sweep's first write into a missing bucket was a traceback."""
+    if not is_uri(where):
+        return None
+    bucket = where.partition("://")[2].partition("?")[0].split("/")[0]
+    try:
+        fs, _ = pafs.FileSystem.from_uri(where)  # S3 without an endpoint asks the bucket's region here
+        if fs.type_name not in MAKE_BUCKET:
+            return None
+        if fs.get_file_info(bucket).type != pafs.FileType.NotFound:
+            return None
+        make = MAKE_BUCKET[fs.type_name].format(bucket)
+    except OSError as exc:  # pyarrow's region lookup: "Bucket 'x' not found"; any other failure is not this one
+        if f"Bucket '{bucket}' not found" not in str(exc):
+            return None
+        make = MAKE_BUCKET["s3"].format(bucket)
+    return f"bucket {bucket!r} does not exist; create it first ({make}) or name an existing bucket"
+
+
 def trial_key(cell_id: str, sample: int) -> str:
     return f"{cell_id}-s{sample}"
 

@@ -184,3 +184,21 @@ def test_a_driver_whose_lock_was_taken_over_stops_and_leaves_it_to_its_new_holde
             assert json.loads(store.read_at(path))["token"] == "theirs"  # the heartbeat did not write it back
             assert stopper.stop_all()
     assert json.loads(store.read_at(path))["token"] == "theirs"  # released without deleting the holder's lock
+
+
+def test_a_sweep_into_a_bucket_that_does_not_exist_is_one_line_before_ray(s3, tmp_path, capsys):
+    """The sweep's first write there (its lock) was a 29-line traceback, exit 1. The dry run says the same, naming the
+    sweep file's ``storage`` where no --out is given."""
+    from orchestrator.cli import main
+
+    (tmp_path / "objs.yaml").write_text(SWEEP)
+    run = subprocess.run([sys.executable, "-m", "orchestrator.cli", "sweep", str(tmp_path / "objs.yaml"), "--out",
+                          "s3://no-such-bucket/sweeps", "--no-progress"], capture_output=True, text=True, cwd=tmp_path,
+                         env=cli_env(**s3, RAY_TMPDIR=str(tmp_path / "ray")), timeout=300)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr[-3000:]
+    assert run.stderr == ("juicytalk: error: --out: bucket 'no-such-bucket' does not exist; create it first "
+                          "(aws s3 mb s3://no-such-bucket) or name an existing bucket\n")
+    assert not (tmp_path / "ray").exists()  # no Ray started
+    (tmp_path / "stored.yaml").write_text(SWEEP + "storage: s3://no-such-bucket/sweeps\n")
+    assert main(["sweep", str(tmp_path / "stored.yaml"), "--dry-run"]) == 2
+    assert capsys.readouterr().err.startswith("juicytalk: error: storage: bucket 'no-such-bucket' does not exist")
