@@ -103,8 +103,10 @@ def test_the_memory_plan_holds_one_micro_batchs_activations_beside_the_gradients
 
 
 def test_tokens_per_step_sizes_the_micro_batch():
+    """A fixed tokens_per_step split another way (a search's move) re-sizes the micro-batch."""
     spec = TrialSpec(seq_len=256, tokens_per_step=4096, grad_accum=4)
     assert (spec.batch_size, spec.step_rows, spec.tokens) == (4, 16, 4096)
+    assert (spec.replace(grad_accum=2).batch_size, spec.replace(seq_len=128).batch_size) == (8, 8)
     with pytest.raises(SpecError, match="multiple of seq_len=256 x grad_accum=4"):
         TrialSpec(seq_len=256, tokens_per_step=512, grad_accum=4)
 

@@ -191,6 +191,8 @@ class TrialSpec:
             for name in SOURCE_DEFAULTS:
                 base[name] = changes.get(name)
         base.update(changes)
+        if base["tokens_per_step"] is not None and "batch_size" not in changes:  # so does the batch it sizes
+            del base["batch_size"]  # (grad_accum 4 at tokens_per_step 4096, seq 256: batch 4)
         return TrialSpec.from_dict(base)
 
     # -- derived ------------------------------------------------------------------------------

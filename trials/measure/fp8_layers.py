@@ -165,7 +165,8 @@ def read_layers(step: Any, seam: ModuleType, held: tuple[torch.Tensor, torch.Ten
     the held targets); each module is then run alone on them, in FP8 and in BF16. Parameters' gradients are
     left as they were found (cleared: a training step leaves none).
 
-    ``train_tokens``: the tokens a training step's loss averages over (batch_size * seq_len). The held loss is
+    ``train_tokens``: the tokens a training step's loss averages over (a rank's whole step: batch_size * seq_len *
+    grad_accum, each micro-batch's loss divided by grad_accum). The held loss is
     summed and divided by that count, so each held gradient element is the size training's were: the held
     batch is one row, and its mean loss would make every gradient batch_size times larger than those the
     recipe's scales were made from. SQNR does not see the factor (both sides get the same dy, and it is a

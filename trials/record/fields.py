@@ -305,7 +305,7 @@ FIELDS: list[Field] = [
        "optimizer state, activations under the cell's checkpointing, logits and loss, FSDP2 sharding), from the module "
        "run once under fake tensors; beside peak_mem_allocated_bytes (the report shows their ratio)."),
     _f("est_activation_bytes", "int", "train: the memory plan's activations: bytes saved for backward at the cell's "
-       "batch and seq (null where the module cannot run under fake tensors and the plan is a guess)."),
+       "batch (one micro-batch) and seq (null where the module cannot run under fake tensors and the plan is a guess)."),
     # -- numerics
     _f("fp8_state", "str", "JSON: scale, newest and max amax of block 0's FP8 tensors (delayed scaling; a model TE "
        "converted: of its first four modules TE scales)."),

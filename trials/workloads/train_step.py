@@ -85,6 +85,7 @@ class TrainStep:
         # TE under accumulation: FP8 weights cast on a step's first micro-batch, reused after
         self.first_microbatch = FirstMicroBatch(self.model) if self.te is not None and grad_accum > 1 else None
         self.graph_kwargs: Callable[[bool], dict[str, Any]] = lambda first: {}  # what a graphed forward is told
+        self.kept_grads: list[nn.Parameter] = []  # graphed under accumulation: gradients kept allocated (capture)
 
     @property
     def compiled_graphs(self) -> int | None:
@@ -97,8 +98,8 @@ class TrainStep:
         step stays eager. Under accumulation the graphs replay once per micro-batch: TE's cast the FP8 weights
         where told ``is_first_microbatch``. Graphs hand back gradients in their static buffers, which autograd may
         keep as ``.grad`` on a step's first micro-batch (torch's graphs; TE's before it cloned them) for the next
-        replay to overwrite, so under accumulation the gradients stay allocated (zeroed between steps, not freed)
-        and each micro-batch's is added to them."""
+        replay to overwrite, so under accumulation every step starts with the gradients allocated (zeroed between
+        steps, not freed; made again where a read between steps cleared them) and each micro-batch's is added."""
         cache = self.grad_accum > 1 and self.recipe is not None
         if self.te is not None:
             root_cls = type("GraphedMiniGPT", (_GraphRoot,), {})
@@ -108,14 +109,15 @@ class TrainStep:
                 self.graph_kwargs = lambda first: {"is_first_microbatch": first}
         else:
             self.forward = torch.cuda.make_graphed_callables(self.model, (sample,))
-        if self.grad_accum > 1:
-            for p in self.model.parameters():
-                if p.requires_grad:
-                    p.grad = torch.zeros_like(p)
         self.graphed = True
+        if self.grad_accum > 1:
+            self.kept_grads = [p for p in self.model.parameters() if p.requires_grad]
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One optimizer step on ``x``, ``y`` (rows, seq): ``grad_accum`` micro-batches of rows / grad_accum."""
+        if self.kept_grads and self.kept_grads[0].grad is None:  # first step, or a read cleared them
+            for p in self.kept_grads:
+                p.grad = torch.zeros_like(p)
         if self.grad_accum == 1:
             loss = self._forward_backward(x, y, None)
         else:
@@ -131,8 +133,7 @@ class TrainStep:
                     self.checkpointed.tally.stop()  # the bytes one micro-batch holds: the first's
             loss = torch.stack(losses).mean()
         self.optimizer.step()
-        # graphed under accumulation: keep the gradients' memory (see capture)
-        self.optimizer.zero_grad(set_to_none=not (self.graphed and self.grad_accum > 1))
+        self.optimizer.zero_grad(set_to_none=not self.kept_grads)  # graphed under accumulation: kept (capture)
         if self.built.after_step is not None:
             self.built.after_step()
         return loss
