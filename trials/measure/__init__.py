@@ -14,5 +14,5 @@
 
 May import: torch, ``trials.spec``, ``trials.models`` and ``trials.backends`` (their tables and seams),
 ``trials.parallel`` (which rank measures) and each other, and from ``trials.workloads`` only the data
-(``data``, ``teacher_forced``'s held batch), never a workload. Never Ray or ``orchestrator``.
+(``data``, ``teacher_forced``'s held batch) and the loss (``loss``), never a workload. Never Ray or ``orchestrator``.
 """

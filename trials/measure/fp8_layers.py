@@ -44,8 +44,8 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
+from ..workloads.loss import next_token_loss
 from .fp8_floors import DIRECTIONS, OPERANDS, SQNR_FLOOR_DB
 
 log = logging.getLogger(__name__)
@@ -203,7 +203,7 @@ def read_layers(step: Any, seam: ModuleType, held: tuple[torch.Tensor, torch.Ten
             for h in handles:
                 h.remove()
             handles = []
-            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))
+            loss = next_token_loss(logits, y)
             if train_tokens:  # the held mean as a sum over training's token count
                 loss = loss * (y.numel() / train_tokens)
             loss.backward()

@@ -9,7 +9,8 @@ each activation-checkpointing setting follows from the same one pass, the units 
 trial's rule (trials/parallel/checkpointing.py ``chosen``):
 
     none       every unit's saved bytes
-    full       every unit keeps only its input; one unit's saved bytes come back while it is recomputed
+    full       every unit keeps only what it is handed (its input; a transformers layer's position tensors
+               too); one unit's saved bytes come back while it is recomputed
     selective  every ``ac_every``-th unit (1-based, as torchtitan counts) as under full, the rest as none
 
 The parts of one rank, in the cell's weight dtype (fp32 for fp32 cells, bf16 otherwise, trials/models):
@@ -24,11 +25,13 @@ The parts of one rank, in the cell's weight dtype (fp32 for fp32 cells, bf16 oth
     optimizer    AdamW's two moments, in the parameter's dtype (torch's AdamW keeps its state like the
                  parameter); where a stack keeps FP8 weights only (``fp8_all_gather_masters``: TE), an
                  fp32 master weight and two fp32 moments per parameter (FusedAdam)
-    activations  the saved bytes above, held once the forward is done, for the checkpointing setting
-                 (what the record's ``est_activation_bytes`` is, beside the measured ``saved_activation_bytes``)
+    activations  the saved bytes above, held once the forward is done, for the checkpointing setting, the
+                 trial's loss's included (trials/workloads/loss.py, run after the forward as the trial runs it,
+                 outside every unit: its fp32 log-softmax and the targets); what the record's
+                 ``est_activation_bytes`` is, beside the measured ``saved_activation_bytes``
     recomputed   under checkpointing, the largest recomputed unit's saved bytes, back during its backward
-    logits       (batch, seq, vocab): the logits in the weight dtype (alive through the step), the loss's
-                 fp32 log-softmax (saved), and in its backward the fp32 gradient of it and of its input
+    logits       (batch, seq, vocab): the logits in the weight dtype (alive through the step), and in the
+                 loss's backward the fp32 gradient of its log-softmax and of its input
 
 The peak is weights + optimizer + max(activations + recomputed + logits, grads): at the start of backward every
 activation and the logits' gradients are held; by its end the activations are freed and every gradient
@@ -51,18 +54,21 @@ from ..spec import axis_fields, field_default
 
 log = logging.getLogger(__name__)
 
-LOGITS_BYTES = 12  # per logit beyond the weight dtype's: fp32 log-softmax (saved), its grad, its input's grad
+LOGITS_BYTES = 8  # per logit beyond the weight dtype's: the loss's backward, fp32 grads of its log-softmax and input
 FP8_MASTER_STATE_BYTES = 12  # per parameter: an fp32 master weight and two fp32 moments
 GATHERED_UNITS = 2  # FSDP2: the unit running and the one prefetched are whole at once
 
 
 @dataclass(frozen=True)
 class Activations:
-    """Saved-for-backward bytes of one forward at the cell's batch and seq, told apart by unit."""
+    """The storages one forward and the trial's loss save for backward at the cell's batch and seq, each a mapping
+    storage -> bytes, told apart by unit. The trial's counter takes a storage once, wherever it is held, and so
+    does :meth:`held`: a unit's input that the unit before it saves too, or the position ids and RoPE's cos and sin
+    that a transformers model hands every layer, count once."""
 
-    outside: int  # saved outside every unit (embeddings, final norm, the head's input)
-    units: tuple[int, ...]  # saved inside each unit
-    unit_inputs: tuple[int, ...]  # each unit's input: what a checkpointed unit keeps
+    outside: dict[int, int]  # saved outside every unit (embeddings, final norm, the head's input, the loss)
+    units: tuple[dict[int, int], ...]  # saved inside each unit
+    unit_inputs: tuple[dict[int, int], ...]  # handed to each unit (args and kwargs): what a checkpointed unit keeps
 
     def checkpointed(self, setting: str, every: int | None = None) -> tuple[bool, ...]:
         """Which units ``setting`` recomputes (``every``: selective's ``ac_every``, default the spec's): the
@@ -76,12 +82,14 @@ class Activations:
     def held(self, setting: str = "none", every: int | None = None) -> int:
         """Bytes held for backward once the forward is done (``every``: selective's ``ac_every``, default the
         spec's)."""
-        return self.outside + sum(i if c else u for u, i, c in zip(self.units, self.unit_inputs,
-                                                                   self.checkpointed(setting, every)))
+        kept = dict(self.outside)
+        for saved, handed, again in zip(self.units, self.unit_inputs, self.checkpointed(setting, every)):
+            kept.update(handed if again else saved)
+        return sum(kept.values())
 
     def peak(self, setting: str = "none", every: int | None = None) -> int:
         """Held bytes plus, under checkpointing, the largest recomputed unit's saved bytes during its backward."""
-        again = [u for u, c in zip(self.units, self.checkpointed(setting, every)) if c]
+        again = [sum(u.values()) for u, c in zip(self.units, self.checkpointed(setting, every)) if c]
         return self.held(setting, every) + (max(again) if again else 0)
 
 
@@ -101,7 +109,7 @@ class Probe:
 @dataclass(frozen=True)
 class MemoryPlan:
     """One rank's bytes for a training step of a cell; ``guess``: the module could not be run under fake
-    tensors, so weights come from the parameter count only (activations unknown: 0). ``activations``: held
+    tensors, so weights come from the parameter count only (activations unknown but the loss's). ``activations``: held
     for backward once the forward is done; ``recomputed``: what comes back on top while the largest
     checkpointed unit is recomputed (in the total only)."""
 
@@ -164,6 +172,7 @@ def _probe(key: _Key) -> Probe | None:
 
     from .. import models
     from ..parallel.checkpointing import SavedBytes
+    from ..workloads.loss import next_token_loss
     from .metrics import weight_gemm_counter
 
     spec = key.spec
@@ -175,8 +184,10 @@ def _probe(key: _Key) -> Probe | None:
         with FakeTensorMode(allow_non_fake_inputs=True) as mode, _unpacked_positions():
             _to_fake(model, mode)
             ids = torch.zeros(key.batch, spec.seq_len, dtype=torch.long)
-            with weight_gemm_counter() as counter, SavedBytes(model, units=built.units) as saved:
-                model(ids)
+            with SavedBytes(model, units=built.units) as saved:
+                with weight_gemm_counter() as counter:
+                    logits = model(ids)
+                next_token_loss(logits, torch.zeros_like(ids))  # the targets: a storage of their own, as the trial's
         params = list(model.parameters())
         n_params = sum(p.numel() for p in params)
         weight_bytes = sum(p.numel() * p.element_size() for p in params)
@@ -235,6 +246,25 @@ def _to_fake(model: Any, mode: Any) -> None:
                         table[name] = fake(t)
 
 
+def loss_saved_bytes(rows: int, seq: int, vocab: int, width: int) -> int:
+    """What the trial's loss keeps for backward on (rows, seq, vocab) logits of ``width`` bytes each, counted as the
+    probe counts it, under fake tensors: a guessed plan's only activations (its module does not run so)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ..parallel.checkpointing import SavedBytes
+    from ..workloads.loss import next_token_loss
+
+    if not vocab:
+        return 0
+    with FakeTensorMode():
+        logits = torch.empty(rows, seq, vocab, dtype=torch.float32 if width == 4 else torch.bfloat16,
+                             requires_grad=True)
+        with SavedBytes(torch.nn.Module()) as saved:
+            next_token_loss(logits, torch.zeros(rows, seq, dtype=torch.long))
+    return saved.bytes
+
+
 def plan(spec: Any, checkpointing: str | None = None, parallel: str | None = None,
          world_size: int | None = None, batch_size: int | None = None) -> MemoryPlan:
     """One rank's memory for a training step of ``spec`` (or of it with the given settings changed;
@@ -247,12 +277,14 @@ def plan(spec: Any, checkpointing: str | None = None, parallel: str | None = Non
     world = world_size or spec.world_size
     width = 4 if spec.precision == "fp32" else 2
     batch = batch_size or spec.batch_size
+    vocab = models.describe(spec).shape.get("vocab") or spec.vocab or 0
     got = probe(spec, batch)
-    if got is None:  # a unit's size unknown: the parameters over the layers; nothing known outside them
+    if got is None:  # a unit's size unknown: the parameters over the layers; nothing known outside them but the loss
         facts = models.describe(spec)
         n = facts.n_params or 0
         layers = facts.shape.get("n_layers") or spec.n_layers
-        weights, largest, outside, acts, again, guess = n * width, n // layers if layers else 0, 0, 0, 0, True
+        weights, largest, outside, again, guess = n * width, n // layers if layers else 0, 0, 0, True
+        acts = loss_saved_bytes(batch, spec.seq_len, vocab, width)
     else:
         n, weights, largest, guess = got.n_params, got.weight_bytes, got.largest_unit_params, False
         outside = got.outside_weight_bytes
@@ -272,7 +304,6 @@ def plan(spec: Any, checkpointing: str | None = None, parallel: str | None = Non
         grads, optimizer = grads // world + (grads if spec.grad_accum > 1 else 0), optimizer // world
     elif parallel == "ddp":
         grads = 2 * grads  # DDP's buckets hold a copy of the gradients (gradient_as_bucket_view is off)
-    vocab = models.describe(spec).shape.get("vocab") or spec.vocab or 0
     logits = batch * spec.seq_len * vocab * (width + LOGITS_BYTES)
     return MemoryPlan(weights, grads, optimizer, acts, logits, setting, spec.ac_every, parallel, world, batch,
                       guess, again, spec.grad_accum)

@@ -92,18 +92,22 @@ class SavedBytes:
 
     Storages are told apart by their StorageImpl (``untyped_storage()._cdata``), so it counts fake tensors too
     (they have no data): the memory plan (trials/measure/memory_plan.py) runs it under FakeTensorMode with ``units``,
-    the qualified names of the model's units, to tell apart what each unit's forward saves (``per_unit``; the
-    rest: ``outside``) and the bytes of each unit's input (``unit_inputs``: what the unit keeps if checkpointed).
+    the qualified names of the model's units, to tell apart the storages each unit's forward saves (``per_unit``,
+    seen before or not; the rest: ``outside``) and those each unit is handed (``unit_inputs``: its args and kwargs,
+    what the unit keeps if checkpointed), each a mapping storage -> bytes.
     """
 
     def __init__(self, model: nn.Module, checkpointed: Checkpointed | None = None, units: tuple[str, ...] = ()):
         self.model, self.checkpointed = model, checkpointed
         self.units = units
         self.storages: dict[int, int] = {}  # storage identity -> bytes
-        self.outside = 0
-        self.per_unit = [0] * len(units)
-        self.unit_inputs = [0] * len(units)
+        self.outside: dict[int, int] = {}
+        self.per_unit: list[dict[int, int]] = [{} for _ in units]
+        self.unit_inputs: list[dict[int, int]] = [{} for _ in units]
         self._current: int | None = None  # the unit whose forward runs now
+        # the units' inputs, alive till the end: a storage nothing saves is freed after its unit, and a later one
+        # at its address would pass for it
+        self._handed: list[torch.Tensor] = []
         self._counting = True  # off once a step's first micro-batch is counted (:meth:`stop`)
         self._params: set[int] = set()
         self._handles: list[Any] = []
@@ -111,13 +115,13 @@ class SavedBytes:
 
     @property
     def bytes(self) -> int:
-        return sum(self.storages.values())  # = outside + sum(per_unit)
+        return sum(self.storages.values())  # each storage once, wherever it was saved
 
     def __enter__(self) -> "SavedBytes":
         self._params = {_storage(p)[0] for p in self.model.parameters()}
         for i, name in enumerate(self.units):
             unit = self.model.get_submodule(name)
-            self._handles.append(unit.register_forward_pre_hook(self._enter_unit(i)))
+            self._handles.append(unit.register_forward_pre_hook(self._enter_unit(i), with_kwargs=True))
             self._handles.append(unit.register_forward_hook(self._leave_unit))
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
         self._hooks.__enter__()
@@ -132,6 +136,7 @@ class SavedBytes:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._handed.clear()
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         self._count(tensor)
@@ -151,21 +156,25 @@ class SavedBytes:
     def _count(self, tensor: torch.Tensor) -> None:
         if not self._counting:
             return
-        if isinstance(tensor, nn.Parameter) or isinstance(tensor._base, nn.Parameter):
-            return  # a weight (or its transpose) held for the backward's GEMM: held by the model anyway
-        key, size = _storage(tensor)
-        if size and key not in self._params and key not in self.storages:
+        found = self._kept(tensor)
+        if found is not None:
+            key, size = found
             self.storages[key] = size
-            if self._current is None:
-                self.outside += size
-            else:
-                self.per_unit[self._current] += size
+            (self.outside if self._current is None else self.per_unit[self._current])[key] = size
+
+    def _kept(self, tensor: torch.Tensor) -> tuple[int, int] | None:
+        """(storage, bytes) of what holding ``tensor`` for backward adds, or None: nothing, or a weight."""
+        if isinstance(tensor, nn.Parameter) or isinstance(tensor._base, nn.Parameter):
+            return None  # a weight (or its transpose) held for the backward's GEMM: held by the model anyway
+        key, size = _storage(tensor)
+        return (key, size) if size and key not in self._params else None
 
     def _enter_unit(self, i: int) -> Callable[..., None]:
-        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             self._current = i
-            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-            self.unit_inputs[i] = _storage(first)[1] if first is not None else 0
+            handed = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            self._handed.extend(handed)
+            self.unit_inputs[i] = dict(kept for kept in map(self._kept, handed) if kept is not None)
         return hook
 
     def _leave_unit(self, module: nn.Module, args: Any, out: Any) -> None:

@@ -23,7 +23,6 @@ from typing import Any, Callable
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .. import backends, models
 from ..parallel import checkpointing, ranks as distributed
@@ -31,6 +30,7 @@ from ..backends import te_compat
 from ..backends import Built
 from ..backends.te_microbatch import FirstMicroBatch
 from .data import ArithmeticSequences
+from .loss import next_token_loss
 from ..models.minigpt_net import MiniGPT
 from ..spec import TrialSpec
 
@@ -146,7 +146,7 @@ class TrainStep:
         kwargs = self.graph_kwargs(first) if first is not None else {}
         with te_compat.autocast(self.te, self.recipe, self.amax_group), cast_once:
             logits = self.forward(x, **kwargs)
-        loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))  # shifted: y is x's next token
+        loss = next_token_loss(logits, y)  # shifted: y is x's next token
         (loss if first is None else loss / self.grad_accum).backward()
         return loss.detach()
 
