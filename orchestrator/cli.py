@@ -105,8 +105,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         from trials.record.fields import FINAL_STATUSES
 
         from .tables import print_table
-        from .plan import (FIT_MARGIN, config_defaults, cpu_matmul_flops_per_s, expected_ooms, host_memory_bytes,
-                           oom_line, plan_rows, plan_table, slow_on_cpu, unsupported_here, will_not_fit)
+        from .plan import (FIT_MARGIN, config_defaults, cpu_matmul_flops_per_s, expected_ooms, guessed,
+                           host_memory_bytes, oom_line, plan_rows, plan_table, slow_on_cpu, unsupported_here,
+                           will_not_fit)
 
         gpu_memory = _gpu_memory(args)
         rows = plan_rows(sweep, Store(storage, sweep.name), unsupported_here(sweep), cpu_here=gpu_memory is None)
@@ -119,6 +120,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                               "as unsupported with this reason)", soft_wrap=True)
         for line in config_defaults(sweep):
             console.print(f"[yellow]config defaults[/] {line}", soft_wrap=True)
+        for line in guessed(rows):
+            console.print(f"[yellow]a guess[/] {line}", soft_wrap=True)
         refused = will_not_fit(rows, gpu_memory) if args.fit_check else []
         refused_ids = {row["cell_id"] for row in refused}
         for row in refused:

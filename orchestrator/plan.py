@@ -87,6 +87,7 @@ def plan_rows(sweep: Sweep, store: Store, unsupported: dict[str, str] | None = N
             "label": cell.label, "cell_id": cell.cell_id, "spec": cell.spec,
             "params": models.describe(cell.spec).n_params,
             "est_mem_bytes": mem.total, "mem_guess": mem.guess,
+            "guess_why": memory_plan.unplanned(cell.spec) if mem.guess else None,
             "est_flops": flops, "flops_guess": flops_guess,
             "on_cpu": cell.spec.device == "cpu" or (cpu_here and cell.spec.device == "auto"),
             "records": [s for s in have if s], "samples": sweep.samples,
@@ -182,6 +183,14 @@ def config_defaults(sweep: Sweep) -> list[str]:
             out[f"{cell.spec.model}: the sweep set {given or 'no shape field'}; transformers' defaults: "
                 f"{' '.join(f'{k}={v}' for k, v in defaults.items())}"] = None
     return list(out)
+
+
+def guessed(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per ``plan_rows`` cell whose memory plan is a guess: why its module does not run under fake
+    tensors, and what the estimates then count."""
+    return [f"{row['label']}: memory and CPU time estimated from the parameter count (weights, optimizer state, "
+            f"the loss; 6 x parameters per token): its module does not run under fake tensors ({row['guess_why']})"
+            for row in rows if row.get("mem_guess")]
 
 
 def oom_line(row: dict[str, Any], limit: int) -> str:

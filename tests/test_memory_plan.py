@@ -180,6 +180,25 @@ def test_a_module_fake_tensors_cannot_run_is_called_a_guess(tmp_path):
     assert "a guess" in line
 
 
+def test_an_fp32_moe_cell_is_planned_from_its_module_and_a_guess_says_why(tmp_path, capfd):
+    """Issue 54.7: torch's meta kernel for grouped GEMMs takes BF16 only, so an fp32 MoE cell's dry run logged a torch
+    traceback and its estimate was silently a guess. It is planned from its module now, to the byte of what its CPU
+    step saves; a module that cannot be planned says why, in one line of the dry run."""
+    from orchestrator.cli import main
+
+    spec = TrialSpec(model="hf:mixtral", **{**SHAPE, "ffn": 128, "precision": "fp32"})
+    assert memory_plan.record_fields(spec)["est_activation_bytes"] == _trial_saved_bytes(spec)
+    path = tmp_path / "moe.yaml"
+    path.write_text("name: moe\ngrid: {model: ['hf:mixtral', 'py:tests/fixtures/gptlike.py:reads_ids']}\n"
+                    "fixed: {d_model: 64, n_layers: 2, n_heads: 4, ffn: 128, vocab: 96, seq_len: 32, batch_size: 8, "
+                    "precision: fp32, backend: torch}\n")
+    assert main(["sweep", str(path), "--dry-run", "--out", str(tmp_path / "out")]) == 0
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err, err
+    [line] = [line for line in out.splitlines() if line.startswith("a guess ")]
+    assert "reads_ids" in line and "does not run under fake tensors (" in line, line
+
+
 @pytest.mark.gpu
 def test_the_local_gpu_memory_is_read_without_a_cuda_context():
     """The fit check runs in the driver before Ray: reading the GPU's memory must not start CUDA there (a context on

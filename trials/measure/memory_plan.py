@@ -161,12 +161,20 @@ def _key(spec: Any, batch: int) -> _Key:
 
 def probe(spec: Any, batch_size: int | None = None) -> Probe | None:
     """The cell's module run once under fake tensors at ``batch_size`` rows (default the spec's); None where it
-    cannot be run so (then the plan is a guess)."""
-    return _probe(_key(spec, batch_size or spec.batch_size))
+    cannot be run so (then the plan is a guess: :func:`unplanned` says why)."""
+    got = _probe(_key(spec, batch_size or spec.batch_size))
+    return got if isinstance(got, Probe) else None
+
+
+def unplanned(spec: Any, batch_size: int | None = None) -> str | None:
+    """Why the cell's module cannot run under fake tensors (its plan is then a guess), in one line; None where it
+    can."""
+    got = _probe(_key(spec, batch_size or spec.batch_size))
+    return got if isinstance(got, str) else None
 
 
 @functools.lru_cache(maxsize=64)
-def _probe(key: _Key) -> Probe | None:
+def _probe(key: _Key) -> Probe | str:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -181,7 +189,8 @@ def _probe(key: _Key) -> Probe | None:
         with torch.random.fork_rng(devices=[]):  # the build seeds torch's RNG: leave the trial's as it was
             built = models.build(spec, precision, "meta")  # no memory, no init
         model = built.model
-        with FakeTensorMode(allow_non_fake_inputs=True) as mode, _unpacked_positions():
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode, _grouped_gemm_shapes(), _unpacked_positions(), \
+                _quiet_fake_tensor_log():
             _to_fake(model, mode)
             ids = torch.zeros(key.batch, spec.seq_len, dtype=torch.long)
             with SavedBytes(model, units=built.units) as saved:
@@ -198,11 +207,43 @@ def _probe(key: _Key) -> Probe | None:
         head = model.get_submodule(built.logits_layer) if built.logits_layer else None
         gemm = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head)
     except Exception as exc:  # noqa: BLE001 - a module fake tensors cannot run (data-dependent code, ...)
-        log.info("%s: not planned from the module (%s: %s); the memory plan is a guess", spec.model,
-                 type(exc).__name__, exc)
-        return None
+        why = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+        log.info("%s: not planned from the module (%s); the memory plan is a guess", spec.model, why)
+        return why
     acts = Activations(saved.outside, tuple(saved.per_unit), tuple(saved.unit_inputs))
     return Probe(n_params, weight_bytes, largest, acts, float(counter.get_total_flops()), gemm, outside)
+
+
+def _grouped_gemm_shapes() -> Any:
+    """A dispatch mode for the probe: torch's meta kernel for ``aten._grouped_mm`` takes BF16 only (the CUDA
+    kernel's rule), while the CPU kernel takes fp32 too, so an fp32 MoE model (transformers' grouped experts) trained
+    on CPU but failed the probe, whose plan was then a guess. Under it an fp32 grouped GEMM takes its output's shape
+    from the BF16 meta kernel; what it saves for backward is the real run's (autograd saves above any dispatch mode)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class GroupedGemmShapes(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            if func is torch.ops.aten._grouped_mm.default and args[0].dtype == torch.float32:
+                a, b, *rest = args
+                return func(a.to(torch.bfloat16), b.to(torch.bfloat16), *rest, **kwargs).to(torch.float32)
+            return func(*args, **kwargs)
+
+    return GroupedGemmShapes()
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensor_log() -> Iterator[None]:
+    """torch logs a whole traceback at ERROR when an op's meta kernel raises under fake tensors, before the
+    exception reaches the probe, which turns it into one line (:func:`unplanned`)."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 @contextlib.contextmanager
