@@ -65,7 +65,10 @@ if [ "${TESTS_S:-0}" -gt 0 ]; then
   # -v: each test's name and outcome as it ends, so a run cut by its timeout still says which failed
   whole=${TESTS_K:+no}
   echo "== python3 -m pytest -m gpu -n 4 -v -k '${TESTS_K:=not test_disturbance}' at $(el) s"
+  # --timeout (pytest-timeout, on the host): a test that hangs fails with its stack instead of holding the run past
+  # TESTS_S, where pytest is killed before its summary and every failure message with it
   step gpu-tests "$TESTS_S" python3 -m pytest -m gpu -n 4 -v -rfE -p no:cacheprovider --durations=15 tests \
+    --timeout "${TEST_TIMEOUT_S:-150}" \
     --deselect tests/test_disturbance.py -k "$TESTS_K"
   # every FAILED/ERROR block whole (pytest's FAILURES and ERRORS sections), then the short summary and the rest
   sed -n '/^=* \(FAILURES\|ERRORS\) =*$/,/^=* short test summary info =*$/p' "$OUT/gpu-tests.txt" | head -400
