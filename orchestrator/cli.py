@@ -1,7 +1,8 @@
 """``juicytalk``: trial, sweep, collect, report, export, fields, doctor.
 
 Exit status: 0 success; 1 when trials errored or are missing (sweep) or a trial errored (trial);
-2 for bad input, which is one line on stderr naming the field, and nothing is started.
+2 for bad input, which is one line on stderr naming the field, and nothing is started; 130 for a Ctrl-C that ends
+a command (a sweep's before its trials run: once they run, its summary says "interrupted", exit 1), in one line.
 """
 
 from __future__ import annotations
@@ -463,12 +464,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "trial":
-        from trials.cli import run_from_args
+    try:
+        if args.command == "trial":
+            from trials.cli import run_from_args
 
-        return run_from_args(args, f"{PROG} trial")
-    return {"sweep": cmd_sweep, "collect": cmd_collect, "report": cmd_report, "doctor": cmd_doctor,
-            "fields": cmd_fields, "export": cmd_export}[args.command](args)
+            return run_from_args(args, f"{PROG} trial")
+        return {"sweep": cmd_sweep, "collect": cmd_collect, "report": cmd_report, "doctor": cmd_doctor,
+                "fields": cmd_fields, "export": cmd_export}[args.command](args)
+    except KeyboardInterrupt:  # a sweep's Ctrl-C once its trials run ends in its summary instead
+        print(f"{PROG}: interrupted" + ("; what the sweep started is stopped, its records stay, and the same command "
+                                        "resumes it" if args.command == "sweep" else ""), file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

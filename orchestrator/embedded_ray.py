@@ -18,9 +18,14 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
+import threading
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 AUTH_MODE = "token"  # Ray's own default for new local clusters, said explicitly
 # How long ``ray.init`` waits for the local GCS to write its port file before it gives up (Ray's own knob,
@@ -77,16 +82,51 @@ def start(ray, package_root: str, **kwargs) -> None:
 
     A GCS that dies at start is reported after :data:`GCS_PORT_WAIT_S`, not Ray's 30 s: Ray's wait for its port
     file holds the GIL in native code, so nothing in this process can notice the death sooner. A raylet that
-    dies is still reported after Ray's own fixed 30 s wait for it to register."""
+    dies is still reported after Ray's own fixed 30 s wait for it to register.
+
+    A Ctrl-C during ``ray.init`` is held until it returns and raised once Ray, started whole, is shut down whole:
+    raised inside it, the driver knew none of the processes started so far, and the agents its raylet had started
+    outlived the driver by 15-20 s. Ray's own processes block SIGINT, so the start goes on to its end."""
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if package_root not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
     since = time.time()
+    with sigint_held() as held:
+        try:
+            # address="local": always a new embedded instance, never some cluster started earlier on this host
+            ray.init(address="local", **kwargs)
+        except Exception as exc:  # noqa: BLE001 - whatever Ray raised, the user gets one line
+            if not held.seen:
+                raise RayStartError(start_failure(exc, since)) from None
+    if held.seen:
+        ray.shutdown()
+        raise KeyboardInterrupt
+
+
+@dataclass
+class Held:
+    seen: bool = False  # a SIGINT came while held
+
+
+@contextmanager
+def sigint_held() -> Iterator[Held]:
+    """SIGINT noted instead of raised inside the block (Python delivers signals to the main thread only: elsewhere
+    nothing is held); a second one raises KeyboardInterrupt at once, as a user who presses Ctrl-C again means."""
+    held = Held()
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+
+    def on_int(signum: int, frame: object) -> None:
+        if held.seen:
+            raise KeyboardInterrupt
+        held.seen = True
+
+    before = signal.signal(signal.SIGINT, on_int)
     try:
-        # address="local": always a new embedded instance, never some cluster started earlier on this host
-        ray.init(address="local", **kwargs)
-    except Exception as exc:  # noqa: BLE001 - whatever Ray raised, the user gets one line
-        raise RayStartError(start_failure(exc, since)) from None
+        yield held
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def start_failure(exc: BaseException, since: float) -> str:

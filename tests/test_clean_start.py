@@ -6,11 +6,17 @@ start their own Ray, one in each such shell); here the rule that keeps it so, an
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
+from pathlib import Path
 
-from .conftest import REPO, user_env
+import pytest
+
+from .conftest import REPO, stop_cluster, user_env, wait_for
 
 # A one-cell sweep: what is under test is Ray's start, not the trial.
 TINY = """name: clean
@@ -80,3 +86,49 @@ def test_a_local_start_waits_less_than_rays_30_s_for_a_dead_gcs_and_a_users_own_
     monkeypatch.setenv(name, "45")
     embedded_ray.configure(local=True)
     assert os.environ[name] == "45"
+
+
+def _of(temp: str) -> list[str]:
+    """The live processes a sweep whose temporary directories are under ``temp`` started, and theirs (each inherits
+    RAY_TMPDIR): Ray's, its workers and agents, the trial servers."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and (
+                    proc.environ().get("RAY_TMPDIR") == temp or any(temp in a for a in proc.cmdline())):
+                found.append(" ".join(proc.cmdline())[:120])
+        except psutil.Error:  # gone meanwhile, or not this user's
+            pass
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["store", "ray"])
+def test_ctrl_c_while_a_sweep_starts_is_one_line_exit_130_and_leaves_nothing_running(tmp_path, point):
+    """Ctrl-C (SIGINT to the driver's process group, as a terminal sends it) once the sweep's store is made (before
+    Ray), and once Ray's raylet is starting: a KeyboardInterrupt traceback before; interrupted inside ray.init, the
+    agents the raylet had started outlived the driver."""
+    (tmp_path / "s.yaml").write_text(TINY)
+    temp = tempfile.mkdtemp(prefix="jt-int-")  # short: Ray's socket paths must fit in 107 bytes
+    reached = {"store": lambda: (tmp_path / "out" / "clean" / "sweep.yaml").exists(),
+               "ray": lambda: any(Path(temp, "ray").glob("session_*/logs/raylet.out"))}[point]
+    driver = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "sweep", str(tmp_path / "s.yaml"), "--out",
+                               str(tmp_path / "out"), "--no-progress"], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True,
+                              env=user_env(tmp_path / "home", RAY_TMPDIR=temp, TMPDIR=temp))
+    try:
+        wait_for(lambda: reached() or driver.poll() is not None, timeout=240, interval=0.02)
+        assert driver.poll() is None, driver.communicate()[1][-2000:]
+        os.killpg(driver.pid, signal.SIGINT)
+        out, err = driver.communicate(timeout=240)
+        assert driver.returncode == 130, err[-3000:]
+        assert err == ("juicytalk: interrupted; what the sweep started is stopped, its records stay, and the same "
+                       "command resumes it\n") and not out, out[-2000:] + err[-2000:]
+        assert not _of(temp)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        stop_cluster(temp)
+        shutil.rmtree(temp, ignore_errors=True)
