@@ -177,11 +177,12 @@ def config_defaults(sweep: Sweep) -> list[str]:
 
     out: dict[str, None] = {}
     for cell in sweep.cells:
-        defaults = models.describe(cell.spec).defaults
-        if defaults:
+        facts = models.describe(cell.spec)
+        if facts.defaults:
             given = " ".join(f"{f}={getattr(cell.spec, f)}" for f in SHAPE_NAMES if getattr(cell.spec, f) is not None)
+            built = f"; as built: {facts.moe_layers}" if facts.moe_layers else ""  # expert counts need not be used
             out[f"{cell.spec.model}: the sweep set {given or 'no shape field'}; transformers' defaults: "
-                f"{' '.join(f'{k}={v}' for k, v in defaults.items())}"] = None
+                f"{' '.join(f'{k}={v}' for k, v in facts.defaults.items())}{built}"] = None
     return list(out)
 
 

@@ -97,9 +97,12 @@ def test_the_record_is_the_models_shape_and_names_the_defaults(tmp_path):
 
 
 def test_the_dry_run_shows_the_defaults_beside_what_the_sweep_set(tmp_path, capsys):
+    """...and, for a type with experts, what the built model has: DeepSeek-V3's first 3 layers are dense, so at 2
+    layers its 256 experts are built nowhere."""
     sweep = tmp_path / "s.yaml"
     sweep.write_text("name: shapes\nsamples: 1\nfixed: {device: cpu, backend: torch, precision: fp32, seq_len: 32,"
-                     " n_layers: 2, n_heads: 4, vocab: 96}\ngrid: {model: [hf:llama, hf:qwen2_moe], d_model: [64]}\n")
+                     " n_layers: 2, n_heads: 4, vocab: 96}\n"
+                     "grid: {model: [hf:llama, hf:qwen2_moe, hf:deepseek_v3], d_model: [64]}\n")
     from orchestrator.cli import main
 
     assert main(["sweep", str(sweep), "--dry-run", "--out", str(tmp_path / "out")]) == 0, capsys.readouterr().err
@@ -110,6 +113,19 @@ def test_the_dry_run_shows_the_defaults_beside_what_the_sweep_set(tmp_path, caps
     assert "hf:qwen2_moe: the sweep set vocab=96 d_model=64 n_layers=2 n_heads=4; transformers' defaults: " \
            "intermediate_size=5632 moe_intermediate_size=1408 shared_expert_intermediate_size=5632 num_experts=60 " \
            "num_experts_per_tok=4" in text
+    assert "num_experts_per_tok=4; as built: 2 MoE layers (decoder_sparse_step=1 mlp_only_layers=[])" in text
+    line = next(line for line in out.out.splitlines() if "hf:deepseek_v3:" in line)
+    assert "n_routed_experts=256" in line
+    assert line.endswith("; as built: 2 dense layers, no MoE layer (first_k_dense_replace=3)"), line
+    assert "intermediate_size=11008\n" in out.out  # a model without experts says nothing more
+
+
+def test_the_built_models_moe_layers_are_counted_from_its_modules():
+    """Past first_k_dense_replace the layers hold experts (a 3-D weight each): counted on the model built on the
+    meta device, not read off the config."""
+    facts = models.describe(spec("hf:deepseek_v3", d_model=64, n_heads=4, vocab=96, n_layers=4))
+    assert facts.moe_layers == "3 dense layers, 1 MoE layer (first_k_dense_replace=3)"
+    assert models.describe(spec("hf:mixtral", d_model=64, n_heads=4, vocab=96, n_layers=2)).moe_layers == "2 MoE layers"
 
 
 def test_the_head_dim_rule_reads_the_models_head_dim(tmp_path):

@@ -30,7 +30,7 @@ import torch.nn as nn
 from torch.nn.modules.conv import _ConvNd
 
 from .. import models
-from ..models.common import WEIGHT_READ_BY_PARENT, read_by_parent, written_in_place
+from ..models.common import WEIGHT_READ_BY_PARENT, experts, read_by_parent, written_in_place
 from . import Built
 from .torch import compiled
 
@@ -125,14 +125,6 @@ class _Filter:
         return {"torchao_version": version(), "fp8_converted_modules": len(self.converted),
                 "fp8_converted_names": json.dumps(self.converted), "fp8_skipped_modules": json.dumps(list(self.skipped)),
                 "fp8_skipped_why": json.dumps(self.skipped)}
-
-
-def experts(model: nn.Module) -> list[str]:
-    """Qualified names of the modules holding a 3-D weight (one matrix per expert: MoE experts, whose forward runs
-    grouped GEMMs), found by structure, not by name; convolutions (an nn.Conv1d's weight is 3-D too: Mamba's,
-    Jamba's, LFM2's) are not experts."""
-    return [fqn for fqn, m in model.named_modules()
-            if not isinstance(m, _ConvNd) and any(p.dim() == 3 for p in m.parameters(recurse=False))]
 
 
 def moe_why(recipe: str, device: str) -> str:

@@ -197,6 +197,9 @@ class Facts:
     # config file gave them); None where the source has no such defaults (MiniGPT's are the spec's, py: the factory's)
     defaults: dict[str, Any] | None = None
     attn_implementation: str | None = None  # hf: transformers' attention the model was built with (sdpa, eager)
+    # hf: which built layers hold experts, where the config has any ('2 dense layers, no MoE layer
+    # (first_k_dense_replace=3)'); '' elsewhere
+    moe_layers: str = ""
 
     @property
     def n_layers(self) -> int | None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from torch.nn.modules.conv import _ConvNd
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,14 @@ def largest_module_list(model: nn.Module, prefix: str = "") -> tuple[str, ...]:
         return ()
     name, best = max(lists, key=lambda nm: (sum(p.numel() for p in nm[1].parameters()), len(nm[1])))
     return tuple(_join(prefix, name, child) for child, _ in best.named_children())
+
+
+def experts(model: nn.Module) -> list[str]:
+    """Qualified names of the modules holding a 3-D weight (one matrix per expert: MoE experts, whose forward runs
+    grouped GEMMs), found by structure, not by name; convolutions (an nn.Conv1d's weight is 3-D too: Mamba's,
+    Jamba's, LFM2's) are not experts."""
+    return [fqn for fqn, m in model.named_modules()
+            if not isinstance(m, _ConvNd) and any(p.dim() == 3 for p in m.parameters(recurse=False))]
 
 
 def _join(*parts: str) -> str:

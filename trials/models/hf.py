@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import Facts, ModelError, not_found, parse, user_path
-from .common import Built, Logits, dtype_of, inner, largest_module_list, param_count, to_json
+from .common import Built, Logits, dtype_of, experts, inner, largest_module_list, param_count, to_json
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,12 @@ EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_nu
 # supplied them (a bare ``hf:qwen2_moe`` keeps its 60 experts of 1408)
 SIZE_NAMES = ("head_dim", *EXPERT_COUNTS, "num_experts_per_tok", "n_shared_experts", "num_shared_experts",
               *MLA_SIZES)
+# config values that say which decoder layers get experts (the rest are dense): DeepSeek's first 3 of 61 are dense,
+# Qwen-MoE's every decoder_sparse_step-th is MoE, ...; shown beside what the built model has, which can be no MoE
+# layer at all (a 2-layer hf:deepseek_v3)
+MOE_LAYER_KEYS = ("first_k_dense_replace", "num_dense_layers", "moe_layer_freq", "decoder_sparse_step",
+                  "mlp_only_layers", "interleave_moe_layer_step", "expert_layer_period", "expert_layer_offset",
+                  "moe_layer_start_index", "moe_layer_end_index", "moe_layer_interval")
 POSITIONS = ("max_position_embeddings",)  # raised to seq_len where shorter
 NOT_CONFIG = ("model_type", "transformers_version", "architectures", "torch_dtype", "dtype", "auto_map",
               "_name_or_path", "quantization_config")  # a config.json's keys that describe a checkpoint, not a shape
@@ -409,7 +415,24 @@ def _describe(target: str, overrides: tuple[tuple[str, int], ...], seq_len: int)
     values = {k: v for k, v in cfg.to_dict().items() if k not in ("dtype", "torch_dtype", "transformers_version")}
     return Facts(type(model).__name__, to_json(values), param_count(model), shape,
                  attn_width=heads * head_dim, model_type=cfg.model_type,
-                 defaults=dict(resolved.defaults), attn_implementation=model.config._attn_implementation)
+                 defaults=dict(resolved.defaults), attn_implementation=model.config._attn_implementation,
+                 moe_layers=moe_layers(model, cfg))
+
+
+def moe_layers(model: Any, cfg: Any) -> str:
+    """Which of ``model``'s decoder layers hold experts, where its config has any ('' where it has none), with the
+    config values that place them: a type's expert count says nothing of a model too shallow for its first MoE
+    layer."""
+    if not any(isinstance(getattr(cfg, n, None), int) and getattr(cfg, n) > 0 for n in EXPERT_COUNTS if _has(cfg, n)):
+        return ""
+    layers = units(model)
+    held = experts(model)
+    moe = sum(any(e.startswith(f"{u}.") for e in held) for u in layers)
+    dense = len(layers) - moe
+    said = ([f"{dense} dense layer{'s' * (dense != 1)}"] if dense else []) + [
+        f"{moe} MoE layer{'s' * (moe != 1)}" if moe else "no MoE layer"]
+    why = " ".join(f"{n}={getattr(cfg, n)}" for n in MOE_LAYER_KEYS if _has(cfg, n))
+    return ", ".join(said) + (f" ({why})" if why else "")
 
 
 def check(spec: Any) -> None:
