@@ -144,30 +144,6 @@ def plain_loop(shape: Shape, te, te_layer: str, recipe: Any, steps: int, warmup:
     return out
 
 
-def runs_parser(description: str, steps: int) -> argparse.ArgumentParser:
-    """The flags of a script that runs this loop again and again at one cell (te_state_carryover.py,
-    host_jitter.py): the shape (default: batch 8 x seq 256, te_llama's), the TE cell, the runs and steps."""
-    p = argparse.ArgumentParser(description=description)
-    Shape.add_args(p, seq_len=256, batch_size=8)
-    p.add_argument("--te-layer", default="swap", choices=["swap", "transformer_layer"])
-    p.add_argument("--precision", default="fp8", choices=["bf16", "fp8"])
-    p.add_argument("--recipe", default="delayed", help="TE recipe name, as a sweep's recipe field (fp8)")
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--steps", type=int, default=steps)
-    return p
-
-
-def runs_setup(args: argparse.Namespace) -> tuple[Any, Any, Shape]:
-    """TE, the recipe of :func:`runs_parser`'s flags (None for bf16) and their shape; prints what runs where."""
-    te = te_compat.import_te()
-    recipe = fp8_recipe(TrialSpec(recipe=args.recipe)) if args.precision == "fp8" else None  # the harness's defaults
-    shape = Shape.from_args(args)
-    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} TE {te_compat.te_version()}; {shape}; "
-          f"{args.te_layer} {args.precision} {args.recipe if recipe else ''}", flush=True)
-    return te, recipe, shape
-
-
 def by_flags(args: argparse.Namespace, te) -> list[dict]:
     shape = Shape.from_args(args)
     rows = []

@@ -14,10 +14,8 @@
 #
 # Each step runs where its variable gives it seconds (a device call has at most 600 s, the kits' install ~20 s
 # of it), in this order: TESTS_S every `-m gpu` test, or those TESTS_K selects (pytest -k; tests/test_disturbance.py
-# alone after the rest: it looks for other CUDA processes), SEED_S the seed example's start (benchmarks/sweep_start.py), CARRY_S TE's FP8 state
-# carried from one model to the next at full depth (benchmarks/te_state_carryover.py), JITTER_S the garbage
-# collector's part in a launch-bound step's spread (benchmarks/host_jitter.py), DATA_S the token ids' part in a
-# step's time (benchmarks/data_power.py, DATA_CELL), FULL_DEPTH_S the full-depth study (examples/full-depth.yaml;
+# alone after the rest: it looks for other CUDA processes), SEED_S the seed example's start (benchmarks/sweep_start.py),
+# FULL_DEPTH_S the full-depth study (examples/full-depth.yaml;
 # a sweep resumes whatever its store under juicytalk-results holds), NUMERICS_S issue 46's numerics study
 # (examples/fp8-numerics-shapes.yaml), TE_PLAIN_S / PLAIN_S the full-depth cells' plain loops
 # (benchmarks/te_hf_loop.py, hf_loop.py; TE_ONLY / PLAIN_ONLY: label substrings, space
@@ -84,24 +82,6 @@ if [ "${SEED_S:-0}" -gt 0 ]; then
   echo "== python3 benchmarks/sweep_start.py examples/seed.yaml --out /tmp/seed at $(el) s"
   step seed "$SEED_S" python3 benchmarks/sweep_start.py examples/seed.yaml --out /tmp/seed
   cat "$OUT/seed.txt"
-fi
-# the full-depth study's TE swap FP8 cell (examples/full-depth.yaml) as flags of the loops that take them
-full_depth=(--model llama --d-model 4096 --n-layers 32 --n-heads 32 --n-kv-heads 8 --ffn 14336 --vocab 128256
-            --seq-len 256 --batch-size 8 --te-layer swap --runs 3 --warmup 3)
-if [ "${CARRY_S:-0}" -gt 0 ]; then
-  echo "== python3 benchmarks/te_state_carryover.py ${full_depth[*]} --steps 10 at $(el) s"
-  step carry "$CARRY_S" python3 benchmarks/te_state_carryover.py "${full_depth[@]}" --steps 10
-  cat "$OUT/carry.txt"
-fi
-if [ "${JITTER_S:-0}" -gt 0 ]; then
-  echo "== python3 benchmarks/host_jitter.py ${full_depth[*]} --steps 20 at $(el) s"
-  step jitter "$JITTER_S" python3 benchmarks/host_jitter.py "${full_depth[@]}" --steps 20
-  cat "$OUT/jitter.txt"
-fi
-if [ "${DATA_S:-0}" -gt 0 ]; then
-  echo "== python3 benchmarks/data_power.py --sweep examples/full-depth.yaml --cell ${DATA_CELL:=hf:llama-d4096-L32-torch-bf16} at $(el) s"
-  step data "$DATA_S" python3 benchmarks/data_power.py --sweep examples/full-depth.yaml --cell "$DATA_CELL"
-  cat "$OUT/data.txt"
 fi
 [ "${FULL_DEPTH_S:-0}" -gt 0 ] && sweep "$FULL_DEPTH_S" examples/full-depth.yaml full-depth
 [ "${NUMERICS_S:-0}" -gt 0 ] && sweep "$NUMERICS_S" examples/fp8-numerics-shapes.yaml fp8-numerics-shapes
