@@ -14,7 +14,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from rich.console import Console
 from rich.text import Text
@@ -80,6 +80,32 @@ def _gpu_memory(args: argparse.Namespace) -> int | None:
     return local_gpu_memory_bytes()
 
 
+def _here(args: argparse.Namespace) -> tuple[int | None, bool]:
+    """Where Ray runs here (no ``--address``, no RAY_ADDRESS): this host's RAM, which the ranks of a cell share, and
+    whether this machine has no GPU, so that its ``device: auto`` cells run on CPU (``--gpu-memory`` or not);
+    elsewhere (None, False): a cluster's hosts are not this one."""
+    if args.address or os.environ.get("RAY_ADDRESS"):
+        return None, False
+    from .plan import host_memory_bytes, local_gpu_memory_bytes
+
+    return host_memory_bytes(), local_gpu_memory_bytes() is None
+
+
+def _trial_fit(spec: Any) -> str | None:
+    """The one line ``juicytalk trial`` refuses ``spec`` with where it will not fit here (a sweep's rule,
+    orchestrator/plan.py's ``refusal``: this machine's GPU, this host's RAM), else None."""
+    from .plan import host_memory_bytes, local_gpu_memory_bytes, plan_row, refusal
+    from .sweep import cell_id, cell_label
+
+    gpu_memory = local_gpu_memory_bytes()
+    try:
+        row = plan_row(spec, cell_label(spec), cell_id(spec), cpu_here=gpu_memory is None)
+        return refusal([row], gpu_memory, host_memory_bytes())
+    except Exception as exc:  # noqa: BLE001 - as a sweep's: a plan that fails never stops a trial
+        logging.getLogger(__name__).warning("memory plan failed, not checked: %s: %s", type(exc).__name__, exc)
+        return None
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from .embedded_ray import RayStartError
     from .lock import SweepLocked
@@ -106,13 +132,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         from trials.record.fields import FINAL_STATUSES
 
         from .tables import print_table
-        from .plan import (FIT_MARGIN, config_defaults, cpu_matmul_flops_per_s, expected_ooms, guessed,
-                           host_memory_bytes, oom_line, plan_rows, plan_table, slow_on_cpu, unsupported_here,
-                           will_not_fit)
+        from .plan import (config_defaults, cpu_matmul_flops_per_s, expected_ooms, guessed, plan_rows, plan_table,
+                           slow_on_cpu, unsupported_here, why_refused, will_not_fit)
 
         gpu_memory = _gpu_memory(args)
-        rows = plan_rows(sweep, Store(storage, sweep.name), unsupported_here(sweep), cpu_here=gpu_memory is None)
-        host_memory = host_memory_bytes()
+        host_memory, cpu_here = _here(args)
+        rows = plan_rows(sweep, Store(storage, sweep.name), unsupported_here(sweep), cpu_here=cpu_here)
         if rows:
             print_table(console, plan_table(sweep, rows, gpu_memory, host_memory))
         for row in rows:
@@ -123,12 +148,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             console.print(f"[yellow]config defaults[/] {line}", soft_wrap=True)
         for line in guessed(rows):
             console.print(f"[yellow]a guess[/] {line}", soft_wrap=True)
-        refused = will_not_fit(rows, gpu_memory) if args.fit_check else []
+        refused = will_not_fit(rows, gpu_memory, host_memory) if args.fit_check else []
         refused_ids = {row["cell_id"] for row in refused}
         for row in refused:
-            console.print(f"[red]will not fit[/] {oom_line(row, gpu_memory)}: over {FIT_MARGIN}x the memory, more than "
-                          "the memory plan's error, so a real sweep refuses it (--no-fit-check runs it anyway)",
-                          soft_wrap=True)
+            console.print(f"[red]will not fit[/] {why_refused(row, gpu_memory, host_memory)}, so a real sweep refuses "
+                          "it (--no-fit-check runs it anyway)", soft_wrap=True)
         for line in expected_ooms([row for row in rows if row["cell_id"] not in refused_ids], gpu_memory, host_memory):
             console.print(f"[yellow]expected OOM[/] {line}", soft_wrap=True)
         if any(row["on_cpu"] and not row["unsupported"] for row in rows):
@@ -155,14 +179,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from .tables import print_table
 
     gpu_memory = _gpu_memory(args) if args.fit_check else None
-    if gpu_memory is not None:  # before Ray or any trial: a cell far over the GPU's memory is refused
+    host_memory, cpu_here = _here(args) if args.fit_check else (None, False)
+    if gpu_memory is not None or host_memory is not None:  # before Ray or any trial: a cell that will not fit
         from .plan import plan_rows, refusal
 
         try:
-            rows = plan_rows(sweep, Store(storage, sweep.name), cpu_here=False)
+            rows = plan_rows(sweep, Store(storage, sweep.name), cpu_here=cpu_here)
             for row in rows if args.restart else ():  # every trial runs again: its records do not count
                 row["records"] = []
-            line = refusal(rows, gpu_memory)
+            line = refusal(rows, gpu_memory, host_memory)
         except Exception as exc:  # noqa: BLE001 - a plan that fails never stops a sweep: its trials say what fits
             logging.getLogger(__name__).warning("memory plan failed, cells not checked: %s: %s", type(exc).__name__, exc)
             line = None
@@ -412,6 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("trial", help="run one trial here (no Ray)")
     add_trial_arguments(p)
+    p.add_argument("--no-fit-check", dest="fit_check", action="store_false",
+                   help="run it though the memory plan says it will not fit this GPU or this host's RAM")
 
     p = sub.add_parser("sweep", help="run a sweep file through Ray Tune")
     p.add_argument("file")
@@ -468,7 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "trial":
             from trials.cli import run_from_args
 
-            return run_from_args(args, f"{PROG} trial")
+            return run_from_args(args, f"{PROG} trial", _trial_fit if args.fit_check else None)
         return {"sweep": cmd_sweep, "collect": cmd_collect, "report": cmd_report, "doctor": cmd_doctor,
                 "fields": cmd_fields, "export": cmd_export}[args.command](args)
     except KeyboardInterrupt:  # a sweep's Ctrl-C once its trials run ends in its summary instead

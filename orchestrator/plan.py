@@ -1,10 +1,12 @@
 """Dry-run plan: every cell with its size, a memory estimate, and what already has a record.
 
-The estimate is checked against the memory of where a cell runs: the GPU's (this machine's, or
-``--gpu-memory``), or, for cells that run on CPU here, the host's RAM; CPU cells whose steps would take
-hours even at the host's best matmul pace are flagged too. A GPU training cell whose estimate is over the
-GPU's memory by more than the plan's own error (``FIT_MARGIN``) will not fit: a real sweep refuses it before
-Ray or any trial starts (``juicytalk sweep --no-fit-check`` runs it anyway).
+The estimate is checked against the memory of where a cell runs: the GPU's, per rank (this machine's, or
+``--gpu-memory``), for a cell that may run on a GPU; and, where Ray runs here, this host's RAM, which every
+rank of a cell shares: the whole plan of each rank of a cell that runs on CPU here (``device: cpu``, or
+``auto`` on a machine without a GPU), what stays on the host of one on a GPU. CPU cells whose steps would
+take hours even at the host's best matmul pace are flagged too. A training cell over the GPU's memory by more
+than the plan's own error (``FIT_MARGIN``), or over the host's RAM, will not fit: a real sweep and
+``juicytalk trial`` refuse it before Ray or any trial starts (``--no-fit-check`` runs it anyway).
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ CPU_SLOW_S = 3600.0  # a CPU cell whose steps need longer than this, at the host
 # benchmarks/memory_plan_vs_h200.py), so past 1.4x the cell is over even where the plan overestimates most.
 # Between 1x and 1.4x the dry run says "expected OOM" and the cell runs (it may fit; its record says oom if not).
 FIT_MARGIN = 1.4
+# and one whose ranks' estimate is over the host's RAM: past it the kernel's OOM killer, not the trial, stops the
+# cell (a 782.8 GiB estimate on a 24 GB CPU host: killed at 23.8 GB, no record), and may take other processes
+# with it; on CPU the plan's activations are exact (docs/guide/memory.md) and nothing it counts runs high
+HOST_FIT_MARGIN = 1.0
 
 
 def unsupported_here(sweep: Sweep) -> dict[str, str]:
@@ -78,22 +84,30 @@ def plan_rows(sweep: Sweep, store: Store, unsupported: dict[str, str] | None = N
     """One row per cell; ``cpu_here``: this machine has no GPU, so its ``device: auto`` cells run on CPU."""
     statuses = store.statuses()
     unsupported = unsupported or {}
-    rows = []
-    for cell in sweep.cells:
-        have = [statuses.get(trial_key(cell.cell_id, s)) for s in range(sweep.samples)]
-        mem = memory_plan.plan(cell.spec)
-        flops, flops_guess = estimate_flops_guess(cell.spec)
-        rows.append({
-            "label": cell.label, "cell_id": cell.cell_id, "spec": cell.spec,
-            "params": models.describe(cell.spec).n_params,
-            "est_mem_bytes": mem.total, "mem_guess": mem.guess,
-            "guess_why": memory_plan.unplanned(cell.spec) if mem.guess else None,
-            "est_flops": flops, "flops_guess": flops_guess,
-            "on_cpu": cell.spec.device == "cpu" or (cpu_here and cell.spec.device == "auto"),
-            "records": [s for s in have if s], "samples": sweep.samples,
-            "unsupported": unsupported.get(cell.cell_id),
-        })
-    return rows
+    return [plan_row(cell.spec, cell.label, cell.cell_id, cpu_here,
+                     [s for s in (statuses.get(trial_key(cell.cell_id, i)) for i in range(sweep.samples)) if s],
+                     sweep.samples, unsupported.get(cell.cell_id))
+            for cell in sweep.cells]
+
+
+def plan_row(spec: TrialSpec, label: str, cell_id: str, cpu_here: bool, records: list[str] | None = None,
+             samples: int = 1, unsupported: str | None = None) -> dict[str, Any]:
+    """One cell's row (``plan_rows``'; ``juicytalk trial``'s one): ``est_mem_bytes`` is one rank's plan,
+    ``est_host_bytes`` what all its ranks keep on the host they share."""
+    mem = memory_plan.plan(spec)
+    flops, flops_guess = estimate_flops_guess(spec)
+    on_cpu = spec.device == "cpu" or (cpu_here and spec.device == "auto")
+    return {
+        "label": label, "cell_id": cell_id, "spec": spec,
+        "params": models.describe(spec).n_params,
+        "est_mem_bytes": mem.total, "mem_guess": mem.guess,
+        "est_host_bytes": spec.world_size * (mem.total if on_cpu else memory_plan.host_kept_bytes(spec)),
+        "guess_why": memory_plan.unplanned(spec) if mem.guess else None,
+        "est_flops": flops, "flops_guess": flops_guess,
+        "on_cpu": on_cpu,
+        "records": list(records or []), "samples": samples,
+        "unsupported": unsupported,
+    }
 
 
 def host_memory_bytes() -> int | None:
@@ -139,8 +153,19 @@ def local_gpu_memory_bytes() -> int | None:
             return None
 
 
-def _limit(row: dict[str, Any], gpu_memory_bytes: int | None, host_memory_bytes: int | None) -> int | None:
-    return host_memory_bytes if row.get("on_cpu") else gpu_memory_bytes
+def _over(row: dict[str, Any], gpu_memory_bytes: int | None, host_memory_bytes: int | None,
+          refused: bool = False) -> list[tuple[str, int]]:
+    """(where, its memory) for each memory ``row``'s estimate is over: the GPU's, one rank's plan against it, for
+    a cell that may run on a GPU; the host's, its ranks' together; ``refused``: over by the margin a real run is
+    refused at (``FIT_MARGIN``, ``HOST_FIT_MARGIN``), else by anything. Unknown memory is not checked."""
+    out = []
+    spec = row.get("spec")
+    if gpu_memory_bytes and (spec is None or spec.device != "cpu") and \
+            row["est_mem_bytes"] > (FIT_MARGIN if refused else 1.0) * gpu_memory_bytes:
+        out.append(("GPU", gpu_memory_bytes))
+    if host_memory_bytes and row.get("est_host_bytes", 0) > (HOST_FIT_MARGIN if refused else 1.0) * host_memory_bytes:
+        out.append(("host", host_memory_bytes))
+    return out
 
 
 def plan_table(sweep: Sweep, rows: list[dict[str, Any]], gpu_memory_bytes: int | None = None,
@@ -160,8 +185,7 @@ def plan_table(sweep: Sweep, rows: list[dict[str, Any]], gpu_memory_bytes: int |
     for row in rows:
         rec = ", ".join(row["records"]) if row["records"] else "-"
         memory = f"{row['est_mem_bytes'] / gib:.2f} GiB" + (" (guess)" if row.get("mem_guess") else "")
-        limit = _limit(row, gpu_memory_bytes, host_memory_bytes)
-        if limit and row["est_mem_bytes"] > limit:
+        if _over(row, gpu_memory_bytes, host_memory_bytes):
             memory += " OOM?"
         params = "?" if row["params"] is None else f"{row['params'] / 1e6:.1f}M"
         table.add_row(row["label"], row["cell_id"], params, memory,
@@ -194,13 +218,20 @@ def guessed(rows: list[dict[str, Any]]) -> list[str]:
             for row in rows if row.get("mem_guess")]
 
 
-def oom_line(row: dict[str, Any], limit: int) -> str:
-    """``row``'s estimate against ``limit``, the memory where it runs; a GPU training cell's line names the
-    cheapest setting that would fit (trials/measure/memory_plan.py: checkpointing first, then FSDP2 ranks)."""
-    line = (f"{row['label']}: estimated {row['est_mem_bytes'] / 2**30:.1f} GiB > {limit / 2**30:.0f} GiB "
-            f"of {'host' if row.get('on_cpu') else 'GPU'} memory")
+def oom_line(row: dict[str, Any], limit: int, where: str | None = None) -> str:
+    """``row``'s estimate against ``limit``, the memory ``where`` it runs ("GPU" or "host"; default: the host's
+    for a cell on CPU, else the GPU's); a GPU training cell's line names the cheapest setting that would fit
+    (trials/measure/memory_plan.py: checkpointing first, then FSDP2 ranks)."""
     spec = row.get("spec")
-    if spec is not None and not row.get("on_cpu") and spec.workload == "train" and not row.get("mem_guess"):
+    where = where or ("host" if row.get("on_cpu") else "GPU")
+    if where == "host":
+        ranks = spec.world_size if spec is not None else 1
+        each = row.get("est_host_bytes", row["est_mem_bytes"]) / ranks / 2**30
+        kept = "" if row.get("on_cpu") else " kept on the host"
+        est = f"{ranks} ranks x {each:.1f} GiB{kept} (they share the host)" if ranks > 1 else f"{each:.1f} GiB{kept}"
+        return f"{row['label']}: estimated {est} > {limit / 2**30:.0f} GiB of host memory"
+    line = f"{row['label']}: estimated {row['est_mem_bytes'] / 2**30:.1f} GiB > {limit / 2**30:.0f} GiB of GPU memory"
+    if spec is not None and spec.workload == "train" and not row.get("mem_guess"):
         fit = memory_plan.cheapest_fit(spec, limit)
         line += (f"; fits with {fit.setting()} ({fit.total / 2**30:.1f} GiB per GPU)" if fit else
                  f"; does not fit even with activation_checkpointing full on up to {memory_plan.FIT_RANKS[-1]} "
@@ -210,40 +241,45 @@ def oom_line(row: dict[str, Any], limit: int) -> str:
 
 def expected_ooms(rows: list[dict[str, Any]], gpu_memory_bytes: int | None,
                   host_memory_bytes: int | None = None) -> list[str]:
-    """One ``oom_line`` per ``plan_rows`` cell whose estimate exceeds the memory where it runs: the GPU's, or the
-    host's for a CPU cell (it still runs, and records oom if it does)."""
-    out = []
-    for row in rows:
-        limit = _limit(row, gpu_memory_bytes, host_memory_bytes)
-        if limit and row["est_mem_bytes"] > limit and not (row.get("on_cpu") and row.get("unsupported")):
-            out.append(oom_line(row, limit))
-    return out
+    """One ``oom_line`` per ``plan_rows`` cell and memory its estimate exceeds (``_over``): the GPU's, the host's
+    (it still runs, and records oom if it does)."""
+    return [oom_line(row, limit, where) for row in rows if not (row.get("on_cpu") and row.get("unsupported"))
+            for where, limit in _over(row, gpu_memory_bytes, host_memory_bytes)]
 
 
-def will_not_fit(rows: list[dict[str, Any]], gpu_memory_bytes: int | None) -> list[dict[str, Any]]:
-    """The ``plan_rows`` a real sweep refuses: GPU training cells, planned from their module (not a guess), with
-    a trial still to run, whose estimate is over ``FIT_MARGIN`` x the GPU's memory. CPU cells are not refused:
-    the margin was measured on GPUs, and a host past its RAM swaps rather than stops (the dry run still flags
-    them); nor are cells with unknown GPU memory (no GPU here and no ``--gpu-memory``)."""
-    if not gpu_memory_bytes:
-        return []
+def will_not_fit(rows: list[dict[str, Any]], gpu_memory_bytes: int | None,
+                 host_memory_bytes: int | None = None) -> list[dict[str, Any]]:
+    """The ``plan_rows`` a real sweep (and ``juicytalk trial``) refuses: training cells, planned from their module
+    (not a guess), with a trial still to run, whose estimate is over ``FIT_MARGIN`` x the GPU's memory or over
+    the host's RAM (``HOST_FIT_MARGIN``), all the ranks on it together (``_over``). Memory not known is not
+    checked: a GPU with no GPU here and no ``--gpu-memory``, a host where Ray does not run here."""
     from trials.record.fields import FINAL_STATUSES
 
     return [row for row in rows
-            if not row.get("on_cpu") and not row.get("mem_guess") and row["spec"].workload == "train"
+            if not row.get("mem_guess") and row["spec"].workload == "train"
             and sum(1 for status in row["records"] if status in FINAL_STATUSES) < row["samples"]
-            and row["est_mem_bytes"] > FIT_MARGIN * gpu_memory_bytes]
+            and _over(row, gpu_memory_bytes, host_memory_bytes, refused=True)]
 
 
-def refusal(rows: list[dict[str, Any]], gpu_memory_bytes: int) -> str | None:
+def why_refused(row: dict[str, Any], gpu_memory_bytes: int | None, host_memory_bytes: int | None = None) -> str:
+    """A ``will_not_fit`` row's ``oom_line`` and why it will not fit."""
+    where, limit = _over(row, gpu_memory_bytes, host_memory_bytes, refused=True)[0]
+    why = (f"over {FIT_MARGIN}x the memory, more than the memory plan's error" if where == "GPU" else
+           "more than the host's RAM, where the kernel's OOM killer, not the trial, would stop it (maybe other "
+           "processes too)")
+    return f"{oom_line(row, limit, where)}: {why}"
+
+
+def refusal(rows: list[dict[str, Any]], gpu_memory_bytes: int | None, host_memory_bytes: int | None = None
+            ) -> str | None:
     """The one line a real sweep exits with when ``will_not_fit`` names a cell: its ``oom_line``, why it is
     refused, how to run it anyway, and how many more there are; None when every cell may fit."""
-    over = will_not_fit(rows, gpu_memory_bytes)
+    over = will_not_fit(rows, gpu_memory_bytes, host_memory_bytes)
     if not over:
         return None
     more = f"; {len(over) - 1} more cell(s) will not fit (--dry-run lists them)" if len(over) > 1 else ""
-    return (f"{oom_line(over[0], gpu_memory_bytes)}: over {FIT_MARGIN}x the memory, more than the memory plan's "
-            f"error, so nothing was started{more}; --no-fit-check runs {'them' if more else 'it'} anyway")
+    return (f"{why_refused(over[0], gpu_memory_bytes, host_memory_bytes)}, so nothing was started{more}; "
+            f"--no-fit-check runs {'them' if more else 'it'} anyway")
 
 
 def slow_on_cpu(rows: list[dict[str, Any]], flops_per_s: float) -> list[str]:

@@ -136,6 +136,78 @@ def test_a_sweep_refuses_a_cell_far_over_the_gpu_memory_before_anything_starts(t
     assert out.stdout == "" and not (tmp_path / "out").exists()
 
 
+# MiniGPT at d_model 65536, 8 layers: an estimated 3.0 TiB, over any host's RAM (planned in seconds: fake tensors)
+HUGE = "name: huge\ngrid: {d_model: [65536]}\nfixed: {n_layers: 8, backend: torch, device: cpu}\n"
+
+
+def test_a_cpu_cell_over_the_hosts_memory_is_refused_before_anything_starts(tmp_path, capsys):
+    """Issue 54.3: a CPU cell the plan puts over the host's RAM was run and killed by the kernel's OOM killer (exit
+    137, no record, other processes at risk). ``juicytalk trial`` and a real sweep refuse it in one line, exit 2,
+    before anything is allocated (no results directory, no Ray); the dry run says it will not fit;
+    ``--no-fit-check`` lets it through (the dry run then says only 'expected OOM')."""
+    from orchestrator.cli import main
+
+    from .conftest import juicytalk, user_env
+
+    path = tmp_path / "huge.yaml"
+    path.write_text(HUGE)
+    dry = ["sweep", str(path), "--dry-run", "--out", str(tmp_path / "out")]
+    assert main(dry) == 0
+    said = capsys.readouterr().out
+    assert "will not fit d65536-L8-torch-bf16" in said and " GiB of host memory: more than the host's RAM" in said \
+        and "a real sweep refuses it" in said, said
+    assert main([*dry, "--no-fit-check"]) == 0
+    said = capsys.readouterr().out
+    assert "expected OOM d65536-L8-torch-bf16" in said and "will not fit" not in said, said
+
+    env = user_env(tmp_path / "home")
+    for command in (("sweep", str(path), "--out", str(tmp_path / "out")),
+                    ("trial", "--d-model", "65536", "--n-layers", "8", "--backend", "torch", "--device", "cpu")):
+        out = juicytalk(*command, env=env, timeout=300)
+        assert out.returncode == 2, out.stderr
+        [line] = out.stderr.strip().splitlines()
+        assert f"juicytalk{' trial' if command[0] == 'trial' else ''}: error: d65536-L8-torch-bf16" in line and \
+            " GiB of host memory: " in line and line.endswith("--no-fit-check runs it anyway"), line
+        assert out.stdout == ""
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_ranks_of_a_cell_share_its_hosts_memory(tmp_path):
+    """Issue 54.2: a multi-rank cell's ranks run on one host: their estimates together are held against its RAM
+    (one rank's alone was, though two ranks need twice it)."""
+    from orchestrator.plan import expected_ooms, plan_rows, will_not_fit
+    from orchestrator.store import Store
+    from orchestrator.sweep import load_sweep
+
+    path = tmp_path / "s.yaml"
+    path.write_text("name: ranks\ngrid: {world_size: [2]}\nfixed: {d_model: 64, n_layers: 2, n_heads: 4, vocab: 96, "
+                    "seq_len: 32, batch_size: 8, backend: torch, parallel: ddp, device: cpu}\n")
+    s = load_sweep(path)
+    [row] = plan_rows(s, Store(str(tmp_path), s.name), cpu_here=True)
+    one = memory_plan.plan(s.cells[0].spec).total
+    host = one * 3 // 2  # room for one rank, not for two
+    assert row["est_mem_bytes"] == one and row["est_host_bytes"] == 2 * one
+    [line] = expected_ooms([row], None, host)
+    assert "estimated 2 ranks x " in line and "(they share the host)" in line and "of host memory" in line, line
+    assert will_not_fit([row], None, host) == [row] and will_not_fit([row], None, 2 * one) == []
+
+
+def test_gpu_memory_given_on_a_machine_without_a_gpu_keeps_the_cpu_warnings(tmp_path, capsys):
+    """Issue 54.16: ``--gpu-memory`` on a CPU-only machine (its ``device: auto`` cells run on CPU) hid the dry run's
+    slow-on-CPU and host-memory lines: they come as without it."""
+    from orchestrator.cli import main
+    from orchestrator.plan import local_gpu_memory_bytes
+
+    if local_gpu_memory_bytes() is not None:
+        pytest.skip("needs a machine without a GPU")
+    path = tmp_path / "huge.yaml"
+    path.write_text(HUGE.replace(", device: cpu", ""))
+    assert main(["sweep", str(path), "--dry-run", "--gpu-memory", "1e9", "--out", str(tmp_path / "out")]) == 0
+    said = capsys.readouterr().out
+    assert "slow on CPU d65536-L8-torch-bf16" in said and "will not fit d65536-L8-torch-bf16" in said and \
+        " GiB of host memory" in said, said
+
+
 def test_fsdp_shards_weights_grads_and_optimizer_per_rank():
     """Every parameter sharded; two units gathered whole; the root's own parameters (outside the units: embeddings,
     final norm, head) whole too, since FSDP2 does not reshard the root after forward; grads stay sharded."""

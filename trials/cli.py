@@ -13,7 +13,7 @@ import logging
 import math
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .record.atomic import write_text_atomic
 from .models import DEFAULT_MODEL, SOURCES
@@ -149,7 +149,9 @@ def summary(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_from_args(args: argparse.Namespace, prog: str) -> int:
+def run_from_args(args: argparse.Namespace, prog: str, check: Callable[[TrialSpec], str | None] | None = None) -> int:
+    """Run the trial the flags give; ``check``: what may refuse a good spec first, in one line, exit 2, before
+    anything is allocated (``juicytalk trial``'s fit check; the orchestrator's, which this package cannot import)."""
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     quiet_third_party(args.verbose)
@@ -157,6 +159,9 @@ def run_from_args(args: argparse.Namespace, prog: str) -> int:
         spec = spec_from_args(args)
     except (SpecError, json.JSONDecodeError, TypeError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    if check is not None and (why := check(spec)):
+        print(f"{prog}: error: {why}", file=sys.stderr)
         return 2
     from .trial import run_trial  # torch-heavy import only once the input is known good
 

@@ -350,6 +350,19 @@ def plan(spec: Any, checkpointing: str | None = None, parallel: str | None = Non
                       guess, again, spec.grad_accum)
 
 
+def host_kept_bytes(spec: Any) -> int:
+    """What one rank of a cell on a GPU keeps in host memory (its model, data and activations are on the GPU): an
+    FP8 cell's teacher-forced log-probabilities, its own and its BF16 partner's, fp32 over at most ``HELD_LEN``
+    positions each (trials/workloads/teacher_forced.py). On CPU a rank keeps its whole :func:`plan` there."""
+    from .. import models
+    from ..workloads.teacher_forced import HELD_LEN
+
+    if spec.precision != "fp8":
+        return 0
+    vocab = models.describe(spec).shape.get("vocab") or spec.vocab or 0
+    return 2 * HELD_LEN * vocab * 4
+
+
 def record_fields(spec: Any) -> dict[str, int | None]:
     """The record's estimate (beside the measured peak); nothing where planning itself fails: an estimate
     never fails a trial."""
