@@ -108,7 +108,7 @@ def _trial_fit(spec: Any) -> str | None:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from .embedded_ray import RayStartError
-    from .lock import SweepLocked
+    from .lock import SweepLocked, lock_problem
     from .runner import MAX_FAILURES, SweepInputError, resources_note, run_sweep
     from .store import StorageFull, Store, missing_bucket, storage_problem
     from .sweep import SweepError, load_sweep, shown
@@ -125,7 +125,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.out and (why := storage_problem(args.out)):
         return _fail(f"--out: {why}")
     storage = args.out or sweep.storage or DEFAULT_OUT
-    if why := missing_bucket(storage):
+    if why := lock_problem(storage) or missing_bucket(storage):
         return _fail(f"{'--out' if args.out else 'storage'}: {why}")
     console = _console()
     if args.dry_run:

@@ -329,7 +329,7 @@ def check_shared_storage(ray: Any, store: Store) -> None:
     if blind:
         raise SweepInputError(
             f"storage: {store.root} is node-local: node(s) {', '.join(sorted(set(blind)))} cannot see it. A "
-            "multi-node sweep needs shared storage (an NFS/EFS mount on every node, or an s3:// / gs:// URI)")
+            "multi-node sweep needs shared storage (an NFS/EFS mount on every node, or an s3:// URI)")
 
 
 # ---------------------------------------------------------------------------------------------

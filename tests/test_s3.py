@@ -10,10 +10,15 @@ S3-compatible store.
 from __future__ import annotations
 
 import importlib.util
+import re
+import select
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -21,7 +26,7 @@ import pytest
 
 from trials.runtime.environ import environ
 
-from .conftest import _free_port, cli_env, juicytalk, wait_for
+from .conftest import REPO, _free_port, cli_env, wait_for
 
 # moto of this interpreter (the version pyproject's dev extra installed), never a moto_server found on PATH: another
 # Python's moto 5.2.1 answered pyarrow 26's CompleteMultipartUpload with a 200 and an empty body, which the AWS SDK
@@ -91,8 +96,20 @@ def s3_sweep(s3, tmp_path_factory):
         out.write(b"PAR1 cut short by a crash")
     with store.fs.open_output_stream(lock_path(store)) as out:  # its driver died LEASE_S + 1 s ago
         out.write(f'{{"host": "gone", "pid": 1, "heartbeat": {time.time() - LEASE_S - 1}}}'.encode())
-    run = juicytalk("sweep", str(here / "objs.yaml"), "--out", storage, "--no-progress", env=cli_env(**s3))
+    # two drivers started at once (issue 54 item 10), both finding the gone driver's lock: exactly one runs the sweep
+    # and the other is refused in one line, exit 2 (the checks below: no record lost or doubled). Both read the store
+    # before either holds the lock, and whichever reads first quarantines the file cut short (and says so, once)
+    drivers = [subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "sweep", str(here / "objs.yaml"), "--out",
+                                 storage, "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=cli_env(**s3), cwd=REPO) for _ in range(2)]
+    outputs = [d.communicate(timeout=600) for d in drivers]
+    run, refused = sorted((subprocess.CompletedProcess(d.args, d.returncode, *out) for d, out in zip(drivers, outputs)),
+                          key=lambda r: r.returncode)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    *before, line = refused.stderr.splitlines() or [""]
+    assert refused.returncode == 2 and "is in use by another juicytalk sweep" in line, refused.stdout + refused.stderr
+    assert all(w.startswith("WARNING orchestrator.store: unreadable record file") for w in before), refused.stderr
+    assert sum("unreadable record file" in r.stderr for r in (run, refused)) == 1
     return here / "objs.yaml", storage, store, run, kept.key, cut.key
 
 
@@ -163,13 +180,13 @@ def test_a_driver_whose_lock_was_taken_over_stops_and_leaves_it_to_its_new_holde
     import json
 
     from orchestrator import lock
+    from orchestrator.lock import heartbeat
     from orchestrator.runner import _stopper
     from orchestrator.store import Store
 
     # the take-over lands before the first heartbeat (a second after the lock is taken), as after an outage it lands
-    # between two: a real second driver, writing while a heartbeat is under way, reads its write back and yields
-    monkeypatch.setattr(lock, "HEARTBEAT_S", 1.0)
-    monkeypatch.setattr(lock, "SETTLE_S", 0.05)
+    # between two
+    monkeypatch.setattr(heartbeat, "HEARTBEAT_S", 1.0)
     store = Store(f"s3://{BUCKET}/taken", "s")
     path = lock.lock_path(store)
     other = {"host": "other", "pid": 2, "started_at": "now", "token": "theirs"}
@@ -179,11 +196,128 @@ def test_a_driver_whose_lock_was_taken_over_stops_and_leaves_it_to_its_new_holde
         with lock.sweep_lock(store) as lease:
             stopper = _stopper(lease)
             assert lease.lost is None and not stopper.stop_all()
-            lock._write_object(store, path, other)  # the second driver's take-over, while this one could not write
+            with store.fs.open_output_stream(path) as out:  # the second driver's take-over, while this one could not
+                out.write(json.dumps({**other, "heartbeat": time.time()}).encode())  # write
             wait_for(lambda: lease.lost, timeout=30, interval=0.02)
             assert json.loads(store.read_at(path))["token"] == "theirs"  # the heartbeat did not write it back
             assert stopper.stop_all()
     assert json.loads(store.read_at(path))["token"] == "theirs"  # released without deleting the holder's lock
+
+
+# A driver, as far as the lock goes: for each "take <storage> <sweep>" line it takes that sweep's lock and says
+# "holds" or the one line that refused it, and on the next line lets go ("free").
+DRIVER = """
+import sys
+from orchestrator.lock import SweepLocked, sweep_lock
+from orchestrator.store import Store
+print("ready", flush=True)
+while line := sys.stdin.readline():
+    _, storage, name = line.split()
+    try:
+        with sweep_lock(Store(storage, name)):
+            print("holds", flush=True)
+            sys.stdin.readline()
+    except SweepLocked as exc:
+        print(exc, flush=True)
+        sys.stdin.readline()
+    print("free", flush=True)
+"""
+
+
+class _Driver:
+    def __init__(self, env: dict[str, str]):
+        self.proc = subprocess.Popen([sys.executable, "-c", DRIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, env=env, cwd=REPO)
+        self.pid = self.proc.pid
+        assert self.said() == "ready"
+
+    def send(self, line: str) -> None:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def said(self, timeout: float = 60) -> str:
+        assert select.select([self.proc.stdout], [], [], timeout)[0], f"driver {self.pid} said nothing in {timeout} s"
+        return self.proc.stdout.readline().strip()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+@contextmanager
+def _stalling_link(port: int):
+    """A TCP link to 127.0.0.1:``port`` that holds the first PUT request it carries (a write stalled in flight: a
+    congested link, a paused VM) until ``release`` is set. Yields (its port, ``stalled``: set once it holds one,
+    ``release``)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stalled, release = threading.Event(), threading.Event()
+
+    def pump(src: socket.socket, dst: socket.socket, hold: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if hold and data.startswith(b"PUT ") and not release.is_set():
+                    stalled.set()
+                    release.wait(60)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            src.close()
+            dst.close()
+
+    def accept() -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", port))
+            for args in ((client, upstream, True), (upstream, client, False)):
+                threading.Thread(target=pump, args=args, daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield listener.getsockname()[1], stalled, release
+    finally:
+        release.set()
+        listener.close()
+
+
+ROUNDS = 20
+
+
+def test_of_two_drivers_taking_an_s3_sweeps_lock_at_once_exactly_one_holds_it(s3):
+    """Issue 54 item 10. Two drivers take the lock at once, many times over: exactly one holds it, the other is
+    refused in the one line naming it, and the holder's release leaves nothing behind for the next round. Then one
+    driver's write stalls in flight (held by a link) while the other takes the lock: when it lands it must not win
+    too. The lock written without a condition (write, wait a second, read the write back) let both hold it there."""
+    storage = f"s3://{BUCKET}/race"
+    with _stalling_link(int(s3["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])) as (port, stalled, release):
+        a, b = drivers = [_Driver(cli_env(**s3)) for _ in range(2)]
+        try:
+            for i in range(ROUNDS):
+                for d in drivers:
+                    d.send(f"take {storage} r")
+                said = {d.pid: d.said() for d in drivers}
+                holders = [pid for pid, line in said.items() if line == "holds"]
+                assert len(holders) == 1, (i, said)
+                refused = next(line for pid, line in said.items() if pid != holders[0])
+                assert re.fullmatch(rf"sweep directory {storage}/r is in use by another juicytalk sweep \(host \S+, "
+                                    rf"pid {holders[0]}, started \S+\); wait for it or stop it", refused), (i, said)
+                for d in drivers:
+                    d.send("let go")
+                assert [d.said() for d in drivers] == ["free", "free"]
+            b.send(f"take {storage}?endpoint_override=127.0.0.1:{port}&scheme=http r")  # b's write stalls
+            assert stalled.wait(60)
+            a.send(f"take {storage} r")
+            first = a.said()
+            release.set()
+            second = b.said()
+            assert first == "holds" and f"in use by another juicytalk sweep (host" in second, (first, second)
+            assert f"pid {a.pid}," in second
+        finally:
+            for d in drivers:
+                d.close()
 
 
 def test_a_sweep_into_a_bucket_that_does_not_exist_is_one_line_before_ray(s3, tmp_path, capsys):

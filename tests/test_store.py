@@ -1,5 +1,7 @@
 """The Parquet store: one explicit schema, atomic files, one record per key, readable everywhere."""
 
+import re
+
 import duckdb
 import pandas as pd
 import polars as pl
@@ -170,6 +172,24 @@ def test_a_second_local_lock_on_a_sweep_is_refused_naming_the_holder(tmp_path):
         with pytest.raises(SweepLocked, match=f"pid {os.getpid()},"), sweep_lock(store):
             pass
     assert Path(lock_path(store)).read_text() == ""
+
+
+def test_a_sweep_on_an_object_store_without_its_lock_is_refused_in_one_line(tmp_path, capsys):
+    """Issue 54 item 10: a sweep is locked only where its storage offers an atomic step (flock, S3's conditional
+    writes); on gs:// (untested here) it is refused in one line, exit 2, in the real sweep and its dry run before
+    anything asks the store, never run under a lock that two drivers can both hold."""
+    from orchestrator.cli import main
+    from orchestrator.lock import SweepLocked, sweep_lock
+
+    line = (r"gs://bucket/prefix: a sweep runs on a local or mounted path or on s3://, where juicytalk locks it against "
+            r"a second driver; it has no such lock for gs:// \(juicytalk report and collect read a sweep there\)")
+    with pytest.raises(SweepLocked, match=f"^storage {line}$"):
+        with sweep_lock(Store("gs://bucket/prefix", "s")):
+            pass
+    (tmp_path / "s.yaml").write_text("name: s\ngrid: {precision: [fp32]}\nfixed: {device: cpu}\n")
+    for dry in ([], ["--dry-run"]):
+        assert main(["sweep", str(tmp_path / "s.yaml"), "--out", "gs://bucket/prefix", *dry]) == 2
+        assert re.fullmatch(f"juicytalk: error: --out: {line}\n", capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("where,problem", [
