@@ -290,7 +290,7 @@ class Store:
     def read_records(self, columns: Iterable[str] | None = None) -> pa.Table:
         """Every record; a record file that cannot be read is quarantined (and its cell runs again)."""
         columns = list(columns) if columns else None
-        while True:  # each failed read quarantines at least one file, or raises
+        while True:  # each failed read quarantines at least one file, finds the files changed, or raises
             files = self.record_files()
             if not files:
                 return RECORD_SCHEMA.empty_table() if columns is None else RECORD_SCHEMA.empty_table().select(columns)
@@ -298,7 +298,8 @@ class Store:
                 return ds.dataset(files, schema=RECORD_SCHEMA, format="parquet",
                                   filesystem=self.fs).to_table(columns=columns)
             except (pa.ArrowException, OSError) as exc:
-                if not self._quarantine_unreadable(files):
+                # a file listed and gone since: another reader quarantined it (two drivers starting at once)
+                if not self._quarantine_unreadable(files) and self.record_files() == files:
                     raise exc
 
     def read_record(self, key: str, columns: Iterable[str] | None = None) -> dict[str, Any] | None:

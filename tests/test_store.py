@@ -31,6 +31,21 @@ def test_later_columns_are_not_dropped(tmp_path):
     assert rows["b"]["launch_bound"] is True and rows["a"]["loss_curve"] is None
 
 
+def test_a_record_file_another_reader_quarantined_after_this_one_listed_it_is_read_past(tmp_path):
+    """Two drivers started at once both read the store before one of them holds the lock (issue 54 item 10): one
+    quarantines an unreadable record file that the other has just listed. The other reads on without it (it was
+    a traceback: the vanished file failed the read, and nothing was left to quarantine)."""
+    store = Store(str(tmp_path), "s")
+    store.ensure()
+    store.write_record(_record("a", 0))
+    (tmp_path / "s" / "trials" / "b-s0.parquet").write_bytes(b"PAR1 cut short by a crash")
+    listed = [store.record_files()]  # this reader's listing, then the other's read
+    assert Store(str(tmp_path), "s").statuses() == {"a-s0": "ok"}
+    store.record_files = lambda: listed.pop() if listed else Store.record_files(store)
+    assert store.statuses() == {"a-s0": "ok"} and not listed
+    assert [p.name.startswith("b-s0.parquet.") for p in (tmp_path / "s" / "quarantine").iterdir()] == [True]
+
+
 def test_one_record_per_key_and_temporaries_ignored(tmp_path):
     store = Store(str(tmp_path), "s")
     store.ensure()
