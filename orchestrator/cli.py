@@ -91,6 +91,21 @@ def _here(args: argparse.Namespace) -> tuple[int | None, bool]:
     return host_memory_bytes(), local_gpu_memory_bytes() is None
 
 
+def _ranks_here(args: argparse.Namespace, sweep: Any, rows: list[dict[str, Any]]) -> str | None:
+    """Where Ray runs here and a cell with trials to run has ranks: the line a real sweep refuses its resources
+    and ranks with on this machine (runner.resources_refusal, once Ray is up), said without starting Ray."""
+    from trials.record.fields import FINAL_STATUSES
+
+    from .runner import local_nodes, resources_refusal
+
+    widths = [row["spec"].world_size for row in rows
+              if sum(1 for status in row["records"] if status in FINAL_STATUSES) < row["samples"]]
+    if max(widths, default=1) <= 1 or args.address or os.environ.get("RAY_ADDRESS"):
+        return None
+    nodes = local_nodes()
+    return None if nodes is None else resources_refusal(nodes, sweep.resources, widths)
+
+
 def _trial_fit(spec: Any) -> str | None:
     """The one line ``juicytalk trial`` refuses ``spec`` with where it will not fit here (a sweep's rule,
     orchestrator/plan.py's ``refusal``: this machine's GPU, this host's RAM), else None."""
@@ -155,6 +170,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                           "it (--no-fit-check runs it anyway)", soft_wrap=True)
         for line in expected_ooms([row for row in rows if row["cell_id"] not in refused_ids], gpu_memory, host_memory):
             console.print(f"[yellow]expected OOM[/] {line}", soft_wrap=True)
+        if line := _ranks_here(args, sweep, rows):
+            console.print(f"[red]refused[/] {line}: a real sweep refuses it before any trial starts", soft_wrap=True)
         if any(row["on_cpu"] and not row["unsupported"] for row in rows):
             for line in slow_on_cpu(rows, cpu_matmul_flops_per_s()):
                 console.print(f"[yellow]slow on CPU[/] {line}", soft_wrap=True)

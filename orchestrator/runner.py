@@ -308,6 +308,28 @@ def _ranks_refusal(alive: list[dict[str, float]], widest: int, unit: float, gpu:
             f"per rank{spread}); write " + (fewer if fit else f"a world_size of at most {slots}"))
 
 
+def local_nodes() -> list[dict[str, Any]] | None:
+    """What ``ray.nodes()`` will say of the local Ray a sweep starts here, said before it starts
+    (``embedded_ray.local_node``: Ray's own detection): one node of this machine's CPUs and GPUs; None where it
+    cannot say. Imports Ray."""
+    node = embedded_ray.local_node()
+    if node is None:
+        return None
+    gpus, cpus = node
+    return [{"Alive": True, "NodeManagerAddress": "this machine", "Resources": {"CPU": cpus, "GPU": float(len(gpus))}}]
+
+
+def resources_refusal(nodes: list[dict[str, Any]], resources: dict[str, float], world_sizes: list[int]) -> str | None:
+    """The one line a sweep is refused with on ``nodes`` when no node can hold one of its trials
+    (:func:`check_resources`) or its widest cell's ranks (:func:`check_ranks`), the rules a sweep applies once Ray
+    is up; None where they fit. The dry run asks it of :func:`local_nodes`."""
+    try:
+        check_ranks(nodes, world_sizes, check_resources(nodes, resources))
+    except SweepInputError as exc:
+        return str(exc)
+    return None
+
+
 def check_shared_storage(ray: Any, store: Store) -> None:
     """A multi-node sweep needs storage every node sees; a node-local path would lose records."""
     nodes = [n for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) > 0]

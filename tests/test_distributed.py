@@ -137,6 +137,24 @@ def test_cpu_ranks_take_the_cpus_the_file_gives_each_so_two_fit_one_two_core_hos
         check_ranks(host, [4], resources)
 
 
+def test_the_dry_run_says_when_this_machine_cannot_hold_a_cells_ranks(tmp_path, capsys, monkeypatch):
+    """Issue 54.9: world_size 3 on a 2-CPU machine was refused only by the real sweep, after Ray had started (13 s);
+    its dry run said nothing. The dry run now asks the real sweep's rule (runner.resources_refusal) of the local
+    Ray's node, told before it starts (its CPUs, whatever this machine has: one rank more than fit)."""
+    from orchestrator.cli import main
+    from orchestrator.runner import local_nodes
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    cpus = int(local_nodes()[0]["Resources"]["CPU"])
+    path = tmp_path / "ranks.yaml"
+    path.write_text(f"name: ranks\ngrid: {{world_size: [{cpus + 1}]}}\nfixed: {{d_model: 32, n_layers: 2, "
+                    "seq_len: 32, batch_size: 4, backend: torch, parallel: ddp, device: cpu}\nresources: {cpu: 1}\n")
+    assert main(["sweep", str(path), "--dry-run", "--out", str(tmp_path / "out")]) == 0
+    said = capsys.readouterr().out
+    assert f"refused world_size: {cpus + 1} ranks need {cpus + 1} CPUs at once; this cluster has {cpus} " in said \
+        and "a real sweep refuses it before any trial starts" in said, said
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
