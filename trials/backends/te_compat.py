@@ -251,9 +251,15 @@ def fp8_meta_kept(model: Any, recipe_obj: Any) -> Iterator[Fp8MetaSaved | None]:
         saved.restore()
 
 
-def make_graphed_callables(te: ModuleType, module: Callable, sample_args: tuple, recipe_obj: Any,
-                           cache_weights: bool = False) -> Callable:
-    """CUDA-graph ``module`` forward+backward with TE, FP8 state included when a recipe is given.
+def make_graphed_callables(te: ModuleType, module: Callable | tuple, sample_args: tuple, recipe_obj: Any,
+                           cache_weights: bool = False) -> Any:
+    """CUDA-graph ``module`` forward+backward with TE, FP8 state included when a recipe is given; ``module`` may be a
+    tuple of modules (a model's units), each graphed with its own tuple of ``sample_args``, in one memory pool, in
+    the order they run (TE's per-callable form; the recipe applies to every one). Parameter gradients come back in
+    the graphs' static buffers, as torch's graphs return them (``clone_param_grads_on_return=False`` where this TE
+    has it; its default clones each, a second copy of every gradient, 16 GB at 8B parameters): the training step
+    consumes them before the next replay, its optimizer step, or under accumulation its own ``.grad`` buffers that
+    autograd adds each replay's into (trials/workloads/train_step.py).
     ``cache_weights`` (gradient accumulation, FP8): the graphs cast each weight to FP8 only where the call says
     ``is_first_microbatch=True`` and reuse the cast otherwise (TE's ``cache_quantized_params``, older TE's
     ``fp8_weight_caching``); every call must then pass it."""
@@ -266,7 +272,17 @@ def make_graphed_callables(te: ModuleType, module: Callable, sample_args: tuple,
             kwargs.update(fp8_enabled=True, fp8_recipe=recipe_obj)
         if cache_weights:
             kwargs["cache_quantized_params" if "cache_quantized_params" in params else "fp8_weight_caching"] = True
-    return te.make_graphed_callables(module, sample_args, **kwargs)
+    if "clone_param_grads_on_return" in params:
+        kwargs["clone_param_grads_on_return"] = False
+    try:
+        return te.make_graphed_callables(module, sample_args, **kwargs)
+    except Exception:
+        # a capture that raised leaves TE's process-wide "capturing" flag set (TE ends it on success only), and TE's
+        # modules then skip delayed scaling's backward scale update in every later eager step of the process
+        end = getattr(importlib.import_module("transformer_engine.pytorch.graph"), "set_capture_end", None)
+        if end is not None:
+            end()
+        raise
 
 
 def reset_te_state() -> None:
