@@ -152,6 +152,16 @@ def snapshot(baseline: Baseline, record: dict) -> dict[str, int | None]:
     }
 
 
+def graph_pool_bytes() -> int | None:
+    """Bytes the allocator holds in CUDA graphs' private memory pools (segments of a pool other than the default,
+    (0, 0)): what captured graphs keep for their replays. None where this torch's snapshot does not say which pool
+    a segment is of."""
+    segments = torch.cuda.memory_snapshot()
+    if any("segment_pool_id" not in s for s in segments):
+        return None
+    return sum(int(s["total_size"]) for s in segments if tuple(s["segment_pool_id"]) != (0, 0))
+
+
 def release(device: str) -> None:
     """Hand cached memory back so the next trial in this process starts clean."""
     import ctypes

@@ -73,7 +73,18 @@ FIELDS: list[Field] = [
        "llama/mistral/qwen2 decoder layer -> one te.TransformerLayer with its weights)."),
     _f("weights", "str", "Inference weights: bf16 (high precision) or fp8 (TE's quantized_model_init, torchao's quantize_; fp8 "
        "cells only)."),
-    _f("cuda_graphs", "bool", "Forward+backward captured as CUDA graphs (infer: the decode step)."),
+    _f("cuda_graphs", "bool", "Forward+backward captured as CUDA graphs and replayed (train: MiniGPT's whole forward, "
+       "any other model each unit, its root eager: trials/workloads/unit_graphs.py; infer: the decode step)."),
+    _f("cuda_graphs_why", "str", "train, cuda_graphs cells: what runs outside the graphs, or, where nothing was "
+       "graphed (graphs_per_step 0: a model without units, a unit holding MoE experts, a unit called more than once "
+       "per forward), why, and that the step ran eager."),
+    _f("graphs_per_step", "int", "train, cuda_graphs cells: CUDA graphs replayed per optimizer step (a forward and a "
+       "backward graph per unit, or of the whole forward, once per micro-batch); 0 where nothing was graphed."),
+    _f("graph_capture_s", "float", "train, cuda_graphs cells: seconds to capture the graphs (part of setup_s): their "
+       "warm-up passes, and for unit graphs the forward that records how each unit is called (compile: true cells: "
+       "their compiling too, which eager compiled cells hold in first_step_s)."),
+    _f("graph_pool_bytes", "int", "train, cuda_graphs cells: bytes the allocator holds in CUDA graphs' private memory "
+       "pools once the capture is done (what the graphs keep between replays; est_graph_pool_bytes plans it)."),
     _f("compile", "bool", "The model ran torch.compile'd (torch and torchao backends): each unit (decoder layer) "
        "where the model has units, as torchtitan compiles, else the whole model; compiling is in first_step_s."),
     _f("world_size", "int", "Ranks (GPUs; CPU: processes) the trial spans; batch_size is per rank."),
@@ -305,7 +316,11 @@ FIELDS: list[Field] = [
        "optimizer state, activations under the cell's checkpointing, logits and loss, FSDP2 sharding), from the module "
        "run once under fake tensors; beside peak_mem_allocated_bytes (the report shows their ratio)."),
     _f("est_activation_bytes", "int", "train: the memory plan's activations: bytes saved for backward at the cell's "
-       "batch (one micro-batch) and seq (null where the module cannot run under fake tensors and the plan is a guess)."),
+       "batch (one micro-batch) and seq (null where the module cannot run under fake tensors and the plan is a guess); "
+       "cuda_graphs cells: what the eager part saves (the graphs' saved bytes are in est_graph_pool_bytes)."),
+    _f("est_graph_pool_bytes", "int", "train, cuda_graphs cells: the memory plan's graph pool (in est_peak_mem_bytes): "
+       "the graphs' static inputs and outputs and the larger of what the graphed forwards save and the graphed "
+       "parameters' gradients; beside the measured graph_pool_bytes (null where the plan is a guess)."),
     # -- numerics
     _f("fp8_state", "str", "JSON: scale, newest and max amax of block 0's FP8 tensors (delayed scaling; a model TE "
        "converted: of its first four modules TE scales)."),
