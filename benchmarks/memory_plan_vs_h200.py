@@ -19,14 +19,14 @@ import pandas as pd
 from trials.measure import memory_plan
 from trials.spec import TrialSpec
 
-INTS = ("n_kv_heads", "vocab", "d_model", "n_layers", "n_heads", "ffn", "batch_size", "seq_len", "world_size")
-
 
 def spec_of(record: pd.Series) -> TrialSpec:
     names = {f.name for f in dataclasses.fields(TrialSpec)} - {"tokens_per_step", "cuda_graphs"}
     kw = {k: (v.item() if hasattr(v, "item") else v) for k, v in record.items()
           if k in names and v is not None and not (isinstance(v, float) and pd.isna(v))}
-    kw.update({k: int(kw[k]) for k in INTS if isinstance(kw.get(k), float)}, device="cuda")
+    # an int field's column with a null in it reads back as floats (ac_every 2.0, which the spec refuses)
+    ints = {f.name for f in dataclasses.fields(TrialSpec) if str(f.type).split(" |")[0] == "int"}
+    kw.update({k: int(v) for k, v in kw.items() if k in ints and isinstance(v, float)}, device="cuda")
     return TrialSpec(**kw)
 
 

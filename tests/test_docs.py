@@ -1,22 +1,70 @@
-"""README.md and docs/: every relative link resolves to a file, and every ``juicytalk ...`` command shown in a
+"""README.md and docs/: every relative link resolves to a file, every ``juicytalk ...`` command shown in a
 code block or an indented block names a real subcommand with real flags (read by the CLI's own argparse
-parser, in this process: nothing runs)."""
+parser, in this process: nothing runs), and every ``console`` block's commands print what the page says they
+print (they are run: such a block holds only commands that take seconds on a CPU)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import os
 import re
 import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import build_parser
+from orchestrator.cli import build_parser, main
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 COMMAND = re.compile(r"(?:^|[\s/])juicytalk\s+(\S.*)")
+# A transcript: a fenced ```console block of ``$ command`` lines (a trailing backslash continues one; a heredoc's
+# lines, to its terminator, belong to it), each followed by lines it prints: an excerpt, in any order, of whole
+# lines (runs of spaces are one); ``...`` alone marks lines left out, inside a line text left out (what differs
+# from machine to machine: where a cell would run here). The numbers a page gives are the ones it prints.
+CONSOLE = re.compile(r"^```console\n(.*?)^```", re.S | re.M)
+HEREDOC = re.compile(r"<<-?\s*'?\"?(\w+)")
+# What a transcript's commands may read, from the folder they run in (a fresh one, so no earlier results show)
+CHECKOUT = ("examples", "tests", "benchmarks", "docs")
+
+
+@dataclass(frozen=True)
+class Shown:
+    """One command of a console block and the lines the page says it prints."""
+
+    command: str
+    lines: tuple[str, ...]
+
+
+def transcripts(text: str) -> list[list[Shown]]:
+    """The console blocks of a page, each its commands in order."""
+    blocks = []
+    for block in CONSOLE.findall(text):
+        shown: list[tuple[str, list[str]]] = []
+        until = ""  # a heredoc's terminator while its lines are read
+        for line in block.split("\n")[:-1]:
+            if until:
+                shown[-1] = (f"{shown[-1][0]}\n{line}", shown[-1][1])
+                until = "" if line.strip() == until else until
+            elif shown and shown[-1][0].endswith("\\"):
+                shown[-1] = (f"{shown[-1][0].removesuffix(chr(92)).rstrip()} {line.strip()}", shown[-1][1])
+            elif line.startswith("$ "):
+                shown.append((line[2:].strip(), []))
+                until = m.group(1) if (m := HEREDOC.search(line)) else ""
+            elif shown and line.strip() and line.strip() != "...":
+                shown[-1][1].append(" ".join(line.split()))
+        blocks.append([Shown(command, tuple(lines)) for command, lines in shown])
+    return blocks
+
+
+def _block_ids() -> list[tuple[Path, int]]:
+    return [(page, i) for page in PAGES for i, _ in enumerate(transcripts(page.read_text()))]
 
 
 def _name(page: Path) -> str:
@@ -37,12 +85,18 @@ def links(text: str) -> list[str]:
 
 def code_lines(text: str) -> list[str]:
     """Lines of fenced code blocks and of indented blocks (4 spaces after a blank line, outside lists), with
-    shell continuations (a trailing backslash) and a usage line's wrapped ``[...]`` options joined on."""
-    lines, out, fence, indented, prev_blank = text.split("\n"), [], False, False, True
+    shell continuations (a trailing backslash) and a usage line's wrapped ``[...]`` options joined on; of a
+    console block, its commands only (``$`` dropped), not what they print."""
+    lines, out, fence, indented, prev_blank, console = text.split("\n"), [], False, False, True, False
     for line in lines:
         if line.lstrip().startswith("```"):
-            fence = not fence
+            fence, console = not fence, line.strip() == "```console"
             continue
+        if console:
+            if line.startswith("$ ") or (out and out[-1].endswith("\\")):
+                line = line.removeprefix("$ ")
+            else:
+                continue
         if not fence:
             if line.startswith("    ") and (indented or prev_blank):
                 indented = True
@@ -103,3 +157,55 @@ def test_the_checks_catch_what_they_check():
     page = "text\n\n    juicytalk trial --d-model 64 \\\n        --n-layers 2\n\n* `juicytalk nothing` in prose\n"
     assert commands(page) == ["trial --d-model 64 --n-layers 2"]
     assert links("[a](docs/x.md#part) `[b](nowhere.md)` [c](https://x.org) [d](#here)") == ["docs/x.md"]
+
+
+def run_shown(command: str) -> list[str]:
+    """What ``command`` prints (stdout, then stderr), a line each with runs of spaces as one. ``juicytalk ...``
+    runs in this process (its imports paid once), anything else in bash with this Python's scripts first on PATH."""
+    if command.split(None, 1)[0] == "juicytalk" and not re.search(r"[|<>;&\n]", command):
+        out, err = _captured(lambda: main(shlex.split(command)[1:]))
+    else:
+        env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env, timeout=300)
+        out, err = proc.stdout, proc.stderr
+    return [" ".join(line.split()) for line in (out + err).splitlines()]
+
+
+def matches(shown: str, printed: str) -> bool:
+    """``printed`` is the line ``shown``, whose ``...`` each stand for any text."""
+    return re.fullmatch(".*".join(map(re.escape, re.split(r"\s*\.\.\.\s*", shown))), printed) is not None
+
+
+def _captured(call) -> tuple[str, str]:
+    """``call()``'s stdout and stderr (a SystemExit, as argparse's, ends it as a return would)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            call()
+        except SystemExit:
+            pass
+    return out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("page,block", _block_ids(), ids=lambda v: _name(v) if isinstance(v, Path) else str(v))
+def test_each_console_block_prints_what_its_page_says(page, block, tmp_path, monkeypatch):
+    """The page is the expectation: each line it shows under a command is one the command prints now, run in a
+    fresh folder that holds the checkout's examples (so a page's numbers are regenerated, never copied here)."""
+    for name in CHECKOUT:
+        (tmp_path / name).symlink_to(REPO / name)
+    monkeypatch.chdir(tmp_path)
+    for shown in transcripts(page.read_text())[block]:
+        printed = run_shown(shown.command)
+        missing = [line for line in shown.lines if not any(matches(line, out) for out in printed)]
+        assert not missing, (f"{_name(page)}: $ {shown.command}\nshown, not printed:\n" + "\n".join(missing)
+                             + "\nprinted:\n" + "\n".join(printed[-40:]))
+
+
+def test_a_transcript_reads_commands_heredocs_and_shown_lines():
+    page = ("```console\n$ cat > s.yaml <<'EOF'\nname: s\n  grid: {}\nEOF\n$ juicytalk sweep s.yaml \\\n"
+            "    --dry-run\nA   line  \n...\nanother\n```\n")
+    assert transcripts(page) == [[Shown("cat > s.yaml <<'EOF'\nname: s\n  grid: {}\nEOF", ()),
+                                  Shown("juicytalk sweep s.yaml --dry-run", ("A line", "another"))]]
+    assert commands(page) == ["sweep s.yaml --dry-run"]
+    assert matches("│ a │ 1.0 GiB ... │ ... │", "│ a │ 1.0 GiB OOM? │ runs │")
+    assert not matches("│ a │ 1.0 GiB ... │", "│ a │ 2.0 GiB │") and not matches("a", "a b")
