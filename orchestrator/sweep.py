@@ -448,11 +448,6 @@ def _skip_reason(cell: dict[str, Any], asked: dict[str, Any]) -> str | None:
             return f"recipe {cell['recipe']} is a {recipe_owner(cell['recipe'])} recipe, not {fp8.name}'s"
         if cell["device"] == "cpu" and fp8.needs_cuda:
             return f"fp8 on {fp8.name} needs a CUDA device"
-    if ({"cuda_graphs", "backend", "compile"} & set(asked)) and cell["cuda_graphs"]:
-        if stack is not None and not stack.graphs_apply(cell["workload"]) and cell["precision"] == "fp8":
-            return f"backend {stack.name} runs with compile: true, not cuda_graphs"
-        if cell["compile"] and stack is not None and stack.compiles:
-            return "cuda_graphs and compile: true are two ways to graph the step; use one"
     return None
 
 

@@ -246,8 +246,6 @@ def test_a_model_that_cannot_be_built_is_one_line_naming_the_field(tmp_path, mod
      "model hf:llama takes swap or transformer_layer"),
     (dict(te_layer="swap"), "te_layer", "model minigpt takes transformer_layer or modules"),
     (dict(model="hf:llama", arch="llama"), "arch", "MiniGPT's architecture"),
-    (dict(model="hf:llama", cuda_graphs=True, device="cuda"), "cuda_graphs",
-     "is built for workload train on model minigpt, not hf:llama"),
 ])
 def test_what_a_model_source_does_not_support_is_refused_by_the_spec(values, field, message):
     with pytest.raises(SpecError, match=message) as exc:

@@ -58,8 +58,6 @@ def test_choice_errors_suggest_close_names():
     ({"backend": "te", "precision": "fp8", "recipe": "tensorwise"}, "recipe"),  # a torchao recipe on te
     ({"backend": "te", "compile": True}, "compile"),
     ({"backend": "auto", "compile": True}, "compile"),
-    ({"backend": "torch", "compile": True, "cuda_graphs": True}, "cuda_graphs"),
-    ({"backend": "torchao", "precision": "fp8", "recipe": "rowwise", "cuda_graphs": True}, "cuda_graphs"),
     ({"backend": "torchao", "precision": "fp8", "recipe": "tensorwise", "workload": "infer"}, "weights"),  # torchao serves FP8 weights only
     ({"cuda_graphs": True, "device": "cpu"}, "cuda_graphs"),
     ({"prompt_len": 300}, "prompt_len"),

@@ -129,6 +129,9 @@ def summary(record: dict[str, Any]) -> str:
         f"memory        allocated {_bytes(r['peak_mem_allocated_bytes'])}  reserved {_bytes(r['peak_mem_reserved_bytes'])}  "
         f"saved for backward {_bytes(r.get('saved_activation_bytes'))} (activation_checkpointing "
         f"{r.get('activation_checkpointing') or 'none'})",
+        *([f"graphs        {_fmt(r['graphs_per_step'])} per step  capture {_fmt(r['graph_capture_s'], ' s')}  pool "
+           f"{_bytes(r['graph_pool_bytes'])} (plan {_bytes(r['est_graph_pool_bytes'])})  {r['cuda_graphs_why'] or ''}"]
+          if r.get("cuda_graphs") and r.get("workload") == "train" else []),
         f"generation    stride accuracy {_fmt(r['gen_stride_accuracy'])}",
         *([f"inference     prefill p50 {_fmt(r['prefill_ms_p50'], ' ms')}  decode p50 "
            f"{_fmt(r['decode_ms_per_token_p50'], ' ms/token')}  {_fmt(r['decode_tokens_per_s'], ' tok/s')}  "

@@ -104,7 +104,8 @@ class TrialSpec:
     te_layer: str | None = _on("variant", None, "{}", only="te")  # default: the model source's first te_layers
     weights: str = _on("variant", "bf16", "{}-weights", only="fp8")
     fp8_filter: str = _on("variant", "dims", "filter-{}", only="fp8-filter")
-    cuda_graphs: bool = _on("execution", False)  # infer: the decode step is graphed
+    # train: forward and backward graphed (MiniGPT's whole forward, other models each unit); infer: the decode step
+    cuda_graphs: bool = _on("execution", False)
     compile: bool = _on("execution", False, only="compiles")  # torch.compile of the model (torch, torchao)
     world_size: int = _on("execution", 1)  # GPUs (CPU: processes) one trial spans; batch_size is per rank
     parallel: str = _on("execution", "none")  # none | ddp | fsdp (FSDP2: one unit per block, then the root)
@@ -332,12 +333,6 @@ class TrialSpec:
             raise SpecError("compile", f"torch.compile applies to backend "
                             f"{' or '.join(s.name for s in STACKS.values() if s.compiles)}, not {self.backend} "
                             "(TE compiles its own fusers)")
-        if self.cuda_graphs and stack is not None and not stack.graphs_apply(self.workload):
-            raise SpecError("cuda_graphs", f"backend {self.backend} runs with compile: true instead (its FP8 casts "
-                            "need Inductor to be fast)")
-        if self.cuda_graphs and self.compile:
-            raise SpecError("cuda_graphs", "not with compile: true (torch.compile's own CUDA graphs are its "
-                            "mode='reduce-overhead'); use one of them")
         if self.world_size > 1 and self.parallel == "none":
             raise SpecError("parallel", f"world_size {self.world_size} needs parallel: ddp or fsdp (how the ranks "
                             "split the model)")

@@ -37,7 +37,6 @@ class Stack:
     compiles: bool  # ``compile: true`` applies (torch.compile of the model)
     needs_cuda: bool  # the backend itself needs a GPU (else only its FP8 may)
     infer: bool  # builds the inference workload
-    graphs: bool  # ``cuda_graphs: true`` applies to training (inference graphs its decode on every stack)
     infer_recipes: tuple[str, ...] | None = None  # FP8 recipes inference serves (None: all of ``recipes``)
     serve_needs_cuda: bool = False  # its FP8 inference runs on CUDA only (torchao's dynamic quantization)
     fp8_rows: int = 8  # FP8 GEMMs need the token count in multiples of this (serving pads its batch to it)
@@ -52,10 +51,6 @@ class Stack:
     # them: an eager FP8 cell times them unfused (torchao: slower than its BF16 twin eager), not the stack's best
     fp8_casts_need_compile: bool = False
 
-    def graphs_apply(self, workload: str) -> bool:
-        """``cuda_graphs: true`` is a way to run this stack's ``workload`` (every stack graphs its decode)."""
-        return self.graphs or workload == "infer"
-
     def serves(self, recipe: str) -> bool:
         return recipe in (self.recipes if self.infer_recipes is None else self.infer_recipes)
 
@@ -63,16 +58,16 @@ class Stack:
 STACKS: dict[str, Stack] = {s.name: s for s in (
     # TE: delayed and current scaling on Ada/Hopper, block scaling on Hopper, MXFP8 and NVFP4 on Blackwell.
     Stack("te", {"delayed": "8.9", "current": "8.9", "block": "9.0", "mxfp8": "10.0", "nvfp4": "10.0"}, "te",
-          compiles=False, needs_cuda=True, infer=True, graphs=True,
+          compiles=False, needs_cuda=True, infer=True,
           # FP8 primary weights (quantized_model_init): TE's Float8Tensor and Float8BlockwiseTensor implement
           # FSDP2's fsdp_pre/post_all_gather, so the all-gather moves their FP8 data and scales.
           fp8_all_gather=("delayed", "current", "block"), fp8_all_gather_masters=True, fp8_weight_cache_bytes=2),
-    Stack("torch", {}, "torch", compiles=True, needs_cuda=False, infer=True, graphs=True),
+    Stack("torch", {}, "torch", compiles=True, needs_cuda=False, infer=True),
     # torchao's recipe names (Float8LinearConfig.from_recipe_name); float8 matmuls need sm_89+ on GPUs.
     # Serving: quantize_ with Float8DynamicActivationFloat8WeightConfig, per tensor or per row
     # (rowwise_with_gw_hp differs from rowwise only in the backward pass).
     Stack("torchao", {"tensorwise": "8.9", "rowwise": "8.9", "rowwise_with_gw_hp": "8.9"}, "torch",
-          compiles=True, needs_cuda=False, infer=True, graphs=False, infer_recipes=("tensorwise", "rowwise"),
+          compiles=True, needs_cuda=False, infer=True, infer_recipes=("tensorwise", "rowwise"),
           serve_needs_cuda=True, fp8_rows=16,  # cuBLASLt's row-scaled FP8 GEMM refuses 8 rows on H200
           fp8_all_gather=("tensorwise",),  # enable_fsdp_float8_all_gather is tensorwise only
           fp8_filter_auto=("tensorwise", "rowwise"),  # torchao.float8._auto_filter_for_recipe

@@ -26,9 +26,9 @@ The ``model`` trial field names the source and its target (``hf:qwen2``). Each s
 once, what each source supports: which stacks build its models, how TE takes them (MiniGPT: TE builds
 its own te blocks, ``te_layer`` transformer_layer or modules; any other model: TE converts the module
 the source builds, ``te_layer`` swap or transformer_layer, trials/backends/te_convert.py), whether
-inference, CUDA graphs (for which workloads) and multi-rank trials apply (inference: which
-trials/workloads/serving module serves the source's models), and whether MiniGPT's closed forms hold (elsewhere
-FLOPs are counted). Importing this package imports nothing heavy.
+inference, CUDA graphs (for which workloads; training's whole forward or unit by unit) and multi-rank trials
+apply (inference: which trials/workloads/serving module serves the source's models), and whether MiniGPT's
+closed forms hold (elsewhere FLOPs are counted). Importing this package imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -59,6 +59,9 @@ class Source:
     # the workloads whose ``cuda_graphs: true`` is built for it (train: forward+backward captured; infer: the
     # decode step captured and replayed)
     graphs: tuple[str, ...]
+    # train: the whole forward captured as one graph (a forward that runs no host code: MiniGPT's), else each unit
+    # as its own graph, the root eager between them (trials/workloads/unit_graphs.py)
+    graphs_whole: bool = False
     # the trials/workloads/serving module that serves its models (the inference workload); '' where none is built
     server: str = ""
     own: bool = False  # JuicyTalk's own network: ``arch``, the shape defaults and the analytic FLOP formula apply
@@ -89,16 +92,17 @@ class Source:
 
 
 SOURCES: dict[str, Source] = {s.name: s for s in (
-    Source("minigpt", ("te", "torch", "torchao"), parallel=True, graphs=("train", "infer"), server="minigpt",
-           own=True, te_layers=("transformer_layer", "modules"), te_own=True, units="each of its blocks"),
-    # decode graphs through transformers' StaticCache (trials/workloads/serving/hf.py); a training step is not captured
-    # (transformers' mask code inspects its inputs on the host, which a capture of forward+backward cannot hold)
-    Source("hf", ("te", "torch", "torchao"), parallel=True, graphs=("infer",), server="hf",
+    Source("minigpt", ("te", "torch", "torchao"), parallel=True, graphs=("train", "infer"), graphs_whole=True,
+           server="minigpt", own=True, te_layers=("transformer_layer", "modules"), te_own=True,
+           units="each of its blocks"),
+    # decode graphs through transformers' StaticCache (trials/workloads/serving/hf.py); training graphs each decoder
+    # layer (transformers' mask code inspects its inputs on the host, which a capture of the whole forward cannot hold)
+    Source("hf", ("te", "torch", "torchao"), parallel=True, graphs=("train", "infer"), server="hf",
            units="each module of a class its _no_split_modules names (its decoder layers), else each child of its "
                  "largest nn.ModuleList"),
     # a factory's module serves when it is a transformers causal LM (trials/workloads/serving/hf.py says why), else the
     # cell is unsupported with that reason
-    Source("py", ("te", "torch", "torchao"), parallel=True, graphs=("infer",), server="hf",
+    Source("py", ("te", "torch", "torchao"), parallel=True, graphs=("train", "infer"), server="hf",
            units="the submodules its module's fsdp_units attribute names (a list of qualified names), else each "
                  "child of its largest nn.ModuleList"),
 )}

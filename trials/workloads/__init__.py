@@ -9,10 +9,10 @@ teacher-forced comparison, which trains a second model):
     infer   train briefly in BF16, build the inference model (BF16 or FP8 weights), time prefill and
             KV-cached decode, compare FP8 tokens with BF16's
 
-and what they share: ``train_step`` (the step and the short training run), ``loss`` (the trial's loss), ``data``
-(the seeded synthetic sequences), ``teacher_forced`` (the FP8 cell against its BF16 partner), ``generation`` (the
-stride check), ``decode`` and ``serving/`` (prefill and KV-cached decode, one module per way a model keeps its
-cache).
+and what they share: ``train_step`` (the step and the short training run), ``unit_graphs`` (a model's units
+CUDA-graphed for training), ``loss`` (the trial's loss), ``data`` (the seeded synthetic sequences),
+``teacher_forced`` (the FP8 cell against its BF16 partner), ``generation`` (the stride check), ``decode`` and
+``serving/`` (prefill and KV-cached decode, one module per way a model keeps its cache).
 May import every other part of ``trials/`` (a workload is where they meet); ``trials.measure`` may read
 ``data``, ``loss`` and ``teacher_forced``'s held batch, which is why importing this package imports no workload.
 Never Ray or ``orchestrator``.

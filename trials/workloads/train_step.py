@@ -29,8 +29,10 @@ from ..parallel import checkpointing, ranks as distributed
 from ..backends import te_compat
 from ..backends import Built
 from ..backends.te_microbatch import FirstMicroBatch
+from ..measure import memory
 from .data import ArithmeticSequences
 from .loss import next_token_loss
+from .unit_graphs import ROOT_EAGER, GraphFacts, UnitGraphs, record_calls, refusal
 from ..models.minigpt_net import MiniGPT
 from ..spec import TrialSpec
 
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 
 
 WEIGHT_DECAY = 0.01  # AdamW's decoupled weight decay (torch's default), for every stack's optimizer
+WHOLE_EAGER = "the whole forward graphed; the loss and the optimizer step run eager"  # cuda_graphs_why, capture(whole)
 
 
 def make_optimizer(model: nn.Module, lr: float, device: str) -> torch.optim.Optimizer:
@@ -86,32 +89,61 @@ class TrainStep:
         self.first_microbatch = FirstMicroBatch(self.model) if self.te is not None and grad_accum > 1 else None
         self.graph_kwargs: Callable[[bool], dict[str, Any]] = lambda first: {}  # what a graphed forward is told
         self.kept_grads: list[nn.Parameter] = []  # graphed under accumulation: gradients kept allocated (capture)
+        self.unit_graphs: UnitGraphs | None = None  # each unit graphed, the root eager (capture, whole=False)
 
     @property
     def compiled_graphs(self) -> int | None:
         """The compiled graphs one step runs, at least (None where nothing is compiled): one per unit, each
-        compiled with its checkpoint inside, or one for a model compiled whole."""
-        return (len(self.built.units) or 1) if self.compiled else None
+        compiled with its checkpoint inside, or one for a model compiled whole. None too where the compiled code is
+        graphed: a replay runs its kernels, not the compiled region the profiler counts."""
+        return (len(self.built.units) or 1) if self.compiled and not self.graphed else None
 
-    def capture(self, sample: torch.Tensor) -> None:
-        """Capture forward and backward of one micro-batch (``sample``'s shape) as CUDA graphs; the optimizer
-        step stays eager. Under accumulation the graphs replay once per micro-batch: TE's cast the FP8 weights
-        where told ``is_first_microbatch``. Graphs hand back gradients in their static buffers, which autograd may
-        keep as ``.grad`` on a step's first micro-batch (torch's graphs; TE's before it cloned them) for the next
-        replay to overwrite, so under accumulation every step starts with the gradients allocated (zeroed between
-        steps, not freed; made again where a read between steps cleared them) and each micro-batch's is added."""
+    def capture(self, sample: torch.Tensor, whole: bool = True) -> GraphFacts:
+        """Capture forward and backward of one micro-batch (``sample``'s shape) as CUDA graphs; the loss and the
+        optimizer step stay eager (trials/workloads/unit_graphs.py says why the optimizer does). ``whole``: the
+        model's forward as one graph (MiniGPT's, which runs no host code); else each unit's as its own, the root
+        eager between them (trials/workloads/unit_graphs.py), or, where the units cannot be graphed, nothing, the
+        returned facts saying why; a unit whose capture fails raises ``Unsupported``. Under accumulation the graphs
+        replay once per micro-batch: TE's cast the FP8 weights where told ``is_first_microbatch``. Graphs hand back
+        gradients in their static buffers, which autograd may keep as ``.grad`` on a step's first micro-batch
+        (torch's graphs, and TE's, told not to clone them: te_compat.make_graphed_callables) for the next replay to
+        overwrite, so under accumulation every step starts with the gradients allocated (zeroed between steps, not
+        freed; made again where a read between steps cleared them) and each micro-batch's is added."""
         cache = self.grad_accum > 1 and self.recipe is not None
-        if self.te is not None:
+        t0, units = time.perf_counter(), self.built.units
+        if not whole:
+            why = refusal(self.model, units)
+            calls, why = record_calls(self.model, units, sample) if not why else ([], why)
+            if why:
+                log.warning("cuda_graphs: %s; the step runs eager", why)
+                return GraphFacts(0, why=f"{why}; the step ran eager")
+        pool = memory.graph_pool_bytes()
+        if not whole:
+            try:
+                self.unit_graphs = UnitGraphs.capture(self.model, units, calls, self.te, self.recipe, cache)
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as exc:  # host code in a unit (a sync, data-dependent control flow), in torch's words
+                raise distributed.Unsupported(f"cuda_graphs: the units could not be captured: "
+                                              f"{type(exc).__name__}: {exc}") from exc
+            graphs, eager = 2 * len(units), f"{len(units)} units graphed; {ROOT_EAGER}"
+        elif self.te is not None:  # MiniGPT's forward, whole
             root_cls = type("GraphedMiniGPT", (_GraphRoot,), {})
             root = root_cls(self.model)
             self.forward = te_compat.make_graphed_callables(self.te, root, (sample,), self.recipe, cache)
             if cache:
                 self.graph_kwargs = lambda first: {"is_first_microbatch": first}
+            graphs, eager = 2, WHOLE_EAGER
         else:
             self.forward = torch.cuda.make_graphed_callables(self.model, (sample,))
+            graphs, eager = 2, WHOLE_EAGER
         self.graphed = True
         if self.grad_accum > 1:
             self.kept_grads = [p for p in self.model.parameters() if p.requires_grad]
+        torch.cuda.synchronize()
+        after = memory.graph_pool_bytes()
+        return GraphFacts(graphs * self.grad_accum, time.perf_counter() - t0,
+                          None if after is None or pool is None else after - pool, eager)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One optimizer step on ``x``, ``y`` (rows, seq): ``grad_accum`` micro-batches of rows / grad_accum."""
@@ -144,7 +176,8 @@ class TrainStep:
         cast_once = (self.first_microbatch.micro_batch(first) if self.first_microbatch is not None and not self.graphed
                      else contextlib.nullcontext())
         kwargs = self.graph_kwargs(first) if first is not None else {}
-        with te_compat.autocast(self.te, self.recipe, self.amax_group), cast_once:
+        replay = self.unit_graphs.replaying(first) if self.unit_graphs is not None else contextlib.nullcontext()
+        with te_compat.autocast(self.te, self.recipe, self.amax_group), cast_once, replay:
             logits = self.forward(x, **kwargs)
         loss = next_token_loss(logits, y)  # shifted: y is x's next token
         (loss if first is None else loss / self.grad_accum).backward()

@@ -66,7 +66,8 @@ def run(spec: TrialSpec, res: Resolution, cfg: ModelConfig | None, record: dict[
         data = distributed.RankData(data, ranks)  # this rank's rows of the global batch
     if spec.cuda_graphs:  # a sample of the batch's shape, from data of its own: training's batches stay the
         # partner's (teacher_forced_fields), batch 1 first; capture runs no optimizer step on it
-        step.capture(ArithmeticSequences(vocab, spec.seq_len, res.device, spec.seed).batch(spec.batch_size)[0])
+        sample = ArithmeticSequences(vocab, spec.seq_len, res.device, spec.seed).batch(spec.batch_size)[0]
+        record.update(step.capture(sample, whole=spec.source.graphs_whole).record())
     record["setup_s"] = time.perf_counter() - t_setup
 
     t_train = time.perf_counter()

@@ -39,8 +39,8 @@ transformers' own attention and MLP modules, so transformers' cache still works)
 under ``te.autocast`` with the cell's recipe (a graphed step captures the autocast, as MiniGPT's Generator
 does); ``weights: fp8`` converts under ``quantized_model_init`` and loads the calibrated weights as MiniGPT's
 FP8-weight model does. ``te_layer: transformer_layer`` does not serve (te.TransformerLayer keeps no
-transformers cache; see ``Source.te_unsupported``). Which workloads graph on these models is the source
-table's ``Source.graphs`` (trials/models): inference only.
+transformers cache; see ``Source.te_unsupported``). Training graphs these models too, one decoder layer per graph
+(trials/workloads/unit_graphs.py); the source table's ``Source.graphs`` (trials/models) says so.
 """
 
 from __future__ import annotations

@@ -1,0 +1,150 @@
+"""CUDA-graphed training on every model source and stack (trials/workloads/unit_graphs.py), the parts a CPU can check:
+which cells the spec and a sweep take and which they refuse, in what line; how a unit's call becomes a graph's
+inputs and back (the dispatcher, here with eager stand-ins where the graphs would be); what cannot be graphed and
+the line the record gets; the record's fields. The graphs themselves:
+tests/test_gpu_graphs.py (-m gpu)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trials import TrialSpec
+from trials.record.fields import FIELDS, empty_record, validate
+from trials.spec import SpecError
+
+TINY = dict(d_model=64, n_layers=2, n_heads=4, vocab=96, seq_len=16, batch_size=2)
+LLAMA = dict(model="hf:llama", n_kv_heads=2, ffn=128, **TINY)
+
+# every model source and stack; TE both ways it takes a model; compiled units; torchao's FP8
+GRAPHED = [dict(backend="te"), dict(backend="te", te_layer="modules", precision="fp8"), dict(backend="torch"),
+           dict(backend="torch", compile=True), dict(backend="torchao", precision="fp8", recipe="rowwise"),
+           dict(backend="torchao", precision="fp8", recipe="tensorwise", compile=True),
+           dict(model="hf:llama", backend="te"), dict(model="hf:llama", backend="te", te_layer="transformer_layer",
+                                                      precision="fp8"),
+           dict(model="hf:llama", backend="torch", compile=True), dict(model="hf:llama", backend="torchao",
+                                                                       precision="fp8", recipe="tensorwise"),
+           dict(model="py:tests.fixtures.factories:named_units", backend="torch"),
+           dict(model="py:tests.fixtures.factories:named_units", backend="te", grad_accum=2)]
+
+
+@pytest.mark.parametrize("extra", GRAPHED)
+def test_every_source_and_stack_takes_cuda_graphs_for_training(extra):
+    """torchao and compiled cells were refused (torchao 'runs with compile: true instead', compile 'not with
+    cuda_graphs'), and hf: and py: models graphed their decode only."""
+    assert TrialSpec(cuda_graphs=True, device="cuda", **extra).cuda_graphs
+
+
+@pytest.mark.parametrize("extra,field,line", [
+    (dict(device="cpu"), "cuda_graphs", "cuda_graphs: needs a CUDA device"),
+    (dict(model="hf:llama", device="cpu"), "cuda_graphs", "cuda_graphs: needs a CUDA device"),
+    (dict(parallel="ddp", world_size=2), "cuda_graphs",
+     "cuda_graphs: not with parallel ddp or fsdp (graphing collectives is not built)"),
+    (dict(model="hf:llama", parallel="fsdp", world_size=2), "cuda_graphs",
+     "cuda_graphs: not with parallel ddp or fsdp (graphing collectives is not built)"),
+    (dict(activation_checkpointing="full"), "activation_checkpointing",
+     "activation_checkpointing: not with cuda_graphs (a captured backward cannot recompute its forward); use one "
+     "of them"),
+    (dict(workload="infer", backend="torch", compile=True), "compile",
+     "compile: infer runs eager or CUDA-graphed decode; use compile: false"),
+])
+def test_what_cuda_graphs_cannot_train_is_refused_in_one_line(extra, field, line):
+    with pytest.raises(SpecError) as exc:
+        TrialSpec(cuda_graphs=True, **{"device": "cuda", **extra})
+    assert exc.value.field == field and str(exc.value) == line
+
+
+def test_cuda_graphs_on_the_cpu_is_one_line_and_exit_2(capsys):
+    from trials.cli import main
+
+    assert main(["--cuda-graphs", "--device", "cpu", "--model", "hf:llama"]) == 2
+    err = capsys.readouterr().err
+    assert err == "python -m trials: error: cuda_graphs: needs a CUDA device\n"
+
+
+def test_a_sweep_makes_graphed_torchao_and_compiled_cells_instead_of_skipping_them(tmp_path):
+    """A grid over torchao and compile with cuda_graphs: every combination is a cell (they were skipped: 'runs with
+    compile: true, not cuda_graphs', 'two ways to graph the step')."""
+    from orchestrator.sweep import load_sweep
+
+    path = tmp_path / "g.yaml"
+    path.write_text("name: g\ngrid:\n  - {backend: [torch], compile: [false, true], cuda_graphs: [true]}\n"
+                    "  - {backend: [torchao], precision: [fp8], recipe: [tensorwise], compile: [false, true], "
+                    "cuda_graphs: [true]}\nfixed: {d_model: 64, n_layers: 2, device: cuda}\n")
+    sweep = load_sweep(path)
+    assert not sweep.skipped, sweep.skipped
+    assert sorted(c.label for c in sweep.cells) == ["d64-L2-torch-bf16-graphs", "d64-L2-torch-bf16-graphs-compiled",
+                                                    "d64-L2-torchao-fp8-tensorwise-graphs",
+                                                    "d64-L2-torchao-fp8-tensorwise-graphs-compiled"]
+
+
+def _built(model: str, **extra):
+    from trials import models
+
+    spec = TrialSpec(model=model, device="cuda", cuda_graphs=True, **{**TINY, **extra})
+    made = models.build(spec, "fp32", "cpu")
+    return spec, made.model, made.units
+
+
+def test_a_units_call_replays_through_its_inputs_and_gives_the_eager_forward_and_gradients():
+    """A transformers decoder layer is called with keywords (RoPE's cos and sin as a pair, the position ids, mask and
+    cache arguments): the dispatcher hands a graph its tensors alone, in order, and the stand-in puts them back, so
+    the model computes what it computes eager, to the bit, gradients too; a call of another shape inside a graphed
+    step is refused in words, while outside one (generation, the reads) the units run eager at any shape."""
+    from trials.workloads.unit_graphs import Mismatch, UnitGraphs, _Positional, record_calls, refusal
+
+    _, model, units = _built("hf:llama", n_kv_heads=2, ffn=128)
+    assert units == ("model.model.layers.0", "model.model.layers.1") and refusal(model, units) == ""
+    x = torch.randint(0, 96, (2, 16))
+    calls, why = record_calls(model, units, x)
+    assert why == "" and [len(c.samples) for c in calls] == [4, 4]  # hidden states, cos, sin, position ids
+    assert [c.samples[0].requires_grad for c in calls] == [True, True] and not calls[0].samples[1].requires_grad
+    eager = model(x)
+    eager.sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    stand_ins = tuple(_Positional(model.get_submodule(n), c) for n, c in zip(units, calls))
+    graphs = UnitGraphs(model, units, calls, stand_ins, cache_weights=False)
+    with graphs.replaying(None):
+        out = model(x)
+    out.sum().backward()
+    assert graphs.replayed == {0, 1} and torch.equal(out, eager)
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
+    with pytest.raises(Mismatch, match=r"unit model.model.layers.0: tensors \[\(\(3, 16, 64\)"), graphs.replaying(None):
+        model(torch.randint(0, 96, (3, 16)))
+    assert model(torch.randint(0, 96, (3, 16))).shape == (3, 16, 96)
+
+
+@pytest.mark.parametrize("factory,why", [
+    ("no_units", "the model has no units (decoder layers) to graph one by one"),
+    ("moe_units", "unit model.body.0 holds MoE experts (model.body.0.1): its router sends a data-dependent number of "
+                  "tokens to each expert, which a CUDA graph cannot replay"),
+    ("reused_unit", "unit model.layer runs 2 times in one forward: a graph replays its unit's one call, into one set "
+                    "of buffers"),
+])
+def test_a_model_whose_units_cannot_be_graphed_trains_eager_and_says_why(factory, why):
+    """The step's capture returns the line, with nothing graphed (no CUDA touched), and the step trains eager."""
+    from trials.workloads.train_step import build_train_step
+
+    spec = TrialSpec(model=f"py:tests.fixtures.factories:{factory}", device="cuda", cuda_graphs=True,
+                     backend="torch", d_model=32, vocab=96, n_layers=2, seq_len=16, batch_size=2)
+    step = build_train_step(spec, "torch", "fp32", "cpu")
+    x = torch.randint(0, 96, (2, 16))
+    facts = step.capture(x, whole=spec.source.graphs_whole)
+    assert facts.graphs_per_step == 0 and not step.graphed
+    assert facts.why.startswith(why) and facts.why.endswith("; the step ran eager")
+    record = {**empty_record(), **facts.record()}
+    validate(record)
+    assert record["cuda_graphs_why"] == facts.why and record["graph_capture_s"] is None
+    assert torch.isfinite(step(x, torch.roll(x, -1, 1)))
+
+
+def test_the_graph_fields_are_declared_once_with_their_types():
+    from trials.workloads.unit_graphs import GraphFacts
+
+    types = {f.name: f.type for f in FIELDS}
+    assert {k: types[k] for k in ("graphs_per_step", "graph_capture_s", "graph_pool_bytes", "est_graph_pool_bytes",
+                                  "cuda_graphs_why")} == {"graphs_per_step": "int", "graph_capture_s": "float",
+                                                          "graph_pool_bytes": "int", "est_graph_pool_bytes": "int",
+                                                          "cuda_graphs_why": "str"}
+    validate({**empty_record(), **GraphFacts(64, 1.5, 3 << 30, "32 units graphed").record()})
