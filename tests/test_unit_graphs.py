@@ -1,7 +1,7 @@
 """CUDA-graphed training on every model source and stack (trials/workloads/unit_graphs.py), the parts a CPU can check:
 which cells the spec and a sweep take and which they refuse, in what line; how a unit's call becomes a graph's
 inputs and back (the dispatcher, here with eager stand-ins where the graphs would be); what cannot be graphed and
-the line the record gets; the record's fields. The graphs themselves:
+the line the record gets; the record's fields; the memory plan's graph pool. The graphs themselves:
 tests/test_gpu_graphs.py (-m gpu)."""
 
 from __future__ import annotations
@@ -148,3 +148,40 @@ def test_the_graph_fields_are_declared_once_with_their_types():
                                                           "graph_pool_bytes": "int", "est_graph_pool_bytes": "int",
                                                           "cuda_graphs_why": "str"}
     validate({**empty_record(), **GraphFacts(64, 1.5, 3 << 30, "32 units graphed").record()})
+
+
+@pytest.mark.parametrize("model,extra", [("hf:llama", dict(n_kv_heads=2, ffn=128)),
+                                         ("py:tests.fixtures.factories:named_units", {})])
+def test_the_memory_plan_of_a_unit_graphed_cell_holds_the_pool(model, extra):
+    """The units' saved bytes and gradient buffers move into the graphs' pool, with each graph's static inputs and
+    outputs; what stays eager is the root's. The peak adds the pool, whose gradient buffers are the gradients, but
+    under accumulation (kept allocated apart)."""
+    from trials.measure import memory_plan
+
+    graphed = TrialSpec(model=model, device="cuda", cuda_graphs=True, backend="torch", **{**TINY, **extra})
+    eager = memory_plan.plan(graphed.replace(cuda_graphs=False))
+    plan = memory_plan.plan(graphed)
+    probe = memory_plan.probe(graphed)
+    assert eager.graph_pool == 0 and plan.graph_pool > 0 and not plan.guess
+    assert plan.activations == sum(probe.activations.outside.values()) < eager.activations
+    assert plan.graph_pool >= eager.activations - plan.activations  # the units' saves are in the pool
+    assert plan.graph_pool >= probe.weight_bytes - probe.outside_weight_bytes  # so are their gradients' buffers
+    assert plan.grads == probe.outside_weight_bytes < eager.grads and plan.logits == eager.logits
+    assert plan.total == (plan.weights + plan.optimizer + plan.graph_pool
+                          + max(plan.activations + plan.logits, plan.grads))
+    split = memory_plan.plan(graphed.replace(grad_accum=2))
+    assert split.graph_pool == plan.graph_pool and split.grads == eager.grads
+    fields = memory_plan.record_fields(graphed)
+    assert fields["est_graph_pool_bytes"] == plan.graph_pool and fields["est_peak_mem_bytes"] == plan.total
+    assert memory_plan.record_fields(graphed.replace(cuda_graphs=False))["est_graph_pool_bytes"] is None
+
+
+def test_the_memory_plan_of_minigpts_whole_graph_holds_its_logits_in_the_pool():
+    from trials.measure import memory_plan
+
+    graphed = TrialSpec(device="cuda", cuda_graphs=True, backend="torch", **TINY)
+    eager, plan = memory_plan.plan(graphed.replace(cuda_graphs=False)), memory_plan.plan(graphed)
+    logits = graphed.batch_size * graphed.seq_len * graphed.vocab
+    assert plan.logits == logits * memory_plan.LOGITS_BYTES < eager.logits  # the bf16 logits are the graph's output
+    assert plan.graph_pool >= 2 * logits * 2 + eager.grads and plan.grads == 0
+    assert plan.activations == memory_plan.loss_saved_bytes(graphed.batch_size, graphed.seq_len, graphed.vocab, 2)

@@ -32,10 +32,16 @@ The parts of one rank, in the cell's weight dtype (fp32 for fp32 cells, bf16 oth
     recomputed   under checkpointing, the largest recomputed unit's saved bytes, back during its backward
     logits       (batch, seq, vocab): the logits in the weight dtype (alive through the step), and in the
                  loss's backward the fp32 gradient of its log-softmax and of its input
+    graph pool   ``cuda_graphs`` cells: what the captured graphs keep in their private memory pool between steps
+                 (:func:`graph_parts`; the record's ``est_graph_pool_bytes``, beside the measured
+                 ``graph_pool_bytes``): each graph's static inputs and outputs, and the larger of what the graphed
+                 forwards save for backward and the graphed parameters' gradients (the pool's memory is reused from
+                 one capture to the next, saved tensors freed by a backward's capture, gradients made by it). What
+                 is graphed is then no longer in activations, logits or grads: those are the eager root's
 
-The peak is weights + optimizer + max(activations + recomputed + logits, grads): at the start of backward every
-activation and the logits' gradients are held; by its end the activations are freed and every gradient
-exists. Activations and logits are one micro-batch's (``batch_size`` rows); under gradient accumulation
+The peak is weights + optimizer + graph pool + max(activations + recomputed + logits, grads): at the start of
+backward every activation and the logits' gradients are held; by its end the activations are freed and every
+gradient exists. Activations and logits are one micro-batch's (``batch_size`` rows); under gradient accumulation
 (``grad_accum`` > 1) a later micro-batch's backward runs with the gradients held, so the peak is their sum, and
 FSDP2 accumulates whole (unsharded) gradients until the step's last micro-batch reduces them. The plan is of
 the module the source builds (the torch twin): an FP8 stack's own saved casts are not in it.
@@ -56,6 +62,9 @@ log = logging.getLogger(__name__)
 
 LOGITS_BYTES = 8  # per logit beyond the weight dtype's: the loss's backward, fp32 grads of its log-softmax and input
 FP8_MASTER_STATE_BYTES = 12  # per parameter: an fp32 master weight and two fp32 moments
+# a graphed unit's buffers beside the tensors it is handed (its static inputs), each of its hidden state's size: its
+# static output, the gradient of that output, and the gradient of its input
+GRAPH_IO_COPIES = 3
 GATHERED_UNITS = 2  # FSDP2: the unit running and the one prefetched are whole at once
 
 
@@ -111,7 +120,8 @@ class MemoryPlan:
     """One rank's bytes for a training step of a cell; ``guess``: the module could not be run under fake
     tensors, so weights come from the parameter count only (activations unknown but the loss's). ``activations``: held
     for backward once the forward is done; ``recomputed``: what comes back on top while the largest
-    checkpointed unit is recomputed (in the total only)."""
+    checkpointed unit is recomputed (in the total only); ``graph_pool``: a ``cuda_graphs`` cell's graphs' memory
+    pool (0: eager, or a guess), whose contents activations, logits and grads then leave out."""
 
     weights: int
     grads: int
@@ -126,13 +136,14 @@ class MemoryPlan:
     guess: bool = False
     recomputed: int = 0
     grad_accum: int = 1  # micro-batches per optimizer step
+    graph_pool: int = 0
 
     @property
     def total(self) -> int:
         held = self.activations + self.recomputed + self.logits
         if self.grad_accum > 1:  # a later micro-batch's backward: the earlier ones' gradients are held
-            return self.weights + self.optimizer + held + self.grads
-        return self.weights + self.optimizer + max(held, self.grads)
+            return self.weights + self.optimizer + self.graph_pool + held + self.grads
+        return self.weights + self.optimizer + self.graph_pool + max(held, self.grads)
 
     def setting(self) -> str:
         """The knobs this plan is for, as sweep fields."""
@@ -140,7 +151,8 @@ class MemoryPlan:
                  if self.parallel != "none" else "1 GPU")
         every = f", ac_every {self.ac_every}" if self.checkpointing == "selective" else ""
         accum = f", grad_accum {self.grad_accum}" if self.grad_accum > 1 else ""
-        return f"activation_checkpointing {self.checkpointing}{every}, {where}{accum}"
+        graphs = ", cuda_graphs" if self.graph_pool else ""
+        return f"activation_checkpointing {self.checkpointing}{every}, {where}{accum}{graphs}"
 
 
 @dataclass(frozen=True)
@@ -346,8 +358,40 @@ def plan(spec: Any, checkpointing: str | None = None, parallel: str | None = Non
     elif parallel == "ddp":
         grads = 2 * grads  # DDP's buckets hold a copy of the gradients (gradient_as_bucket_view is off)
     logits = batch * spec.seq_len * vocab * (width + LOGITS_BYTES)
+    pool = 0
+    if spec.cuda_graphs and got is not None and setting == "none" and parallel == "none":  # (graphs refuse both)
+        pool, acts, logits, grads = graph_parts(spec, got, width, batch, vocab, grads)
     return MemoryPlan(weights, grads, optimizer, acts, logits, setting, spec.ac_every, parallel, world, batch,
-                      guess, again, spec.grad_accum)
+                      guess, again, spec.grad_accum, pool)
+
+
+def graph_parts(spec: Any, got: Probe, width: int, batch: int, vocab: int, grads: int) -> tuple[int, int, int, int]:
+    """(graph pool, eager activations, eager logits, gradients outside the pool) of a ``cuda_graphs`` training cell,
+    from the probe, as trials/workloads/train_step.py graphs it (``grads``: every parameter's gradient bytes).
+
+    MiniGPT (its source's ``graphs_whole``): one graph of the whole forward, whose static output is the logits (and
+    their gradient); only the loss runs eager. Any other model: each unit its own graph, its static inputs the
+    tensors it is handed (a copy each: the hidden states, RoPE's cos and sin, ...) and, of its hidden state's size,
+    the :data:`GRAPH_IO_COPIES`; what a unit saves of its own input is that static input; the root (embeddings,
+    final norm, head, the loss) and the logits eager as before. The graphed parameters' gradients are static
+    buffers of the pool, which autograd keeps as ``.grad`` (torch's graphs and TE's, as trials/backends/te_compat.py
+    asks); under accumulation the gradients are kept allocated outside the graphs, every one besides the pool."""
+    acts = got.activations
+    logits = batch * spec.seq_len * vocab
+    outside_kept = spec.grad_accum > 1
+    if spec.source.graphs_whole:
+        loss = loss_saved_bytes(batch, spec.seq_len, vocab, width)
+        static = 2 * logits * width + batch * spec.seq_len * 8  # the logits and their gradient; the int64 ids
+        pool = static + max(acts.held() - loss, grads)
+        return pool, loss, logits * LOGITS_BYTES, grads if outside_kept else 0
+    static = saved = 0
+    for own, handed in zip(acts.units, acts.unit_inputs):
+        static += sum(handed.values()) + GRAPH_IO_COPIES * max(handed.values(), default=0)
+        saved += sum(size for key, size in own.items() if key not in handed)
+    unit_grads = grads - got.outside_weight_bytes
+    pool = static + max(saved, unit_grads)
+    return (pool, sum(acts.outside.values()), logits * (width + LOGITS_BYTES),
+            grads if outside_kept else got.outside_weight_bytes)
 
 
 def host_kept_bytes(spec: Any) -> int:
@@ -371,7 +415,8 @@ def record_fields(spec: Any) -> dict[str, int | None]:
     except Exception as exc:  # noqa: BLE001
         log.warning("memory plan failed: %s: %s", type(exc).__name__, exc)
         return {}
-    return {"est_peak_mem_bytes": got.total, "est_activation_bytes": None if got.guess else got.activations}
+    return {"est_peak_mem_bytes": got.total, "est_activation_bytes": None if got.guess else got.activations,
+            "est_graph_pool_bytes": got.graph_pool if spec.cuda_graphs and not got.guess else None}
 
 
 # Settings tried, cheapest first, for a cell that does not fit: recompute before more GPUs
