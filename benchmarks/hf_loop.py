@@ -8,13 +8,16 @@ one process on one GPU, interleaved round by round:
            ``AutoModelForCausalLM.from_config`` (BF16, SDPA, no KV cache, no dropout), torchao's
            ``convert_to_float8_training`` called directly for fp8 cells (``lm_head`` and dims not multiples of
            16 kept), ``torch.compile`` of each decoder layer for compile cells, transformers' own
-           ``gradient_checkpointing_enable`` for ``activation_checkpointing: full`` cells, fused AdamW, fp32
-           cross-entropy on the logits, random token batches; after as many untimed steps as the trial runs
-           before its timed ones (plain_check.untimed_steps), each step timed with its own CUDA event pair, the
-           median taken
+           ``gradient_checkpointing_enable`` for ``activation_checkpointing: full`` cells, each decoder layer
+           CUDA-graphed by hand for ``cuda_graphs`` cells (plain_check.graph_layers: ``make_graphed_callables``
+           over the layers, compiled ones included; ``--graphs reduce-overhead``: compiled layers graphed by
+           Inductor's own cudagraph trees instead, ``torch.compile(mode="reduce-overhead")``, the other way the
+           trial could have taken), fused AdamW, fp32 cross-entropy on the logits, random token batches; after as
+           many untimed steps as the trial runs before its timed ones (plain_check.untimed_steps), each step timed
+           with its own CUDA event pair, the median taken
 Prints one line per cell with both medians and trial/plain; the goal is |trial/plain - 1| <= 0.02.
 Usage (repository root): PYTHONPATH=. python benchmarks/hf_loop.py [--sweep examples/your-model.yaml]
-       [--rounds 3] [--steps 20] [--only SUBSTR ...]
+       [--rounds 3] [--steps 20] [--only SUBSTR ...] [--graphs make_graphed_callables|reduce-overhead]
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from orchestrator.sweep import load_sweep
-from plain_check import (HF_NAMES, Measured, compare, hf_model, kernel_classes, keep,  # benchmarks/: this directory
-                         untimed_steps)
+from plain_check import (HF_NAMES, Measured, compare, graph_layers, hf_model, kernel_classes,  # benchmarks/: here
+                         keep, untimed_steps)
 from trials import TrialSpec
 
 
@@ -55,18 +58,25 @@ def plain_model(spec: TrialSpec) -> nn.Module:
     return model
 
 
-def plain_training(spec: TrialSpec) -> tuple[int, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+def plain_training(spec: TrialSpec, reduce_overhead: bool = False
+                   ) -> tuple[int, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
     """(vocab, ``step(x, y) -> loss``): :func:`plain_model`, each decoder layer compiled for compile cells (as
-    torchtitan compiles, and the trial: train_step.py), and one training step over it: fp32 cross-entropy on the
+    torchtitan compiles, and the trial: train_step.py) and graphed for cuda_graphs cells (``reduce_overhead``: a
+    compiled layer by Inductor's cudagraph trees), and one training step over it: fp32 cross-entropy on the
     logits, backward, fused AdamW. The step holds the model and its optimizer."""
     model = plain_model(spec)
     vocab = model.config.vocab_size
+    trees = spec.cuda_graphs and spec.compile and reduce_overhead
     if spec.compile:
         for i, layer in enumerate(model.model.layers):
-            model.model.layers[i] = torch.compile(layer)
+            model.model.layers[i] = torch.compile(layer, mode="reduce-overhead" if trees else None)
+    if spec.cuda_graphs and not trees:
+        graph_layers(model, spec.batch_size, spec.seq_len)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01, fused=True)
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if trees:  # a new step: the trees may reuse the last one's output buffers
+            torch.compiler.cudagraph_mark_step_begin()
         logits = model(input_ids=x, use_cache=False).logits  # (b, t, vocab)
         loss = F.cross_entropy(logits.float().view(-1, vocab), y.reshape(-1))
         loss.backward()
@@ -77,9 +87,10 @@ def plain_training(spec: TrialSpec) -> tuple[int, Callable[[torch.Tensor, torch.
     return vocab, step
 
 
-def plain_loop(spec: TrialSpec, steps: int, warmup: int, profiled: bool = False) -> Measured:
+def plain_loop(spec: TrialSpec, steps: int, warmup: int, profiled: bool = False,
+               reduce_overhead: bool = False) -> Measured:
     """Median step of the plain loop, ms; ``profiled``: then its kernels per class (a few more steps)."""
-    vocab, train = plain_training(spec)
+    vocab, train = plain_training(spec, reduce_overhead)
     gen = torch.Generator(device="cuda").manual_seed(spec.seed)
     # uniform ids over the whole vocabulary (the harness's are arithmetic sequences over the first 128: on the
     # full-depth torch BF16 cell both, and Zipfian ids, timed within 1%: benchmarks/data_power.py)
@@ -116,6 +127,8 @@ def main() -> int:
     ap.add_argument("--only", nargs="+", default=[""], help="cells whose label contains any of these")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--kernels", action="store_true", help="profile both sides' steps: kernel ms per class, and gap")
+    ap.add_argument("--graphs", choices=["make_graphed_callables", "reduce-overhead"], default="make_graphed_callables",
+                    help="cuda_graphs cells: how the plain loop graphs its (compiled) layers")
     args = ap.parse_args()
     cells = [c for c in load_sweep(args.sweep).cells  # TE cells: benchmarks/te_hf_loop.py
              if c.spec.source.name == "hf" and c.spec.backend in ("torch", "torchao")
@@ -126,7 +139,8 @@ def main() -> int:
         spec = cell.spec.replace(device="cuda", train_steps=args.warmup, warmup_steps=args.warmup,
                                  bench_steps=args.steps, repeats=1, profile=args.kernels)
         keep(rows, compare(cell.label, spec, "step_ms_p50",
-                           lambda: plain_loop(spec, args.steps, untimed_steps(spec), args.kernels), args.rounds),
+                           lambda: plain_loop(spec, args.steps, untimed_steps(spec), args.kernels,
+                                              args.graphs == "reduce-overhead"), args.rounds),
              args.json)
     return 0
 

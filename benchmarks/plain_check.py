@@ -3,7 +3,8 @@
 Shared by benchmarks/hf_loop.py (torch and torchao training cells), te_hf_loop.py (TE training cells) and
 hf_decode_loop.py (graphed serving cells): each says what its plain loop is; this runs the rounds and prints
 one line per cell. The goal every one of them checks: |trial / plain - 1| <= GOAL. The plain graphed decode of
-hf_decode_loop.py and decode_loop.py (MiniGPT) is :func:`graphed_ms_per_step`.
+hf_decode_loop.py and decode_loop.py (MiniGPT) is :func:`graphed_ms_per_step`; the plain graphed training step of
+hf_loop.py and te_hf_loop.py (``cuda_graphs`` cells) graphs each decoder layer by hand (:func:`graph_layers`).
 """
 
 from __future__ import annotations
@@ -156,3 +157,43 @@ def graphed_ms_per_step(step: Callable[[], None], reset: Callable[[], None], ste
         torch.cuda.synchronize()
         out.append(begin.elapsed_time(end) / steps)
     return out
+
+
+class _Layer(torch.nn.Module):
+    """A transformers decoder layer called with tensors only (what ``make_graphed_callables`` takes): the hidden
+    states and RoPE's cos and sin; no mask (SDPA's causal kernel, as the model's own root hands it None)."""
+
+    def __init__(self, layer: torch.nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Any:
+        return self.layer(hidden, position_embeddings=(cos, sin), attention_mask=None)
+
+
+class _Replay(torch.nn.Module):
+    """In a decoder layer's place: the model's call of the layer, handed to its graphed :class:`_Layer`."""
+
+    def __init__(self, graphed: torch.nn.Module):
+        super().__init__()
+        self.graphed = graphed
+
+    def forward(self, hidden_states: torch.Tensor, position_embeddings: Any = None, **_: Any) -> Any:
+        return self.graphed(hidden_states, *position_embeddings)
+
+
+def graph_layers(model: torch.nn.Module, batch: int, seq_len: int, te: Any = None, recipe: Any = None) -> None:
+    """Each decoder layer of a transformers model as a user graphs it by hand: one forward and one backward graph per
+    layer, every layer in one ``make_graphed_callables`` call (one pool), TE's with its recipe (``te``: TE's module;
+    ``recipe``: None for BF16), torch's otherwise; the root, the loss and the optimizer stay eager. In place."""
+    layers = model.model.layers
+    hidden = torch.randn(batch, seq_len, model.config.hidden_size, device="cuda", dtype=torch.bfloat16)
+    cos, sin = model.model.rotary_emb(hidden, torch.arange(seq_len, device="cuda")[None])
+    wrapped = tuple(_Layer(layer) for layer in layers)
+    samples = tuple((hidden.clone().requires_grad_(), cos.clone(), sin.clone()) for _ in wrapped)
+    if te is not None:
+        graphed = te.make_graphed_callables(wrapped, samples, enabled=recipe is not None, recipe=recipe)
+    else:
+        graphed = torch.cuda.make_graphed_callables(wrapped, samples)
+    for i, g in enumerate(graphed):
+        layers[i] = _Replay(g)

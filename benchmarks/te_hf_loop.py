@@ -6,8 +6,10 @@ converted model, on the same GPU, in one call. This is that loop: the model is t
 ``trials/backends/te_convert.py`` (``swap`` or ``transformer_layer``; ``none`` times the HF model itself), and
 each step is the harness's step without the harness: forward under ``te.autocast`` with the cell's recipe (none
 for BF16), FP32 cross-entropy on the next tokens, backward, fused AdamW (``trials.workloads.train_step.make_optimizer``),
-``zero_grad(set_to_none=True)``. After ``--warmup`` untimed steps, each of ``--steps`` steps is timed with its
-own pair of CUDA events, as the harness times its steps, and the median is taken.
+``zero_grad(set_to_none=True)``; graphed (``cuda_graphs`` cells, ``--graphs``): each decoder layer captured by hand
+with ``te.make_graphed_callables`` and the recipe (plain_check.graph_layers), the rest eager. After ``--warmup``
+untimed steps, each of ``--steps`` steps is timed with its own pair of CUDA events, as the harness times its
+steps, and the median is taken.
 
 Two ways to call it (repository root, one process, one GPU, TE imported once):
 
@@ -16,7 +18,8 @@ Two ways to call it (repository root, one process, one GPU, TE imported once):
                  and this loop at the cell's shape, batch and recipe; one line per cell with both medians and
                  trial/plain (the goal: |trial/plain - 1| <= 0.02). The loop warms up as many steps as the
                  trial runs untimed (plain_check.untimed_steps).
-  --cells ...    this loop alone at the shape given by flags, one line per cell (te_layer:precision[:recipe]).
+  --cells ...    this loop alone at the shape given by flags, one line per cell (te_layer:precision[:recipe]),
+                 with ``--graphs`` each decoder layer graphed.
 
     PYTHONPATH=. python benchmarks/te_hf_loop.py --sweep examples/your-model.yaml --rounds 3
     PYTHONPATH=. python benchmarks/te_hf_loop.py --model llama --d-model 4096 --n-layers 2 --n-heads 32 \\
@@ -40,8 +43,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from plain_check import (HF_NAMES, Measured, compare, gc_off as collector_off, hf_model,  # benchmarks/: this dir
-                         kernel_classes, keep, untimed_steps)
+from plain_check import (HF_NAMES, Measured, compare, gc_off as collector_off, graph_layers,  # benchmarks/: here
+                         hf_model, kernel_classes, keep, untimed_steps)
 from trials import TrialSpec
 from trials.backends import te_compat
 from trials.backends import te_convert
@@ -94,13 +97,16 @@ def build(shape: Shape, te_layer: str, te) -> tuple[torch.nn.Module, list]:
 
 
 def plain_loop(shape: Shape, te, te_layer: str, recipe: Any, steps: int, warmup: int, reset: bool = True,
-               gc_off: bool = False, profiled: bool = False) -> dict:
+               gc_off: bool = False, profiled: bool = False, graphed: bool = False) -> dict:
     """Median ms per step of the plain loop over the converted model (GPU, between CUDA events; and the host's
     time in the Python of a step, which a launch-bound step waits on), and what the conversion did. ``reset``:
     clear TE's process-wide FP8 state afterwards, as run_trial does (benchmarks/te_state_carryover.py: without).
     ``gc_off``: Python's collector off during the timed steps (benchmarks/host_jitter.py); ``gc``: what it did.
-    ``profiled``: its kernels per class too (``kernel_ms``; a few more steps, after the timed ones)."""
+    ``profiled``: its kernels per class too (``kernel_ms``; a few more steps, after the timed ones). ``graphed``: each
+    decoder layer CUDA-graphed with the recipe (plain_check.graph_layers)."""
     model, plan = build(shape, te_layer, te)
+    if graphed:
+        graph_layers(model, shape.batch_size, shape.seq_len, te, recipe)
     vocab = model.config.vocab_size
     opt = make_optimizer(model, shape.lr, "cuda")
     g = torch.Generator(device="cuda").manual_seed(shape.seed)
@@ -150,8 +156,8 @@ def by_flags(args: argparse.Namespace, te) -> list[dict]:
     for cell in args.cells:
         te_layer, precision, *rest = cell.split(":")
         recipe = fp8_recipe(TrialSpec(recipe=rest[0])) if precision == "fp8" else None  # the harness's defaults
-        r = plain_loop(shape, te, te_layer, recipe, args.steps, args.warmup)
-        rows.append({"cell": f"{args.model}-{cell}", **r})
+        r = plain_loop(shape, te, te_layer, recipe, args.steps, args.warmup, graphed=args.graphs)
+        rows.append({"cell": f"{args.model}-{cell}{'-graphs' if args.graphs else ''}", **r})
         print(f"{args.model} {cell}: plain {r['ms_p50']:.2f} ms (min {r['ms_min']:.2f}, max {r['ms_max']:.2f}), "
               f"{shape.batch_size * shape.seq_len / r['ms_p50'] * 1e3:.0f} tok/s, loss {r['loss_first']:.3f} -> "
               f"{r['loss_last']:.3f}, {r['converted']} modules converted, kept {r['kept']}", flush=True)
@@ -172,7 +178,7 @@ def by_sweep(args: argparse.Namespace, te) -> list[dict]:
 
         def plain() -> Measured:
             r = plain_loop(Shape.of(spec), te, spec.te_layer, recipe, args.steps, untimed_steps(spec),
-                           profiled=args.kernels)
+                           profiled=args.kernels, graphed=spec.cuda_graphs)
             return Measured(r["ms_p50"], r["kernel_ms"])
 
         keep(rows, compare(cell.label, spec, "step_ms_p50", plain, args.rounds), args.json)
@@ -191,6 +197,8 @@ def main() -> int:
                    help="te_layer:precision[:recipe], te_layer one of none, swap, transformer_layer")
     p.add_argument("--json", help="write the rows here")
     p.add_argument("--kernels", action="store_true", help="--sweep: profile both sides' steps: kernel ms per class")
+    p.add_argument("--graphs", action="store_true", help="--cells: each decoder layer CUDA-graphed (--sweep: as the "
+                   "cell's cuda_graphs says)")
     args = p.parse_args()
     te = te_compat.import_te()
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} TE {te_compat.te_version()}", flush=True)

@@ -185,3 +185,22 @@ def test_the_memory_plan_of_minigpts_whole_graph_holds_its_logits_in_the_pool():
     assert plan.logits == logits * memory_plan.LOGITS_BYTES < eager.logits  # the bf16 logits are the graph's output
     assert plan.graph_pool >= 2 * logits * 2 + eager.grads and plan.grads == 0
     assert plan.activations == memory_plan.loss_saved_bytes(graphed.batch_size, graphed.seq_len, graphed.vocab, 2)
+
+
+def test_the_graphed_full_depth_studys_dry_run_plans_each_graphed_cell_beside_its_eager_one(tmp_path):
+    """examples/full-depth-graphs.yaml's own check, in a new user's shell: its 16 cells, each graphed one's estimate
+    above its eager twin's by what its graphs hold (the pool's static buffers), and on this CPU each graphed cell
+    recorded as unsupported in the spec's words."""
+    from .conftest import juicytalk, user_env
+
+    out = juicytalk("sweep", "examples/full-depth-graphs.yaml", "--dry-run", "--out", str(tmp_path / "out"),
+                    env=user_env(tmp_path / "home"), timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "16 trials" in " ".join(out.stdout.split())
+    est = {cells[1].strip(): float(cells[4].split()[0]) for line in out.stdout.splitlines()
+           if len(cells := line.split("│")) > 5 and cells[1].strip().startswith("hf:llama")}
+    graphed = [label for label in est if "-graphs" in label]
+    assert len(graphed) == 8 and all(est[g] > est[g.replace("-graphs", "")] for g in graphed), est
+    unsupported = [line for line in out.stdout.splitlines()
+                   if line.startswith("unsupported here") and "-graphs" in line]
+    assert len(unsupported) == 8 and all("cuda_graphs needs a CUDA device" in line for line in unsupported)

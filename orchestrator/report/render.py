@@ -301,7 +301,7 @@ def sanity_flags(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
         out.append({"cell": r.cell_label, "check": "launch-bound", "value": round(r.host_ms_per_step, 2),
                     "why": "the GPU waits on the host: this time measures launch overhead, not only the GPU; "
                            "compare with cuda_graphs" + ("" if not getattr(r, "compile", False) else
-                                            " (compiled cells: torch.compile mode reduce-overhead)")})
+                                            " (compiled too: its compiled units are graphed as they are)")})
     for r in ok[["cell_label", "step_ms_std", "step_ms_p50", "timer"]].itertuples():
         if (spread := unsteady_spread(r.step_ms_std, r.step_ms_p50, r.timer)) is not None:
             out.append({"cell": r.cell_label, "check": "unsteady steps", "value": round(spread, 3),
