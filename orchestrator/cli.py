@@ -106,16 +106,31 @@ def _ranks_here(args: argparse.Namespace, sweep: Any, rows: list[dict[str, Any]]
     return None if nodes is None else resources_refusal(nodes, sweep.resources, widths)
 
 
+def _fit_refusal(sweep: Any, rows: list[dict[str, Any]], gpu_memory: int | None, host_memory: int | None
+                 ) -> str | None:
+    """orchestrator/plan.py's ``refusal`` of ``rows``, once the cells on CPU it would refuse are known to run here:
+    one this machine records ``unsupported`` (``unsupported_here``: a TE cell without a GPU) never allocates."""
+    from .plan import refusal, unsupported_here, will_not_fit
+
+    if any(row["on_cpu"] for row in will_not_fit(rows, gpu_memory, host_memory)):
+        unsupported = unsupported_here(sweep)
+        for row in rows:
+            row["unsupported"] = unsupported.get(row["cell_id"])
+    return refusal(rows, gpu_memory, host_memory)
+
+
 def _trial_fit(spec: Any) -> str | None:
     """The one line ``juicytalk trial`` refuses ``spec`` with where it will not fit here (a sweep's rule,
     orchestrator/plan.py's ``refusal``: this machine's GPU, this host's RAM), else None."""
-    from .plan import host_memory_bytes, local_gpu_memory_bytes, plan_row, refusal
-    from .sweep import cell_id, cell_label
+    from .plan import host_memory_bytes, local_gpu_memory_bytes, plan_row
+    from .sweep import Cell, Sweep, cell_id, cell_label
 
     gpu_memory = local_gpu_memory_bytes()
     try:
-        row = plan_row(spec, cell_label(spec), cell_id(spec), cpu_here=gpu_memory is None)
-        return refusal([row], gpu_memory, host_memory_bytes())
+        cell = Cell(spec, cell_id(spec), cell_label(spec))
+        row = plan_row(spec, cell.label, cell.cell_id, cpu_here=gpu_memory is None)
+        return _fit_refusal(Sweep(name="trial", grids=[], fixed={}, cells=[cell]), [row], gpu_memory,
+                            host_memory_bytes())
     except Exception as exc:  # noqa: BLE001 - as a sweep's: a plan that fails never stops a trial
         logging.getLogger(__name__).warning("memory plan failed, not checked: %s: %s", type(exc).__name__, exc)
         return None
@@ -198,13 +213,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     gpu_memory = _gpu_memory(args) if args.fit_check else None
     host_memory, cpu_here = _here(args) if args.fit_check else (None, False)
     if gpu_memory is not None or host_memory is not None:  # before Ray or any trial: a cell that will not fit
-        from .plan import plan_rows, refusal
+        from .plan import plan_rows
 
         try:
             rows = plan_rows(sweep, Store(storage, sweep.name), cpu_here=cpu_here)
             for row in rows if args.restart else ():  # every trial runs again: its records do not count
                 row["records"] = []
-            line = refusal(rows, gpu_memory, host_memory)
+            line = _fit_refusal(sweep, rows, gpu_memory, host_memory)
         except Exception as exc:  # noqa: BLE001 - a plan that fails never stops a sweep: its trials say what fits
             logging.getLogger(__name__).warning("memory plan failed, cells not checked: %s: %s", type(exc).__name__, exc)
             line = None

@@ -252,11 +252,13 @@ def will_not_fit(rows: list[dict[str, Any]], gpu_memory_bytes: int | None,
     """The ``plan_rows`` a real sweep (and ``juicytalk trial``) refuses: training cells, planned from their module
     (not a guess), with a trial still to run, whose estimate is over ``FIT_MARGIN`` x the GPU's memory or over
     the host's RAM (``HOST_FIT_MARGIN``), all the ranks on it together (``_over``). Memory not known is not
-    checked: a GPU with no GPU here and no ``--gpu-memory``, a host where Ray does not run here."""
+    checked: a GPU with no GPU here and no ``--gpu-memory``, a host where Ray does not run here; nor is a cell on
+    CPU that is ``unsupported`` here (recorded so, never run: a TE cell on a machine without a GPU)."""
     from trials.record.fields import FINAL_STATUSES
 
     return [row for row in rows
             if not row.get("mem_guess") and row["spec"].workload == "train"
+            and not (row.get("on_cpu") and row.get("unsupported"))
             and sum(1 for status in row["records"] if status in FINAL_STATUSES) < row["samples"]
             and _over(row, gpu_memory_bytes, host_memory_bytes, refused=True)]
 

@@ -194,18 +194,25 @@ def test_the_ranks_of_a_cell_share_its_hosts_memory(tmp_path):
 
 def test_gpu_memory_given_on_a_machine_without_a_gpu_keeps_the_cpu_warnings(tmp_path, capsys):
     """Issue 54.16: ``--gpu-memory`` on a CPU-only machine (its ``device: auto`` cells run on CPU) hid the dry run's
-    slow-on-CPU and host-memory lines: they come as without it."""
+    slow-on-CPU and host-memory lines: they come as without it. The same cell on TE is recorded unsupported here,
+    never run: neither the dry run nor a real sweep refuses it."""
     from orchestrator.cli import main
     from orchestrator.plan import local_gpu_memory_bytes
 
     if local_gpu_memory_bytes() is not None:
         pytest.skip("needs a machine without a GPU")
     path = tmp_path / "huge.yaml"
-    path.write_text(HUGE.replace(", device: cpu", ""))
-    assert main(["sweep", str(path), "--dry-run", "--gpu-memory", "1e9", "--out", str(tmp_path / "out")]) == 0
+    path.write_text("name: huge\ngrid: {d_model: [65536], backend: [torch, te]}\nfixed: {n_layers: 8}\n")
+    run = ["sweep", str(path), "--gpu-memory", "1e9", "--out", str(tmp_path / "out")]
+    assert main([*run, "--dry-run"]) == 0
     said = capsys.readouterr().out
     assert "slow on CPU d65536-L8-torch-bf16" in said and "will not fit d65536-L8-torch-bf16" in said and \
-        " GiB of host memory" in said, said
+        " GiB of host memory" in said and "unsupported here d65536-L8-te-bf16" in said, said
+    assert "will not fit d65536-L8-te" not in said, said
+    assert main(run) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("juicytalk: error: d65536-L8-torch-bf16: ") and "more cell" not in line, line
+    assert not (tmp_path / "out").exists()
 
 
 def test_fsdp_shards_weights_grads_and_optimizer_per_rank():
