@@ -58,7 +58,7 @@ def cold_starts(search: Search, path: str) -> dict[tuple[str, int, int], float]:
 def replay(searched: Search, cold: dict[tuple[str, int, int], float]) -> tuple[Answer, float]:
     """This checkout's bisection fed only from ``searched``'s records; (its answer, the start-up seconds
     of the worker processes whose first trial it does not ask for)."""
-    recorded = searched.bisection.seen
+    recorded = searched.state.seen
     again = Bisection(searched.plan)
     while (decision := again.decide()).answer is None:
         missing = [t for t in decision.need if t not in recorded]
@@ -85,14 +85,14 @@ def main() -> None:
 
     rows, above = [], []
     for x in plan.points:
-        n = min(sum((side, x, s) in dense.bisection.seen for s in range(plan.max_samples)) for side in SIDES)
-        probe = dense.bisection.probe(x, n) if n >= 1 else None
+        n = min(sum((side, x, s) in dense.state.seen for s in range(plan.max_samples)) for side in SIDES)
+        probe = dense.state.probe(x, n) if n >= 1 else None
         rows.append((x, probe))
         above.append(probe is not None and probe.verdict == "above")
     first = next((x for (x, _), a in zip(rows, above) if a), None)
     from_here = next((plan.points[i] for i in range(len(above)) if all(above[i:])), None)
-    grid_s = sum(o.wall_s for o in dense.bisection.seen.values())
-    grid_trials = len(dense.bisection.seen)
+    grid_s = sum(o.wall_s for o in dense.state.seen.values())
+    grid_trials = len(dense.state.seen)
     step = {x: i for i, x in enumerate(plan.points)}
     agree = (answer.crossover is not None and from_here is not None
              and abs(step[answer.crossover] - step[from_here]) <= 1)

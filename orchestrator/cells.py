@@ -1,12 +1,14 @@
-"""What a cell runs, from the values a sweep file wrote for it: one rule for every way a sweep makes cells.
+"""What a cell runs, from the values a sweep file wrote for it, and its id: one rule for every way a sweep makes cells.
 
-The grid (orchestrator/sweep.py) and a crossover search (orchestrator/crossover.py) both build cells from
-written values; both go through :func:`cell_values`, so a search's probe is the very cell (and cell id) a grid
-would have made, and its records serve both.
+The grid (orchestrator/sweep.py) and the searches (orchestrator/crossover.py, orchestrator/best.py) all build
+cells from written values; all go through :func:`cell_values` and :func:`cell_id`, so a search's probe is the very
+cell (and cell id) a grid would have made, and its records serve both.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from typing import Any
 
@@ -49,3 +51,47 @@ def blame(exc: SpecError, written: list[tuple[tuple, dict[str, Any]]], values: d
                 continue
         return place + (key,)
     return None
+
+
+# The spec fields of the first record layout: always hashed, so every id made since stays valid.
+# A field added later enters the hash only where it differs from its default.
+ID_FIELDS_V1 = ("vocab", "d_model", "n_layers", "n_heads", "ffn", "seq_len", "batch_size", "backend", "precision",
+                "recipe", "fp8_format", "amax_history_len", "amax_compute_algo", "cuda_graphs", "train_steps", "lr",
+                "warmup_steps", "bench_steps", "repeats", "gen_len", "prompt_len", "seed", "device")
+
+
+def spec_id(values: dict[str, Any], defaults: dict[str, Any]) -> str:
+    canonical = {k: v for k, v in values.items() if k in ID_FIELDS_V1 or v != defaults.get(k)}
+    return hashlib.sha1(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:12]
+
+
+def _id_values(spec: TrialSpec) -> dict[str, Any]:
+    """The spec's values as its id hashes them: the spec holds numbers as their field's type (``lr: 1`` is 1.0), and
+    MiniGPT's n_kv_heads equal to n_heads is its default (null), so either way of writing it is one id (the null
+    one, which every cell without GQA always had)."""
+    values = spec.to_dict()
+    if spec.source.own and values["n_kv_heads"] is not None and values["n_kv_heads"] == values["n_heads"]:
+        values["n_kv_heads"] = None
+    return values
+
+
+def cell_id(spec: TrialSpec) -> str:
+    """Stable id of a spec: the same cell gets the same id in every run, on every machine, and after
+    new spec fields arrive with defaults (resume and --compare keep working on older results)."""
+    values = _id_values(spec)
+    return spec_id(values, defaults_for(values))
+
+
+def same_trial(spec: TrialSpec, ignoring: tuple[str, ...] = ()) -> str:
+    """What makes two cells one trial (those ``ignoring`` fields aside): their ids, but with tokens_per_step resolved
+    into the batch_size it sizes (batch_size 4 and tokens_per_step 1024 at seq_len 256 run the same). Not the cell
+    id itself: a cell given by tokens_per_step keeps the id its results were stored under."""
+    values = {**_id_values(spec), "tokens_per_step": None, **dict.fromkeys(ignoring)}
+    return spec_id(values, defaults_for(values))
+
+
+def shown(values: dict[str, Any]) -> str:
+    """``backend=te precision=fp8``: a grid combination as a user reads it (never a dict's repr), in YAML's words
+    (true, null)."""
+    return " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else 'null' if v is None else v}"
+                    for k, v in values.items())

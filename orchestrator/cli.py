@@ -197,11 +197,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for given, why in sweep.not_applied:
             console.print(Text.assemble(("not applied", "dim"), f" {given}: {why}"), soft_wrap=True)
         if sweep.search is not None:
-            plan = sweep.search
-            console.print(f"search: the smallest {plan.axis} in {list(plan.points)} where {plan.label('variant')} "
-                          f"beats {plan.label('baseline')} by >= {plan.target:.2f}x; up to {plan.max_trials} trials "
-                          f"({plan.samples}-{plan.max_samples} samples per cell), chosen as results arrive",
-                          soft_wrap=True)
+            console.print(sweep.search.summary(), soft_wrap=True)
         total = len(sweep.cells) * sweep.samples
         done = sum(1 for row in rows for status in row["records"] if status in FINAL_STATUSES)
         console.print(f"{total} trials{' in the grid' if sweep.search else ''}: {done} have a final record, "

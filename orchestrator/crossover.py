@@ -71,6 +71,24 @@ class CrossoverPlan:
         values = {**self.fixed, **getattr(self, side)}
         return variant_name({**defaults_for(values), **values})
 
+    # -- what the search (orchestrator/search.py) asks of a plan -------------------------------------
+    def wheres(self) -> list[tuple[str, int]]:
+        """Every (side, x) the bisection may probe."""
+        return [(side, x) for x in self.points for side in SIDES]
+
+    def state(self) -> "Bisection":
+        return Bisection(self)
+
+    def describe(self, trial: tuple[str, int, int]) -> str:
+        side, x, sample = trial
+        return f"{side} at {self.axis}={x}, sample {sample}"
+
+    def summary(self) -> str:
+        """The dry run's line."""
+        return (f"search: the smallest {self.axis} in {list(self.points)} where {self.label('variant')} beats "
+                f"{self.label('baseline')} by >= {self.target:.2f}x; up to {self.max_trials} trials ({self.samples}-"
+                f"{self.max_samples} samples per cell), chosen as results arrive")
+
 
 def parse_search(block: Any, err: Callable[[tuple, str], Exception], sweep_fixed: dict[str, Any],
                  samples: int) -> CrossoverPlan:
@@ -295,6 +313,13 @@ class Bisection:
         verdict = "above" if lo > self.plan.target else "below" if hi < self.plan.target else "straddle"
         return Probe(x, ratio, lo, hi, n, verdict, launch_bound=any(o.launch_bound for side in SIDES
                                                                         for o in outs[side]))
+
+    def partial(self) -> Answer:
+        """What is known so far, for an interrupted search."""
+        answer = self._answer(False, "search not finished (interrupted); rerun the same command to resume", None,
+                              None, self.decide().probes)
+        answer.done = False
+        return answer
 
     def _statement(self, x: int, bracket: tuple[int, int] | None) -> str:
         plan = self.plan

@@ -55,7 +55,7 @@ class SweepOutcome:
     missing: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     results_path: str | None = None
-    search: Any = None  # the crossover search's Answer (orchestrator/crossover.py), when the sweep has one
+    search: Any = None  # the search's answer (orchestrator/answer.py), when the sweep has one
     interrupted: bool = False  # Ctrl-C or SIGTERM stopped the run
     resources: dict[str, float] = field(default_factory=dict)  # what each trial got (after a CPU fallback)
     items: list[WorkItem] = field(default_factory=list)  # every (cell, sample) of the run: the grid's, the search's
@@ -510,7 +510,7 @@ def _run_locked(sweep: Sweep, storage: str, address: str | None, restart: bool, 
     log.info("%d trials, %d already have a final record, %d to run", len(items), len(items) - len(pending), len(pending))
     search = None if sweep.search is None else Search(sweep.search, store)
     world_sizes = [int(it.spec.get("world_size", 1)) for it in pending] + (
-        [] if search is None else [int(search.item(side, x, 0).spec.get("world_size", 1)) for side, x in search.cells.values()])
+        [] if search is None else [int(search.item(*where, 0).spec.get("world_size", 1)) for where in search.cells.values()])
     interrupts, resources = Interrupts(), dict(sweep.resources)
     if pending or (search is not None and not search.finished):
         single = sum(1 for w in world_sizes if w == 1) if search is None else sys.maxsize
@@ -533,9 +533,9 @@ def _run_locked(sweep: Sweep, storage: str, address: str | None, restart: bool, 
                 if search is not None and not interrupts.seen:
                     search.refresh()  # the grid's records, just written, are the search's too
                     if not search.finished:
-                        from .searcher import CrossoverSearcher  # imports Ray: inside the sweep's Ray session
+                        from .searcher import RecordSearcher  # imports Ray: inside the sweep's Ray session
 
-                        fit(ray, sweep, store, context, resources, limit, verbose, searcher=CrossoverSearcher(search),
+                        fit(ray, sweep, store, context, resources, limit, verbose, searcher=RecordSearcher(search),
                             max_trials=search.plan.max_trials, interrupts=interrupts, lease=lease)
             finally:
                 if progress is not None:

@@ -1,12 +1,14 @@
-"""A Ray Tune searcher over the crossover plan: it proposes cells from the records so far.
+"""A search of a sweep, kept in step with its store: it proposes cells from the records so far.
 
-:class:`Search` keeps the plan's :class:`~orchestrator.crossover.Bisection` in step with the store:
-every record whose cell id is one the plan could probe is an observation, whoever ran it (this search,
-an interrupted earlier run of it, a grid of the same sweep), except a failure an earlier run left: a record
-without a final status (a timeout, an error) that was on disk when the search was built is a trial to run again,
-as a grid runs again every trial without a final record. :class:`orchestrator.searcher.CrossoverSearcher`
-gives Tune its view of it (built by the runner inside its Ray session). This module does not import Ray, so the CLI can load it
-before the sweep decides how Ray starts (:mod:`orchestrator.embedded_ray`).
+:class:`Search` keeps the plan's state (the crossover's :class:`~orchestrator.crossover.Bisection`, the best
+setting's :class:`~orchestrator.best.Halving`) in step with the store: every record whose cell id is one the plan
+could run is an observation, whoever ran it (this search, an interrupted earlier run of it, a grid of the same
+sweep), except a failure an earlier run left: a record without a final status (a timeout, an error) that was on
+disk when the search was built is a trial to run again, as a grid runs again every trial without a final record.
+A plan's cells are its ``wheres()`` (a trial is a where and a sample); its state decides from observations alone.
+:class:`orchestrator.searcher.RecordSearcher` gives Tune its view of it (built by the runner inside its Ray
+session). This module does not import Ray, so the CLI can load it before the sweep decides how Ray starts
+(:mod:`orchestrator.embedded_ray`).
 """
 
 from __future__ import annotations
@@ -15,20 +17,24 @@ from typing import Any
 
 from trials.record.fields import FINAL_STATUSES
 
-from .answer import Answer
-from .crossover import SIDES, Bisection, CrossoverPlan, Decision, Outcome
+from .crossover import Decision, Outcome
 from .report.analysis import timing_for
 from .store import Store
+from .sweep import distinct_labels
 from .work import WorkItem
 
 
 class Search:
-    def __init__(self, plan: CrossoverPlan, store: Store):
+    def __init__(self, plan: Any, store: Store):
         self.plan, self.store = plan, store
         self.timing = timing_for(plan.fixed.get("workload"))
-        # cell id -> (side, x): the cells the plan could probe
-        self.cells = {WorkItem.of(plan.spec(side, x), 0).cell_id: (side, x) for side in SIDES for x in plan.points}
-        self.bisection = Bisection(plan)
+        # cell id -> where: the cells the plan could run (a cell written twice is the later where: a best search
+        # whose screen is its full schedule runs each cell once)
+        wheres = plan.wheres()
+        self.cells = {WorkItem.of(plan.spec(*where), 0).cell_id: where for where in wheres}
+        # labels that tell the plan's cells apart, as the grid's do (a micro-batch, a schedule)
+        self.labels = dict(zip(wheres, distinct_labels([plan.spec(*where) for where in wheres])))
+        self.state = plan.state()
         rows = self._rows()
         # records an earlier run left without a final status: its failures, which this run retries
         self.earlier_failures = frozenset(_identity(r) for r in rows if r["status"] not in FINAL_STATUSES)
@@ -56,40 +62,40 @@ class Search:
             if where is not None and _identity(r) not in self.earlier_failures:
                 self.observe(where, int(r["sample"]), r)
 
-    def observe_trial(self, side: str, x: int, sample: int) -> None:
-        """Observe the record one finished trial wrote; none means its worker died every time Tune tried."""
-        item = self.item(side, x, sample)
+    def observe_trial(self, *trial: Any) -> None:
+        """Observe the record one finished trial (a where and a sample) wrote; none means its worker died every
+        time Tune tried."""
+        item = self.item(*trial)
         r = self.store.read_record(item.key, self.columns)
-        self.observe((side, x), sample, r or {"status": "error", "error": "no record: the trial's worker died"})
+        self.observe(trial[:-1], trial[-1], r or {"status": "error", "error": "no record: the trial's worker died"})
 
-    def observe(self, where: tuple[str, int], sample: int, r: dict[str, Any]) -> None:
-        self.bisection.observe(*where, sample, Outcome(str(r.get("status")), r.get(self.timing.median),
+    def observe(self, where: tuple, sample: int, r: dict[str, Any]) -> None:
+        self.state.observe(*where, sample, Outcome(str(r.get("status")), r.get(self.timing.median),
                                                        float(r.get("trial_wall_s") or 0.0), str(r.get("error") or ""),
                                                        str(r.get("gpu_name") or ""), bool(r.get("launch_bound")),
                                                        r.get("effective_precision") or None))
 
-    def decide(self, pending: set[tuple[str, int, int]] = frozenset()) -> Decision:
-        return self.bisection.decide(pending)
+    def decide(self, pending: set[tuple] = frozenset()) -> Decision:
+        return self.state.decide(pending)
 
     @property
     def finished(self) -> bool:
         return self.decide().answer is not None
 
-    def item(self, side: str, x: int, sample: int) -> WorkItem:
-        return WorkItem.of(self.plan.spec(side, x), sample)
+    def item(self, *trial: Any) -> WorkItem:
+        """The work item of a trial: a where and a sample."""
+        where, sample = trial[:-1], trial[-1]
+        return WorkItem.of(self.plan.spec(*where), sample, self.labels[where])
 
     def items(self) -> list[WorkItem]:
-        """Every (cell, sample) the search used, for the sweep's summary."""
-        return [self.item(*t) for t in sorted(self.bisection.seen, key=lambda t: (t[1], t[0], t[2]))]
+        """Every (cell, sample) the search used, for the sweep's summary, in the order the plan lists its cells."""
+        order = {where: i for i, where in enumerate(self.plan.wheres())}
+        return [self.item(*t) for t in sorted(self.state.seen, key=lambda t: (order.get(t[:-1], 0), t[-1]))]
 
-    def answer(self) -> Answer:
+    def answer(self) -> Any:
+        """The search's answer (orchestrator/answer.py), or what it knows so far (``done`` false)."""
         decision = self.decide()
-        if decision.answer is not None:
-            return decision.answer
-        ans = self.bisection._answer(False, "search not finished (interrupted); rerun the same command to resume",
-                                     None, None, decision.probes)  # what is known so far
-        ans.done = False
-        return ans
+        return decision.answer if decision.answer is not None else self.state.partial()
 
 
 def _identity(r: dict[str, Any]) -> tuple:

@@ -35,7 +35,6 @@ ways (lr 1 and 1.0, batch_size and the tokens_per_step that sizes it) is one cel
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import math
@@ -52,7 +51,8 @@ from trials.models import parse as parse_model
 from trials.spec import (SpecError, TrialSpec, applies, check_model, close_matches, default_for, defaults_for,
                          field_default, normalised, scope_words, te_layer_refusal, variant_name)
 
-from .cells import blame, cell_values
+from .cells import ID_FIELDS_V1, blame, cell_id, cell_values, same_trial, shown, spec_id  # noqa: F401 - ids and
+# their words are cells.py's; read from here by the modules that make and name a sweep's cells
 from .crossover import CrossoverPlan, parse_search
 from .launchers import DEFAULT_LAUNCHER, DEFAULT_WARM_MAX_TRIALS, LAUNCHERS
 from .store import storage_problem
@@ -136,43 +136,6 @@ class Sweep:
     collapsed: list[tuple[dict[str, Any], str]] = field(default_factory=list)
     # fixed fields that some cells take and others drop (recipe on the bf16 cells beside fp8 ones): key=value, why
     not_applied: list[tuple[str, str]] = field(default_factory=list)
-
-
-# The spec fields of the first record layout: always hashed, so every id made since stays valid.
-# A field added later enters the hash only where it differs from its default.
-ID_FIELDS_V1 = ("vocab", "d_model", "n_layers", "n_heads", "ffn", "seq_len", "batch_size", "backend", "precision",
-                "recipe", "fp8_format", "amax_history_len", "amax_compute_algo", "cuda_graphs", "train_steps", "lr",
-                "warmup_steps", "bench_steps", "repeats", "gen_len", "prompt_len", "seed", "device")
-
-
-def spec_id(values: dict[str, Any], defaults: dict[str, Any]) -> str:
-    canonical = {k: v for k, v in values.items() if k in ID_FIELDS_V1 or v != defaults.get(k)}
-    return hashlib.sha1(json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:12]
-
-
-def _id_values(spec: TrialSpec) -> dict[str, Any]:
-    """The spec's values as its id hashes them: the spec holds numbers as their field's type (``lr: 1`` is 1.0), and
-    MiniGPT's n_kv_heads equal to n_heads is its default (null), so either way of writing it is one id (the null
-    one, which every cell without GQA always had)."""
-    values = spec.to_dict()
-    if spec.source.own and values["n_kv_heads"] is not None and values["n_kv_heads"] == values["n_heads"]:
-        values["n_kv_heads"] = None
-    return values
-
-
-def cell_id(spec: TrialSpec) -> str:
-    """Stable id of a spec: the same cell gets the same id in every run, on every machine, and after
-    new spec fields arrive with defaults (resume and --compare keep working on older results)."""
-    values = _id_values(spec)
-    return spec_id(values, defaults_for(values))
-
-
-def same_trial(spec: TrialSpec, ignoring: tuple[str, ...] = ()) -> str:
-    """What makes two cells one trial (those ``ignoring`` fields aside): their ids, but with tokens_per_step resolved
-    into the batch_size it sizes (batch_size 4 and tokens_per_step 1024 at seq_len 256 run the same). Not the cell
-    id itself: a cell given by tokens_per_step keeps the id its results were stored under."""
-    values = {**_id_values(spec), "tokens_per_step": None, **dict.fromkeys(ignoring)}
-    return spec_id(values, defaults_for(values))
 
 
 def cell_label(spec: TrialSpec) -> str:
@@ -413,13 +376,6 @@ def _check_recipe(value: Any, err) -> None:
     if value not in RECIPES:
         by_stack = "; ".join(f"{s.name}: {', '.join(s.recipes)}" for s in STACKS.values() if s.recipes)
         raise err(f"{value!r} is no stack's FP8 recipe{close_matches(value, RECIPES)}; recipes are {by_stack}")
-
-
-def shown(values: dict[str, Any]) -> str:
-    """``backend=te precision=fp8``: a grid combination as a user reads it (never a dict's repr), in YAML's words
-    (true, null)."""
-    return " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else 'null' if v is None else v}"
-                    for k, v in values.items())
 
 
 def _skip_reason(cell: dict[str, Any], asked: dict[str, Any]) -> str | None:
