@@ -136,6 +136,28 @@ def _trial_fit(spec: Any) -> str | None:
         return None
 
 
+def _fitted(search: Any, gpu_memory: int | None, host_memory: int | None, cpu_here: bool, store: Store
+            ) -> tuple[Any, str | None]:
+    """A best-setting search less the cells a real sweep refuses as not fitting (orchestrator/plan.py's
+    ``will_not_fit``: the grid's rule; a cell with a final record in ``store`` stays), and the one line it ends with
+    where that leaves a side of each kind nothing to run; any other search as it is (a crossover probe that runs out
+    of memory ends its bisection with the reason)."""
+    from .best import BestPlan
+
+    if not isinstance(search, BestPlan) or (gpu_memory is None and host_memory is None):
+        return search, None
+    from .plan import FIT_MARGIN, plan_rows, why_refused, will_not_fit
+    from .sweep import Cell, Sweep, cell_id, cell_label
+
+    cells = [Cell(spec, cell_id(spec), cell_label(spec)) for spec in search.specs()]
+    rows = plan_rows(Sweep(name=store.sweep_name, grids=[], fixed={}, samples=search.samples, cells=cells), store,
+                     cpu_here=cpu_here)
+    unfit = {row["cell_id"]: why_refused(row, gpu_memory, host_memory)
+             for row in will_not_fit(rows, gpu_memory, host_memory)}
+    fitted = search.without(unfit, gpu_memory, FIT_MARGIN)
+    return fitted, fitted.refusal()
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from .embedded_ray import RayStartError
     from .lock import SweepLocked, lock_problem
@@ -197,7 +219,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for given, why in sweep.not_applied:
             console.print(Text.assemble(("not applied", "dim"), f" {given}: {why}"), soft_wrap=True)
         if sweep.search is not None:
-            console.print(sweep.search.summary(), soft_wrap=True)
+            plan, line = _fitted(sweep.search, gpu_memory, host_memory, cpu_here, Store(storage, sweep.name)) \
+                if args.fit_check else (sweep.search, None)
+            console.print(plan.summary(), soft_wrap=True)
+            if line:
+                console.print(f"[red]will not fit[/] {line}", soft_wrap=True)
         total = len(sweep.cells) * sweep.samples
         done = sum(1 for row in rows for status in row["records"] if status in FINAL_STATUSES)
         console.print(f"{total} trials{' in the grid' if sweep.search else ''}: {done} have a final record, "
@@ -218,6 +244,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             line = _fit_refusal(sweep, rows, gpu_memory, host_memory)
         except Exception as exc:  # noqa: BLE001 - a plan that fails never stops a sweep: its trials say what fits
             logging.getLogger(__name__).warning("memory plan failed, cells not checked: %s: %s", type(exc).__name__, exc)
+            line = None
+        if line:
+            return _fail(line)
+    if sweep.search is not None and args.fit_check:  # the search runs no cell the memory plan refuses
+        try:
+            sweep.search, line = _fitted(sweep.search, gpu_memory, host_memory, cpu_here, Store(storage, sweep.name))
+        except Exception as exc:  # noqa: BLE001 - as the grid's: a plan that fails never stops a sweep
+            logging.getLogger(__name__).warning("memory plan failed, search cells not checked: %s: %s",
+                                                type(exc).__name__, exc)
             line = None
         if line:
             return _fail(line)
@@ -274,7 +309,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             report = None if args.no_report else build_report(  # on object storage: written there too
                 store.url(), out_html=store.path("report.html") if store.local else None, sweep_text=sweep.source_text)
             if outcome.search is not None and report is None:  # the report's headline leads with it
-                console.print(f"[bold]Crossover search: {outcome.search.statement}[/]", soft_wrap=True)
+                console.print(f"[bold]{outcome.search.title}: {outcome.search.statement}[/]", soft_wrap=True)
             for line in report.headline if report else answer(store.url()):
                 console.print(f"[bold]{line}[/]", soft_wrap=True)
             if report:

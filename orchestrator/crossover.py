@@ -42,7 +42,6 @@ from .answer import Answer, Probe
 from .cells import blame, cell_values
 from .report.analysis import bootstrap_ratio, launch_bound_note
 
-FINDS = ("crossover",)
 OVER_AXES = ("d_model", "n_layers", "tokens_per_step", "ffn")
 SEARCH_KEYS = ("find", "variant", "baseline", "target", "over", "fixed", "max_trials", "max_samples")
 SIDES = ("baseline", "variant")
@@ -92,17 +91,14 @@ class CrossoverPlan:
 
 def parse_search(block: Any, err: Callable[[tuple, str], Exception], sweep_fixed: dict[str, Any],
                  samples: int) -> CrossoverPlan:
-    """Validate a sweep's ``search:`` block; every problem is ``err(key path, message)``."""
-    if not isinstance(block, dict):
-        raise err(("search",), "must be a mapping with find, variant, baseline, target, over")
+    """Validate a sweep's ``search: {find: crossover, ...}`` block (orchestrator/sweep.py checks ``find``); every
+    problem is ``err(key path, message)``."""
     for key in block:
         if key not in SEARCH_KEYS:
             raise err(("search", key), f"unknown key; allowed: {', '.join(SEARCH_KEYS)}")
-    for key in ("find", "variant", "baseline", "target", "over"):
+    for key in ("variant", "baseline", "target", "over"):
         if key not in block:
             raise err(("search", key), "required")
-    if block["find"] not in FINDS:
-        raise err(("search", "find"), f"must be one of {', '.join(FINDS)}; got {block['find']!r}")
     fields = set(TrialSpec.field_names())
     sides: dict[str, dict[str, Any]] = {}
     for key in ("variant", "baseline", "fixed"):

@@ -10,7 +10,8 @@ a number and ``0640`` is 640, where YAML 1.1 reads a string and octal 416); noth
       recipe: [delayed, current]
     # grid may also be a list of such mappings: the cells are the union of their products
     # (for sweeps that are not one rectangle, e.g. CUDA graphs only at small sizes)
-    search: {...}             # instead of or beside grid: an adaptive crossover search (orchestrator/crossover.py)
+    search: {...}             # instead of or beside grid: an adaptive search, for the crossover
+                              # (orchestrator/crossover.py) or each side's best setting (orchestrator/best.py)
     fixed: {n_layers: 4}      # scalars applied to every cell
     samples: 1                # independent trials per cell (seed + sample)
     resources: {gpu: 1, cpu: 2}
@@ -53,7 +54,7 @@ from trials.spec import (SpecError, TrialSpec, applies, check_model, close_match
 
 from .cells import ID_FIELDS_V1, blame, cell_id, cell_values, same_trial, shown, spec_id  # noqa: F401 - ids and
 # their words are cells.py's; read from here by the modules that make and name a sweep's cells
-from .crossover import CrossoverPlan, parse_search
+from .crossover import parse_search
 from .launchers import DEFAULT_LAUNCHER, DEFAULT_WARM_MAX_TRIALS, LAUNCHERS
 from .store import storage_problem
 from .trackers import TrackerError, check_trackers
@@ -130,7 +131,7 @@ class Sweep:
     compile_cache: str | None = None
     trackers: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     source_text: str = ""
-    search: CrossoverPlan | None = None
+    search: Any = None  # a search block's plan: CrossoverPlan or orchestrator/best.py's BestPlan
     cells: list[Cell] = field(default_factory=list)
     skipped: list[tuple[dict[str, Any], str]] = field(default_factory=list)
     collapsed: list[tuple[dict[str, Any], str]] = field(default_factory=list)
@@ -363,12 +364,31 @@ def parse_sweep(text: str, source: str = "sweep") -> Sweep:
         path = tuple(int(p) if p.isdigit() else p for p in exc.key.split("."))
         raise err(path, str(exc)) from None
 
-    search = parse_search(data["search"], err, fixed, samples) if "search" in data else None
+    search = _search(data["search"], err, fixed, samples) if "search" in data else None
     sweep = Sweep(name=name, grids=grids, fixed=fixed, samples=samples, resources=resources, search=search,
                   max_concurrent=max_concurrent, trial_timeout_s=timeout, storage=storage, launcher=launcher,
                   warm_max_trials=warm_max, compile_cache=compile_cache, trackers=trackers, source_text=text)
     _expand(sweep, prefixes, err)
     return sweep
+
+
+FINDS = ("crossover", "best")  # what a search block finds: orchestrator/crossover.py, orchestrator/best.py
+
+
+def _search(block: Any, err, fixed: dict[str, Any], samples: int) -> Any:
+    """The plan of a ``search:`` block, by what it finds."""
+    if not isinstance(block, dict):
+        raise err(("search",), f"must be a mapping with find ({' or '.join(FINDS)}) and that search's keys "
+                  "(docs/guide/sweep-files.md)")
+    if "find" not in block:
+        raise err(("search", "find"), f"required: {' or '.join(FINDS)}")
+    if block["find"] not in FINDS:
+        raise err(("search", "find"), f"must be one of {', '.join(FINDS)}; got {block['find']!r}")
+    if block["find"] == "best":
+        from .best import parse_best  # it makes its cells with this module's rules
+
+        return parse_best(block, err, fixed, samples)
+    return parse_search(block, err, fixed, samples)
 
 
 def _check_recipe(value: Any, err) -> None:

@@ -20,12 +20,13 @@ import pyarrow as pa
 
 from trials.record.atomic import write_text_atomic
 
-from ..answer import Answer
+from ..answer import BestAnswer
+from ..answer import load as load_answer
 from ..store import Store, is_uri, read_results
 from .analysis import (DECODE_STEP, NO_TIMING, ONE_SAMPLE, TRAIN_STEP, Pairs, against_fastest_bf16, compare_runs, crossover, pair_cells,
                        prepare, ways_that_ran)
 from .headline import headline
-from . import numerics
+from . import best, numerics
 from .inference import inference_pairs, split
 from .why import breakdown, gap_name
 
@@ -155,11 +156,14 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
     lines = headline(train, pairs) if not train.empty or infer.empty else []
     sections = summary_sections(df, pairs, comparison, inference, fastest) + numerics.sections(train)
     search = beside("search.json")
-    if search is not None:  # a sweep with a search block: its answer first, its probes as a chart
-        found = Answer.from_json(search)
-        lines = [f"Crossover search: {found.statement}"] + lines
-        figures.insert(0, ("crossover_search", charts.search_chart(found)))
-        sections.insert(0, ("Crossover search", found.statement, search_table(found)))
+    if search is not None:  # a sweep with a search block: its answer first, then its sections
+        found = load_answer(search)
+        lines = [f"{found.title}: {found.statement}"] + lines
+        if isinstance(found, BestAnswer):
+            sections[:0] = best.sections(found, train)
+        else:  # the crossover's probes, as a chart
+            figures.insert(0, ("crossover_search", charts.search_chart(found)))
+            sections.insert(0, ("Crossover search", found.statement, search_table(found)))
     md = markdown_tables(df, sections, lines)
     upload = remote is not None and out_html is None  # written here first, then beside the records
     staging = tempfile.TemporaryDirectory(prefix="juicytalk-report-") if upload else None
