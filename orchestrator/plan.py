@@ -163,7 +163,9 @@ def _over(row: dict[str, Any], gpu_memory_bytes: int | None, host_memory_bytes: 
     if gpu_memory_bytes and (spec is None or spec.device != "cpu") and \
             row["est_mem_bytes"] > (FIT_MARGIN if refused else 1.0) * gpu_memory_bytes:
         out.append(("GPU", gpu_memory_bytes))
-    if host_memory_bytes and row.get("est_host_bytes", 0) > (HOST_FIT_MARGIN if refused else 1.0) * host_memory_bytes:
+    never_here = row.get("on_cpu") and row.get("unsupported")  # recorded unsupported here: it allocates nothing
+    if host_memory_bytes and not never_here and \
+            row.get("est_host_bytes", 0) > (HOST_FIT_MARGIN if refused else 1.0) * host_memory_bytes:
         out.append(("host", host_memory_bytes))
     return out
 
@@ -243,8 +245,7 @@ def expected_ooms(rows: list[dict[str, Any]], gpu_memory_bytes: int | None,
                   host_memory_bytes: int | None = None) -> list[str]:
     """One ``oom_line`` per ``plan_rows`` cell and memory its estimate exceeds (``_over``): the GPU's, the host's
     (it still runs, and records oom if it does)."""
-    return [oom_line(row, limit, where) for row in rows if not (row.get("on_cpu") and row.get("unsupported"))
-            for where, limit in _over(row, gpu_memory_bytes, host_memory_bytes)]
+    return [oom_line(row, limit, where) for row in rows for where, limit in _over(row, gpu_memory_bytes, host_memory_bytes)]
 
 
 def will_not_fit(rows: list[dict[str, Any]], gpu_memory_bytes: int | None,
@@ -252,13 +253,13 @@ def will_not_fit(rows: list[dict[str, Any]], gpu_memory_bytes: int | None,
     """The ``plan_rows`` a real sweep (and ``juicytalk trial``) refuses: training cells, planned from their module
     (not a guess), with a trial still to run, whose estimate is over ``FIT_MARGIN`` x the GPU's memory or over
     the host's RAM (``HOST_FIT_MARGIN``), all the ranks on it together (``_over``). Memory not known is not
-    checked: a GPU with no GPU here and no ``--gpu-memory``, a host where Ray does not run here; nor is a cell on
-    CPU that is ``unsupported`` here (recorded so, never run: a TE cell on a machine without a GPU)."""
+    checked: a GPU with no GPU here and no ``--gpu-memory``, a host where Ray does not run here; nor is the host's
+    for a cell on CPU that is ``unsupported`` here (recorded so, never run: a TE cell on a machine without a GPU),
+    while ``--gpu-memory`` still holds it to the GPU it names."""
     from trials.record.fields import FINAL_STATUSES
 
     return [row for row in rows
             if not row.get("mem_guess") and row["spec"].workload == "train"
-            and not (row.get("on_cpu") and row.get("unsupported"))
             and sum(1 for status in row["records"] if status in FINAL_STATUSES) < row["samples"]
             and _over(row, gpu_memory_bytes, host_memory_bytes, refused=True)]
 

@@ -272,7 +272,7 @@ COMPILED = "variant: {backend: torch, compile: true}\n  baseline: {backend: torc
     ("fixed: {seq_len: 4, compile: true}\nsearch:\n  find: crossover\n  variant: {backend: te, precision: fp8}\n"
      "  baseline: {backend: te}\n  target: 1.1\n  over: {d_model: [256, 512], step: 256}", "fixed.seq_len", 2),
     ("search:\n  find: crossover\n  " + COMPILED + "\n  target: 1.1\n"
-     "  over: {d_model: [256, 512], step: 256}\n  fixed: {cuda_graphs: true}", "search.fixed.cuda_graphs", 8),
+     "  over: {d_model: [256, 512], step: 256}\n  fixed: {seq_len: 4}", "search.fixed.seq_len", 8),
 ])
 def test_bad_search_blocks_name_key_and_line(block, key, line):
     with pytest.raises(SweepError) as exc:
