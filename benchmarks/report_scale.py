@@ -1,7 +1,10 @@
-"""Speed goal: 10,000 records -> a full report (HTML + markdown + CSV) in at most 5 s on 2 cores.
+"""Speed goal: a full report (HTML + markdown + CSV) of 10,000 records in at most 4 s on 2 cores, of 100,000 in
+at most 10 s (GOAL_S).
 
 Makes a synthetic results.parquet of N records (25 sizes x 4 depths x 5 variants x 2 graph modes x
-samples, with 30 per-step times and 60-step loss curves each), then times ``build_report`` on it.
+samples, with 30 per-step times and 60-step loss curves each), then times ``build_report`` on it, best of 3.
+The process's CPU seconds are printed beside the wall clock: on a host shared with other work, the wall clock
+grows with the others' load, the CPU seconds far less.
 Usage: python benchmarks/report_scale.py [--records 10000] [--out DIR]
 """
 
@@ -21,6 +24,7 @@ from orchestrator.report import build_report
 from orchestrator.store import RECORD_SCHEMA
 from trials.record.fields import empty_record
 
+GOAL_S = {10_000: 4.0, 100_000: 10.0}  # records -> seconds, best of 3 on a quiet 2-core host
 VARIANTS = [("te", "bf16", None), ("te", "fp8", "delayed"), ("te", "fp8", "current"), ("torch", "bf16", None),
             ("torch", "fp32", None)]
 
@@ -60,15 +64,17 @@ def main() -> None:
     out = Path(args.out or tempfile.mkdtemp(prefix="juicytalk-scale-"))
     out.mkdir(parents=True, exist_ok=True)
     pq.write_table(synthetic_table(args.records), out / "results.parquet")
-    times = []
+    times, cpu = [], []
     for _ in range(3):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         report = build_report(str(out / "results.parquet"), out_html=str(out / "report.html"))
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     n_pairs = len(report.pairs.rows)
+    goal = f" (goal <= {GOAL_S[args.records]:g} s)" if args.records in GOAL_S else ""
     print(f"{args.records} records, {n_pairs} ratios, bootstrap resamples {report.pairs.resamples}: "
-          f"build_report {min(times):.2f}s best / {sorted(times)[1]:.2f}s median of 3 (goal <= 5 s); "
-          f"html {Path(report.html_path).stat().st_size / 1e6:.1f} MB")
+          f"build_report {min(times):.2f}s best / {sorted(times)[1]:.2f}s median of 3{goal}, "
+          f"CPU {min(cpu):.2f}s best; html {Path(report.html_path).stat().st_size / 1e6:.1f} MB")
 
 
 if __name__ == "__main__":

@@ -95,7 +95,8 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
     df = _load(where)
     train, infer = split(df)
     pairs = pair_cells(train)
-    fastest = against_fastest_bf16(train) if ways_that_ran(train) > 1 else (pd.DataFrame(), pd.DataFrame())
+    fastest = (against_fastest_bf16(train, cells=pairs.cells) if ways_that_ran(train) > 1
+               else (pd.DataFrame(), pd.DataFrame()))
 
     def beside(name: str) -> str | None:  # a file of the sweep directory, wherever it is
         if remote is not None:

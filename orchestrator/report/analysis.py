@@ -103,8 +103,11 @@ def prepare(records: pd.DataFrame) -> pd.DataFrame:
     df["model"] = df["model"].fillna(model) if "model" in df else model
     _clear_minigpt_only(df)
     keys = varying_keys(df)
-    df["series"] = [series_label(r, keys) for r in df[keys].to_dict("records")] if keys else ""
-    df["size_label"] = [size_label(d, l) for d, l in zip(df["d_model"], df["n_layers"])]
+    labels: dict[tuple, str] = {}  # a few distinct series and sizes among thousands of records: each named once
+    df["series"] = [labels.get(v) or labels.setdefault(v, series_label(dict(zip(keys, v)), keys))
+                    for v in zip(*(df[k].tolist() for k in keys))] if keys else ""
+    sizes: dict[tuple, str] = {}
+    df["size_label"] = [sizes.get(v) or sizes.setdefault(v, size_label(*v)) for v in zip(df["d_model"], df["n_layers"])]
     return df
 
 
@@ -124,12 +127,11 @@ def _judge_launch_bound(df: pd.DataFrame) -> None:
     need = ("step_ms_p50", "host_ms_per_step", "kernel_gap_ms")
     if df.empty or not all(c in df for c in need):
         return
-    rows = [i for i, (s, h, g) in enumerate(zip(*(df[c] for c in need)))
-            if all(known(v) is not None for v in (s, h, g))]
+    rows = np.flatnonzero(df[list(need)].notna().all(axis=1).to_numpy()).tolist()  # the float fields all known
     if not rows:
         return
-    judged = [launch_bound(float(df[need[0]].iat[i]), float(df[need[1]].iat[i]), float(df[need[2]].iat[i]))
-              for i in rows]
+    step, host, gap = (df[c].tolist() for c in need)
+    judged = [launch_bound(float(step[i]), float(host[i]), float(gap[i])) for i in rows]
     for column, values in (("launch_bound", [j[0] for j in judged]), ("launch_bound_by", [j[1] for j in judged])):
         if column not in df:
             df[column] = None
@@ -180,10 +182,13 @@ def _tuples(df: pd.DataFrame, keys: list[str]) -> list[tuple]:
     """Every row's ``keys`` values as a tuple, missing ones (None, NaN) as None, built a column at a time."""
     columns = []
     for k in keys:
-        values = df[k].tolist()
-        if df[k].hasnans:
-            values = [None if missing else v for v, missing in zip(values, df[k].isna().tolist())]
-        columns.append(values)
+        missing = df[k].isna().to_numpy()
+        if missing.all():  # a field no record sets (most shape fields of a sweep)
+            columns.append([None] * len(df))
+        elif missing.any():
+            columns.append([None if m else v for v, m in zip(df[k].tolist(), missing.tolist())])
+        else:
+            columns.append(df[k].tolist())
     return list(zip(*columns)) if len(df) else []
 
 
@@ -193,11 +198,41 @@ def shape_keys(df: pd.DataFrame, keys: list[str] = SHAPE_KEYS) -> pd.Series:
 
 
 def _median(values: list[float]) -> float:
-    return float(np.median(values)) if values else float("nan")
+    """np.median's value (NaN where any value is NaN, or none is given) in plain Python: the report takes ~10k
+    medians of a few values each, where numpy's per-call cost is most of the time."""
+    xs = sorted(float(v) for v in values)
+    if not xs or any(x != x for x in xs):
+        return float("nan")
+    k = len(xs) // 2
+    return xs[k] if len(xs) % 2 else (xs[k - 1] + xs[k]) / 2
 
 
 def _resampled_medians(values: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
-    return np.median(values[rng.integers(0, len(values), (resamples, len(values)))], axis=1)
+    """The median of each of ``resamples`` resamples of ``values``: the middle of each sorted row, np.median's
+    value without its per-call cost (several times the sort's at 10-30 values)."""
+    draws = values[rng.integers(0, len(values), (resamples, len(values)))]
+    if np.isnan(values).any():  # np.median's NaN rule
+        return np.median(draws, axis=1)
+    draws.sort(axis=1)
+    k = len(values) // 2
+    return draws[:, k] if len(values) % 2 else (draws[:, k - 1] + draws[:, k]) / 2
+
+
+def _middle_95(values: np.ndarray) -> tuple[float, float]:
+    """``np.percentile(values, [2.5, 97.5])`` (its linear rule, NaN where any value is NaN) from one sort: numpy's
+    per-call cost, over the few thousand bootstrap intervals of a large report, was several times the sort's."""
+    if np.isnan(values).any():
+        lo, hi = np.percentile(values, [2.5, 97.5])
+        return float(lo), float(hi)
+    ordered = np.sort(values)
+    out = []
+    for q in (2.5 / 100, 97.5 / 100):
+        at = (len(ordered) - 1) * q  # numpy's virtual index, its neighbours and their weight
+        i = math.floor(at)
+        t = at - i
+        a, b = float(ordered[i]), float(ordered[min(i + 1, len(ordered) - 1)])
+        out.append(b - (b - a) * (1 - t) if t >= 0.5 else a + (b - a) * t)  # numpy's _lerp, as it rounds
+    return out[0], out[1]
 
 
 # Below this many values on a side an interval is Student's t, from this many on a percentile bootstrap. With 2
@@ -257,8 +292,7 @@ def bootstrap_ratio(num: list[float], den: list[float], resamples: int, rng: np.
     if min(len(a), len(b)) < SMALL_SAMPLE:
         return _log_t_ratio(a, b)
     ma, mb = _resampled_medians(a, resamples, rng), _resampled_medians(b, resamples, rng)
-    lo, hi = np.percentile(ma / mb, [2.5, 97.5])
-    return float(lo), float(hi)
+    return _middle_95(ma / mb)
 
 
 def bootstrap_median(values: list[float], resamples: int, rng: np.random.Generator,
@@ -275,8 +309,7 @@ def bootstrap_median(values: list[float], resamples: int, rng: np.random.Generat
         lo, hi = _t_interval(float(a.mean()), float(a.std(ddof=1)) / math.sqrt(len(a)), len(a) - 1)
         median = float(np.median(a))
         return min(max(lo, bounds[0]), median), max(min(hi, bounds[1]), median)
-    lo, hi = np.percentile(_resampled_medians(a, resamples, rng), [2.5, 97.5])
-    return float(lo), float(hi)
+    return _middle_95(_resampled_medians(a, resamples, rng))
 
 
 # How a ratio's interval was had (a pair row's ci_method): over samples, or -- both cells with one sample each -- over
@@ -425,12 +458,13 @@ def cell_table(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> dict[tuple, dic
     # Rows are grouped by hand over plain lists: a pandas groupby slices every one of the ~100 record columns
     # for each of thousands of cells.
     groups: dict[tuple, list[int]] = {}
-    for i, key in enumerate(zip(shape_keys(df), df["variant"])):
+    for i, key in enumerate(zip(_tuples(df, SHAPE_KEYS), df["variant"].tolist())):
         groups.setdefault(key, []).append(i)
     status, median, losses = df["status"].tolist(), df[timing.median].tolist(), df["loss_final"].tolist()
     steps = df[timing.steps].tolist()
     bound = df["launch_bound"].tolist() if "launch_bound" in df else [None] * len(df)
-    tf = {name: df[name].tolist() if name in df else [None] * len(df) for name in TEACHER_FORCED}
+    # a field no record has (teacher-forced fields outside such runs) is read as no values, without a pass per cell
+    tf = {name: df[name].tolist() for name in TEACHER_FORCED if name in df and df[name].notna().any()}
     seeds = df["seed"].tolist() if "seed" in df else [None] * len(df)
     present = lambda values, rows: [float(values[i]) for i in rows if values[i] is not None and values[i] == values[i]]
     cells = []
@@ -440,14 +474,14 @@ def cell_table(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> dict[tuple, dic
         cells.append((shape, variant, ok[0] if ok else rows[0], CellStats(
             variant, "ok" if ok else str(status[rows[0]]), _median(samples) if samples else None, samples,
             list(steps[ok[0]]) if ok and steps[ok[0]] is not None else [], present(losses, ok), None,
-            teacher_forced={name: present(values, ok) for name, values in tf.items()},
-            loss_by_seed={int(seeds[i]): float(losses[i]) for i in ok
-                          if seeds[i] == seeds[i] and seeds[i] is not None and present(losses, [i])})))
+            teacher_forced={name: present(tf[name], ok) if name in tf else [] for name in TEACHER_FORCED},
+            loss_by_seed={int(seeds[i]): float(losses[i]) for i in ok if seeds[i] == seeds[i] and seeds[i] is not None
+                          and losses[i] is not None and losses[i] == losses[i]})))
     firsts = df.iloc[[first for _, _, first, _ in cells]].to_dict("records")  # one take for every cell's record
+    bound_rows = {i for i, b in enumerate(bound) if isinstance(b, (bool, np.bool_)) and bool(b) and status[i] == "ok"}
     for (shape, variant, _, stats), record in zip(cells, firsts):
         stats.n_params, stats.record = record.get("n_params"), record
-        stats.launch_bound = any(isinstance(bound[i], (bool, np.bool_)) and bool(bound[i])
-                                 for i in groups[(shape, variant)] if status[i] == "ok")
+        stats.launch_bound = bool(bound_rows) and any(i in bound_rows for i in groups[(shape, variant)])
         out.setdefault(shape, {})[variant] = stats
     return out
 
@@ -505,6 +539,7 @@ class Pairs:
     rows: pd.DataFrame  # one row per pair with a ratio
     unpaired: pd.DataFrame  # cells whose partner is missing or did not finish ok
     resamples: int
+    cells: dict[tuple, dict[str, CellStats]] = field(default_factory=dict)  # the cell_table paired, to reuse
 
 
 def pair_cells(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> Pairs:
@@ -554,7 +589,7 @@ def pair_cells(df: pd.DataFrame, timing: Timing = TRAIN_STEP) -> Pairs:
         for name, cell in variants.items():
             if precision_of(cell) == "bf16" and stack_of(cell) in fp32_here:
                 pair("bf16_speedup", shape, fp32_partner(cell), cell, variants.get(fp32_partner(cell)))
-    return Pairs(pd.DataFrame(rows), pd.DataFrame(unpaired), resamples)
+    return Pairs(pd.DataFrame(rows), pd.DataFrame(unpaired), resamples, cells)
 
 
 EXECUTION_KEYS = axis_fields("execution")
@@ -579,20 +614,21 @@ def ways_that_ran(df: pd.DataFrame) -> int:
     return len({(backend_of(r), execution_label(r)) for r in rows})
 
 
-def against_fastest_bf16(df: pd.DataFrame, timing: Timing = TRAIN_STEP,
-                         same_execution: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+def against_fastest_bf16(df: pd.DataFrame, timing: Timing = TRAIN_STEP, same_execution: bool = False,
+                         cells: dict[tuple, dict[str, CellStats]] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every cell against the fastest BF16 cell of its shape (any stack, any execution mode), and per shape
     the fastest FP8 cell of each stack against each other stack's: (rows, head_to_head).
 
     A shape is everything but the variant and the execution mode (MODE_KEYS; world_size and parallel are
     part of the shape; ``same_execution``: the mode too, as serving compares graphed decode with graphed
-    decode). ratio = reference ms / cell ms (> 1: the cell is faster), with the usual 95% interval.
+    decode). ratio = reference ms / cell ms (> 1: the cell is faster), with the usual 95% interval. ``cells``:
+    ``cell_table(df, timing)`` where the caller has it (``Pairs.cells``).
     """
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     base_at = [i for i, k in enumerate(SHAPE_KEYS) if same_execution or k not in MODE_KEYS]
     series = [k for k in varying_keys(df) if k not in MODE_KEYS]  # e.g. arch, vocab: one line per family
     by_base: dict[tuple, list[tuple[tuple, CellStats]]] = {}
-    for shape, variants in cell_table(df, timing).items():
+    for shape, variants in (cell_table(df, timing) if cells is None else cells).items():
         for cell in variants.values():
             if cell.status == "ok" and cell.median_ms:
                 base = tuple(None if shape[i] != shape[i] else shape[i] for i in base_at)  # NaN never equals NaN
@@ -727,43 +763,49 @@ def knob_effects(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     sp = rows[rows["kind"] == "fp8_speedup"] if not rows.empty else rows
     table: list[dict[str, Any]] = []
     sentences: list[str] = []
+    if not sp.empty:
+        sp = sp.assign(loss_pct=100 * (sp.get("loss_ratio", np.nan) - 1),
+                       loss_lo=100 * (sp.get("loss_ci_low", np.nan) - 1),
+                       loss_hi=100 * (sp.get("loss_ci_high", np.nan) - 1))
     for knob in KNOBS:
         if sp.empty or knob not in sp or sp[knob].nunique(dropna=True) < 2:
             continue
         keys = SHAPE_KEYS + [k for k in KNOBS if k != knob] + KNOB_PAIRING
-        for key, g in sp.groupby(keys, dropna=False, sort=True):
-            if g[knob].nunique(dropna=True) < 2:
+        shown = [knob, "reference", "d_model", "n_layers", "cuda_graphs", "series", "ratio", "ci_low", "ci_high",
+                 "ci_method", "loss_pct", "loss_lo", "loss_hi", "n_candidate"]
+        # the rows as tuples once, and only row positions grouped: slicing every group's ~80 pair columns (and
+        # the pandas calls on each) cost seconds at 10k records
+        tuples = list(sp[shown].itertuples())
+        positions = pd.Series(range(len(sp)), index=sp.index)
+        for key, at in positions.groupby([sp[k] for k in keys], dropna=False, sort=True):
+            g = [tuples[i] for i in at]
+            if len({v for r in g if (v := known(getattr(r, knob))) is not None}) < 2:  # nunique(dropna=True)
                 continue
             where = dict(zip(keys, key))
             default = default_for(knob, where)  # the model source's where it has one (te_layer)
-            g = g.iloc[np.argsort([value != default for value in g[knob]], kind="stable")]  # default first
-            g = g.assign(loss_pct=100 * (g.get("loss_ratio", np.nan) - 1),
-                         loss_lo=100 * (g.get("loss_ci_low", np.nan) - 1),
-                         loss_hi=100 * (g.get("loss_ci_high", np.nan) - 1))
+            g = [g[i] for i in np.argsort([getattr(r, knob) != default for r in g], kind="stable")]  # default first
+            base = g[0]
             context = f"{where['candidate_stack']} FP8, d_model {where['d_model']} x {where['n_layers']} layers" + (
-                " (CUDA graphs)" if where["cuda_graphs"] else "") + (f", {g['series'].iloc[0]}" if g["series"].iloc[0] else "")
-            base = g.iloc[0]
-            shown = [knob, "reference", "d_model", "n_layers", "cuda_graphs", "series", "ratio", "ci_low", "ci_high",
-                     "ci_method", "loss_pct", "loss_lo", "loss_hi", "n_candidate"]
-            for r in g[shown].itertuples():  # only the columns read: itertuples over ~50 costs seconds
+                " (CUDA graphs)" if where["cuda_graphs"] else "") + (f", {base.series}" if base.series else "")
+            for r in g:
                 table.append({"knob": knob, "value": getattr(r, knob), "BF16 partner": r.reference,
                               "d_model": r.d_model, "n_layers": r.n_layers,
                               "graphs": r.cuda_graphs, "series": r.series, "speedup": r.ratio, "CI low": r.ci_low,
                               "CI high": r.ci_high, "CI over": r.ci_method, "loss vs BF16 %": r.loss_pct,
                               "loss CI low %": r.loss_lo,
                               "loss CI high %": r.loss_hi, "n": r.n_candidate})
-                if r.Index == base.name:
+                if r is base:
                     continue
-                speed = _verdict((r.ci_low, r.ci_high), (base["ci_low"], base["ci_high"]),
-                                 r.ci_method == base["ci_method"] == OVER_SAMPLES)
-                loss = _verdict((r.loss_lo, r.loss_hi), (base["loss_lo"], base["loss_hi"]))
+                speed = _verdict((r.ci_low, r.ci_high), (base.ci_low, base.ci_high),
+                                 r.ci_method == base.ci_method == OVER_SAMPLES)
+                loss = _verdict((r.loss_lo, r.loss_hi), (base.loss_lo, base.loss_hi))
                 sentences.append(
-                    f"{context}: {knob} {getattr(r, knob)} vs {base[knob]} — speedup "
+                    f"{context}: {knob} {getattr(r, knob)} vs {getattr(base, knob)} — speedup "
                     f"{_interval(r.ratio, r.ci_low, r.ci_high, unit='x')} over {r.reference} vs "
-                    f"{_interval(base['ratio'], base['ci_low'], base['ci_high'], unit='x')} over {base['reference']}: "
+                    f"{_interval(base.ratio, base.ci_low, base.ci_high, unit='x')} over {base.reference}: "
                     f"{speed}; final loss vs BF16 "
                     f"{_interval(r.loss_pct, r.loss_lo, r.loss_hi, unit='%')} vs "
-                    f"{_interval(base['loss_pct'], base['loss_lo'], base['loss_hi'], unit='%')}: {loss}.")
+                    f"{_interval(base.loss_pct, base.loss_lo, base.loss_hi, unit='%')}: {loss}.")
     frame = pd.DataFrame(table)
     if not frame.empty:
         frame = frame.round({"speedup": 3, "CI low": 3, "CI high": 3, "loss vs BF16 %": 2, "loss CI low %": 2,
@@ -777,16 +819,18 @@ def knob_effects(rows: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
 REFERENCE_DEPTHS = (16, 32, 80)
 
 
-def per_layer_costs(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+def per_layer_costs(df: pd.DataFrame, cells: dict[tuple, dict[str, CellStats]] | None = None
+                    ) -> tuple[pd.DataFrame, list[str]]:
     """How a step splits into transformer layers and the rest (embedding, LM head, loss, optimizer of those),
     from the same cell timed at two depths: per layer = (t_deep - t_shallow) / (L_deep - L_shallow).
 
     Also the FP8 speedup such a split implies at the depths of published models: an estimate from a
-    linear model of depth, labelled as one, not a measurement.
+    linear model of depth, labelled as one, not a measurement. ``cells``: ``cell_table(df)`` where the caller has
+    it (``Pairs.cells``).
     """
     depth = SHAPE_KEYS.index("n_layers")
     by_shape: dict[tuple, dict[int, dict[str, CellStats]]] = {}
-    for shape, variants in cell_table(df).items():
+    for shape, variants in (cell_table(df) if cells is None else cells).items():
         if shape[depth] is not None:  # a depth the model chose itself cannot be set to a second one
             by_shape.setdefault(shape[:depth] + shape[depth + 1:], {})[int(shape[depth])] = variants
     rows: list[dict[str, Any]] = []

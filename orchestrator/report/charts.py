@@ -3,6 +3,7 @@ lines are CUDA-graphed cells; hover text carries the cell's configuration."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -45,10 +46,18 @@ HOVER_COLUMNS = ["cell_label", "variant", "d_model", "n_layers", "n_heads", "ffn
 
 
 def _hover(df: pd.DataFrame) -> list[str]:
-    # only the columns shown: itertuples over all ~100 record columns dominates a large report
-    return [f"{r.cell_label or r.variant}<br>d_model={r.d_model} n_layers={r.n_layers} heads={r.n_heads} "
-            f"ffn={r.ffn}<br>batch={r.batch_size} seq={r.seq_len} graphs={r.cuda_graphs}<br>"
-            f"params={r.n_params / 1e6:.1f}M<br>{r.status}" for r in df[HOVER_COLUMNS].itertuples(index=False)]
+    # only the columns shown: itertuples over all ~100 record columns dominates a large report; a cell's samples
+    # share their text, which is written once per cell
+    texts: dict[tuple, str] = {}
+
+    def text(label, variant, d_model, n_layers, n_heads, ffn, batch, seq, graphs, n_params, status) -> str:
+        return (f"{label or variant}<br>d_model={d_model} n_layers={n_layers} heads={n_heads} ffn={ffn}<br>"
+                f"batch={batch} seq={seq} graphs={graphs}<br>params={n_params / 1e6:.1f}M<br>{status}")
+
+    return [texts.get(r) or texts.setdefault(r, text(*r)) for r in df[HOVER_COLUMNS].itertuples(index=False, name=None)]
+
+
+HOVER = "_hover"  # a column of every row's _hover text, written once per chart rather than once per series
 
 
 def note_if_empty(fig: go.Figure, text: str) -> go.Figure:
@@ -80,13 +89,18 @@ SERIES = ["variant", "series", "cuda_graphs", "n_layers"]  # grouped with dropna
 def _lines(df: pd.DataFrame, y: str, y_title: str, title: str, y_log: bool = False) -> go.Figure:
     fig = go.Figure()
     ok = df.loc[df["status"] == "ok", list(dict.fromkeys([*SERIES, *HOVER_COLUMNS, y]))]  # slicing ~100 columns per series is slow
-    for (variant, series, graphs, layers), g in ok.groupby(SERIES, dropna=False, sort=True):
+    lines = []
+    for key, g in ok.groupby(SERIES, dropna=False, sort=True):
         med = g.groupby("n_params")[y].median()
-        g = g.sort_values("n_params").drop_duplicates("n_params").assign(**{y: lambda d: d["n_params"].map(med)})
+        lines.append((key, g.sort_values("n_params").drop_duplicates("n_params")
+                      .assign(**{y: lambda d: d["n_params"].map(med)})))
+    # the points' hover texts in one pass (one per series was most of a chart's pandas calls)
+    texts = iter(_hover(pd.concat([g for _, g in lines]))) if lines else iter(())
+    for (variant, series, graphs, layers), g in lines:
         fig.add_trace(go.Scatter(
             x=g["n_params"], y=g[y], mode="lines+markers", name=series_name(variant, layers, graphs, series),
             line=dict(color=color(variant), dash="dash" if graphs else "solid"),
-            hovertext=_hover(g), hoverinfo="text+y"))
+            hovertext=list(itertools.islice(texts, len(g))), hoverinfo="text+y"))
     fig.update_layout(title=title, **LAYOUT)
     _x_axis(fig)
     fig.update_yaxes(title_text=y_title, type="log" if y_log else "linear")
@@ -116,7 +130,9 @@ def speedup_chart(pairs: Pairs, title: str = "FP8 speedup over BF16 of the same 
                 error_y=dict(type="data", symmetric=False, array=err_hi, arrayminus=err_lo, visible=True),
                 hovertext=[f"d_model={r.d_model} n_layers={r.n_layers} graphs={r.cuda_graphs}<br>"
                            f"BF16 {r.reference_ms:.2f} ms / FP8 {r.candidate_ms:.2f} ms<br>"
-                           f"speedup {r.ratio:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]" for r in g.itertuples()],
+                           f"speedup {r.ratio:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]"
+                           for r in g[["d_model", "n_layers", "cuda_graphs", "reference_ms", "candidate_ms", "ratio",
+                                       "ci_low", "ci_high"]].itertuples()],  # the columns read: ~80 are slow
                 hoverinfo="text"))
             x_cross = crossover(list(g["n_params"]), list(g["ratio"]))
             if x_cross:
@@ -178,7 +194,8 @@ def fastest_chart(rows: pd.DataFrame) -> go.Figure:
             error_y=dict(type="data", symmetric=False, array=(g["ci_high"] - g["ratio"]).clip(lower=0).fillna(0),
                          arrayminus=(g["ratio"] - g["ci_low"]).clip(lower=0).fillna(0), visible=True),
             hovertext=[f"{r['cell']}: {r['ms']:.2f} ms<br>fastest BF16 {r['fastest BF16']}: {r['BF16 ms']:.2f} ms<br>"
-                       f"{r['ratio']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]" for r in g.to_dict("records")],
+                       f"{r['ratio']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
+                       for r in g[["cell", "ms", "fastest BF16", "BF16 ms", "ratio", "ci_low", "ci_high"]].to_dict("records")],
             hoverinfo="text+y"))
     fig.add_hline(y=1.0, line=dict(color="black", width=1, dash="dot"), annotation_text="1.0 = the fastest BF16",
                   annotation_position="bottom right")
@@ -206,11 +223,12 @@ def mfu_chart(df: pd.DataFrame) -> go.Figure:
     fig = _lines(df, "mfu_bf16_peak", "MFU (model FLOP/s / dense peak)", "MFU vs scale: solid/dashed vs BF16 peak, dotted vs FP8 peak")
     fp8 = df.loc[(df["status"] == "ok") & (df["effective_precision"] == "fp8"),
                  list(dict.fromkeys([*SERIES, *HOVER_COLUMNS, "mfu_precision_peak"]))]
+    fp8 = fp8.assign(**{HOVER: _hover(fp8)})
     for (variant, series, graphs, layers), g in fp8.groupby(SERIES, dropna=False, sort=True):
         g = g.sort_values("n_params")
         fig.add_trace(go.Scatter(x=g["n_params"], y=g["mfu_precision_peak"], mode="lines+markers",
                                  name=series_name(variant, layers, graphs, series) + " vs FP8 peak",
-                                 line=dict(color=color(variant), dash="dot"), hovertext=_hover(g),
+                                 line=dict(color=color(variant), dash="dot"), hovertext=g[HOVER].tolist(),
                                  hoverinfo="text+y"))
     fig.update_yaxes(tickformat=".0%")
     return note_if_empty(fig, "no MFU: this device has no entry in the peak table (CPU runs)")
@@ -251,11 +269,18 @@ def loss_chart(df: pd.DataFrame, max_sizes: int = 6) -> go.Figure:
 def status_chart(df: pd.DataFrame) -> go.Figure:
     if df.empty:
         return go.Figure().update_layout(title="Status of every cell (no records)", **LAYOUT)
-    keyed = df.assign(row=[series_name(v, None, g, s) for v, g, s in zip(df["variant"], df["cuda_graphs"], df["series"])])
+    names: dict[tuple, str] = {}  # a few series among thousands of records: each named once
+    keyed = df.assign(row=[names.get(k) or names.setdefault(k, series_name(k[0], None, k[1], k[2]))
+                           for k in zip(df["variant"].tolist(), df["cuda_graphs"].tolist(), df["series"].tolist())])
     sizes = sorted(keyed["size_label"].unique(), key=size_order)
     rows = sorted(keyed["row"].unique())
     order = list(STATUS_COLORS)
-    cells = {key: (g.value_counts().idxmax(), len(g)) for key, g in keyed.groupby(["row", "size_label"])["status"]}
+    statuses: dict[tuple, list[str]] = {}  # (row, size) -> its records' statuses, grouped over plain lists
+    for key in zip(keyed["row"].tolist(), keyed["size_label"].tolist(), keyed["status"].tolist()):
+        statuses.setdefault(key[:2], []).append(key[2])
+    # the most common status (value_counts' own pick where several are); most cells have one
+    cells = {key: (s[0] if len(set(s)) == 1 else pd.Series(s, dtype=object).value_counts().idxmax(), len(s))
+             for key, s in statuses.items()}
     z, text = [], []
     for r in rows:
         zr, tr = [], []

@@ -105,7 +105,7 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
         sections.append(("Scaling across GPUs", "weak scaling (batch_size per rank): efficiency = one-rank step time / "
                          "N-rank step time = per-GPU tokens/s at N over at 1, 95% interval over samples; FP8 speedups "
                          "at each world size are in the tables above (world_size is part of every pairing)", scaling))
-    layers, estimates = per_layer_costs(df)
+    layers, estimates = per_layer_costs(df, pairs.cells)  # the training cells pairs were made of
     if not layers.empty:
         sections.append(("Per-layer cost", "the same cell at two depths: per layer = (t_deep - t_shallow) / (L_deep - "
                          "L_shallow); rest = embedding, LM head, loss and their optimizer work. Speedups at published "
@@ -290,19 +290,22 @@ def sanity_flags(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
                         "why": f"> {MAX_PLAUSIBLE_FP8_SPEEDUP}x end to end is more likely a slow BF16 baseline or a "
                                "timing problem than an FP8 gain"})
     ok = df[df["status"] == "ok"]
-    # every column exists: records are read with the one explicit schema
-    for r in ok[ok["mfu_precision_peak"] > MAX_PLAUSIBLE_MFU].itertuples():
+    # every column exists: records are read with the one explicit schema. Each loop takes the rows it can flag and
+    # the columns it reads first: itertuples over all ~240 columns, or over every row, cost seconds at 100k records
+    for r in ok.loc[ok["mfu_precision_peak"] > MAX_PLAUSIBLE_MFU, ["cell_label", "mfu_precision_peak"]].itertuples():
         out.append({"cell": r.cell_label, "check": "MFU vs own peak", "value": round(r.mfu_precision_peak, 3),
                     "why": "above 80% of the dense datasheet peak: check the FLOP count and the timer"})
-    for r in ok[ok["compiled_eager_why"].notna()].itertuples():  # trials/measure/kernels.compiled_eager_why
+    for r in ok.loc[ok["compiled_eager_why"].notna(),  # trials/measure/kernels.compiled_eager_why
+                    ["cell_label", "compiled_calls_per_step", "compiled_eager_why"]].itertuples():
         out.append({"cell": r.cell_label, "check": "compiled, ran eager", "value": r.compiled_calls_per_step,
                     "why": f"{r.compiled_eager_why}: compare it with its eager cell before reading it as compiled"})
-    for r in ok[(ok["launch_bound"] == True) & ~ok["cuda_graphs"]].itertuples():  # noqa: E712 - nullable column
+    for r in ok.loc[(ok["launch_bound"] == True) & ~ok["cuda_graphs"],  # noqa: E712 - nullable column
+                    [c for c in ("cell_label", "host_ms_per_step", "compile") if c in ok]].itertuples():
         out.append({"cell": r.cell_label, "check": "launch-bound", "value": round(r.host_ms_per_step, 2),
                     "why": "the GPU waits on the host: this time measures launch overhead, not only the GPU; "
                            "compare with cuda_graphs" + ("" if not getattr(r, "compile", False) else
                                             " (compiled too: its compiled units are graphed as they are)")})
-    for r in ok[["cell_label", "step_ms_std", "step_ms_p50", "timer"]].itertuples():
+    for r in ok.loc[ok["timer"] == "cuda_event", ["cell_label", "step_ms_std", "step_ms_p50", "timer"]].itertuples():
         if (spread := unsteady_spread(r.step_ms_std, r.step_ms_p50, r.timer)) is not None:
             out.append({"cell": r.cell_label, "check": "unsteady steps", "value": round(spread, 3),
                         "why": f"its timed steps' sd is {spread:.0%} of their median: a median of steps that spread "
@@ -310,7 +313,9 @@ def sanity_flags(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
                                "next; take more samples before reading a gap under that"})
     neighbours = concurrent_trials(df)[ok.index]  # failed trials shared the host too
     shared: dict[Any, dict] = {}  # record index -> its "shared host" row: one per record, every reason in it
-    for r, n in zip(ok[["cell_label", "timer", "launch_bound", "cuda_graphs"]].itertuples(), neighbours):
+    shares = (neighbours != 0).to_numpy()  # a record alone on its host is never flagged here
+    for r, n in zip(ok.loc[shares, ["cell_label", "timer", "launch_bound", "cuda_graphs"]].itertuples(),
+                    neighbours[shares]):
         if n and r.timer == "perf_counter":  # timed on the host's cores, which the other trials used too
             shared[r.Index] = {"cell": r.cell_label, "check": "shared host", "value": int(n),
                                "why": f"timed on CPU while {n} other trial(s) ran on the same host: they shared its "
@@ -321,7 +326,8 @@ def sanity_flags(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
                                       "contention slows such steps (1.2-1.36x on a two-H200 host); rerun with "
                                       "max_concurrent: 1 or cuda_graphs"}
     # what the trial itself saw while its steps were timed (trials/measure/disturbance.py): any process, ours or not
-    for r in ok[ok["timing_disturbed"] == True].itertuples():  # noqa: E712 - nullable column
+    for r in ok.loc[ok["timing_disturbed"] == True,  # noqa: E712 - nullable column
+                    ["timing_disturbed_why", "timing_wait_share", "cell_label"]].itertuples():
         seen = f"timing disturbed: {r.timing_disturbed_why}"
         if r.Index in shared:
             shared[r.Index]["why"] += f"; {seen}"
@@ -333,7 +339,7 @@ def sanity_flags(df: pd.DataFrame, pairs: Pairs) -> pd.DataFrame:
     # a multi-rank CPU cell's ranks on one host (gloo on a laptop): each has the CPUs the file gives it
     # (runner.check_resources), and they share the host's cores, memory bandwidth and caches
     ranks = ok[(ok["world_size"].fillna(1) > 1) & (ok["interconnect"] == "same host") & (ok["timer"] == "perf_counter")]
-    for r in ranks.itertuples():
+    for r in ranks[["cell_label", "world_size"]].itertuples():
         out.append({"cell": r.cell_label, "check": "shared host", "value": int(r.world_size),
                     "why": f"{int(r.world_size)} ranks timed on one host's CPU cores, which they shared: a try-out "
                            "of the parallel setup, not a figure for ranks on their own devices"})

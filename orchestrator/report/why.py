@@ -39,8 +39,7 @@ RESAMPLES = 2000
 
 
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
-    ok = df[df["status"] == "ok"]
-    return ok.assign(_shape=shape_keys(ok))
+    return df[df["status"] == "ok"]
 
 
 def _samples(ok: pd.DataFrame, fields: list[str]) -> dict[str, dict[tuple, list[float]]]:
@@ -100,7 +99,9 @@ def bounds(df: pd.DataFrame, pair_rows: pd.DataFrame, timing: Timing) -> pd.Data
     ok = _ok(df)
     if sp.empty or ok.empty:
         return pd.DataFrame()
-    samples = _samples(ok, [*KERNEL_FIELDS, timing.median, "energy_j_per_step"])
+    if any(f not in ok or ok[f].isna().all() for f in [*GEMM_FIELDS, *CAST_FIELDS]):
+        return pd.DataFrame()  # no pair has a breakdown on both sides (profile: false): its keys cost seconds
+    samples = _samples(ok.assign(_shape=shape_keys(ok)), [*KERNEL_FIELDS, timing.median, "energy_j_per_step"])
     med = {f: {k: _median(v) for k, v in samples[f].items() if v} for f in [*KERNEL_FIELDS, timing.median]}
     energy = samples["energy_j_per_step"]
     rng = np.random.default_rng(BOOTSTRAP_SEED)
