@@ -13,7 +13,7 @@ against the fastest BF16 side's (no Ray here).
         compile: [false, true]
       fixed: {n_layers: 4}
       finalists: 3                  # cells of a side timed in full after the screen
-      max_samples: 4                # a winner within noise of a runner-up gets samples up to this
+      max_samples: 5                # a winner within noise of a timed cell gets samples up to this (default: samples)
       max_trials: 200               # every (cell, sample) it uses, screens included; default: all it can need
 
 Each side is searched by successive halving in two rungs, not by a model of the axes' effects: the axes
@@ -23,9 +23,12 @@ cells that win, and the search must give the grid's answer. Rung one screens eve
 schedule (:data:`SCREEN`); rung two times the side's ``finalists`` fastest screens with the sweep's own schedule,
 ``samples`` each. More rungs would each pay a trial's fixed cost again (build, compile, graph capture): most of
 what a screen costs. Two rules keep a screen from deciding alone: a cell whose screen, scaled by the timed cells'
-full/screen ratio less twice that ratio's spread, could beat the winner is timed in full too; and a winner whose
-interval against another timed cell holds 1 gets more samples, both, up to ``max_samples`` (what still holds 1
-is a runner-up within noise).
+full/screen ratio less twice that ratio's spread, could beat the winner is timed in full too; and, where
+``max_samples`` is over ``samples``, a winner whose interval against another timed cell holds 1 gets more samples,
+both, up to it (what still holds 1 is a runner-up within noise). Those defaults (3 finalists, no more samples than
+the grid's) found each side's grid best in a recorded CPU grid replayed with noise for about a quarter of its
+CPU-seconds (benchmarks/best_vs_grid.py); more samples there matched the grid less (its answer rests on
+``samples`` each) and cost more.
 
 A cell the memory plan puts over its error margin (orchestrator/plan.py's ``will_not_fit``) is never run: it is
 counted, with the margin, in the answer. A cell that runs and records ``oom`` says "does not fit"; one
@@ -57,13 +60,11 @@ from .cells import blame, cell_id, cell_values, same_trial, shown
 from .crossover import MIN_SAMPLES, RESAMPLES, SEED, Decision, Outcome
 from .report.analysis import bootstrap_median, bootstrap_ratio
 
-FIND = "best"
 KEYS = ("find", "sides", "global_batch", "over", "fixed", "finalists", "max_samples", "max_trials")
 # The settings that decide a step's speed at a fixed global batch, in the order a setting is shown. batch_size is
 # the micro-batch (grad_accum follows from it); ac_every and recipe are searched only where the file lists them
 # (each multiplies a side's cells, and a side names its recipe), the others by default at every value they take.
 SEARCHED = ("batch_size", "activation_checkpointing", "ac_every", "compile", "te_layer", "recipe", "cuda_graphs")
-NOT_BY_DEFAULT = ("ac_every", "recipe")
 SET_BY_GLOBAL_BATCH = ("batch_size", "grad_accum", "tokens_per_step")
 ONE_SHAPE = ("seq_len", "world_size")  # what splits the global batch into rows per rank: every side's the same
 # The screen: a cell timed briefly (each field at most this, the sweep's value where that is less), no profile and
@@ -94,7 +95,7 @@ class Side:
     written: dict[str, Any]
     precision: str
     cells: tuple[Setting, ...]
-    invalid: int = 0  # combinations that name no cell (cuda_graphs with compile, a recipe of another stack)
+    invalid: int = 0  # combinations that name no cell (cuda_graphs with checkpointing, a recipe of another stack)
     unfit: tuple[tuple[str, str], ...] = ()  # (setting, why) of the cells the memory plan says will not fit
 
 
@@ -115,7 +116,7 @@ class BestPlan:
     @property
     def screen_is_full(self) -> bool:
         """The sweep's own schedule is no longer than the screen's: a cell's screen is its first full sample."""
-        cell = self.sides[0].cells[0] if self.sides and self.sides[0].cells else None
+        cell = next((cell for side in self.sides for cell in side.cells), None)
         return cell is not None and cell.spec == cell.screen
 
     # -- what the search (orchestrator/search.py) asks of a plan -------------------------------------
@@ -206,7 +207,12 @@ def parse_best(block: dict[str, Any], err: Callable[[tuple, str], Exception], sw
     over = {k: v for k, v in over.items() if k not in fixed}  # a default axis the file fixes is not searched
 
     global_batch = block["global_batch"]
-    per_row = fixed.get("seq_len", field_default("seq_len")) * fixed.get("world_size", field_default("world_size"))
+    shape = {name: fixed.get(name, field_default(name)) for name in ONE_SHAPE}
+    for name, value in shape.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise err(("search", "fixed", name) if name in own_fixed else ("fixed", name),
+                      f"must be a positive integer, got {value!r}")
+    per_row = shape["seq_len"] * shape["world_size"]
     if not isinstance(global_batch, int) or isinstance(global_batch, bool) or global_batch < 1 \
             or global_batch % per_row:
         raise err(("search", "global_batch"), f"must be a positive multiple of seq_len x world_size = {per_row} "
@@ -223,7 +229,7 @@ def parse_best(block: dict[str, Any], err: Callable[[tuple, str], Exception], sw
 
     n = max(samples, MIN_SAMPLES)
     finalists = _count(block, "finalists", FINALISTS, 1, err)
-    max_samples = _count(block, "max_samples", n + 2, n, err)
+    max_samples = _count(block, "max_samples", n, n, err)  # more: samples for close calls (Halving._side)
     sides, places, named = [], [], {}
     for place, written, optional in written_sides:
         side = _side(place, written, fixed, sweep_fixed, own_fixed, over, rows, optional, named, err)
@@ -236,6 +242,8 @@ def parse_best(block: dict[str, Any], err: Callable[[tuple, str], Exception], sw
                 if named.get((name, str(value))):
                     raise err(("search", "over", name), f"{shown({name: value})} names no cell of any side: "
                               f"{named[(name, str(value))]}")
+    if not sides:
+        raise err(("search", "sides"), f"{EVERY}: no stack the model's source builds has a cell here")
     if len({side.precision for side in sides}) < 2:
         raise err(("search", "sides"), f"every side that runs here is {sides[0].precision}: the answer is the best "
                   "setting of the lowest precision (fp8, else bf16) against the best of the others, so give a side "
@@ -304,8 +312,8 @@ def _sides(given: Any, fixed: dict[str, Any], err, fields: set[str]) -> list[tup
 
 
 def _over(given: Any, fixed: dict[str, Any], err) -> tuple[dict[str, tuple[Any, ...]], bool]:
-    """The axes searched and their values, and whether they are the default (every value of each axis but
-    NOT_BY_DEFAULT's; an axis no side varies is then dropped, where one written is an error)."""
+    """The axes searched and their values, and whether they are the default (every value of each axis but ac_every
+    and recipe; an axis no side varies is then dropped, where one written is an error)."""
     types = spec_field_types()
     if given is None:
         try:
@@ -640,7 +648,7 @@ def _statement(answer: BestAnswer, low: SideBest | None, high: SideBest | None, 
     head += (f" on {answer.device}" if answer.device else "") + f"; {answer.trials} trials, " \
         f"{answer.gpu_seconds / 60:.1f} {unit}-minutes"
     if answer.grid_gpu_seconds:
-        head += f" (the exhaustive grid: {answer.grid_trials} trials, ~{answer.grid_gpu_seconds / 60:.1f})"
+        head += f" (the exhaustive grid: {answer.grid_trials} trials, ~{answer.grid_gpu_seconds / 60:.1f} {unit}-minutes)"
     if answer.unfit:
         head += f"; {answer.unfit} cells never run: the memory plan says they will not fit"
     return head
