@@ -67,13 +67,18 @@ def _quiet_ray_logs(verbose: bool) -> None:
 
 
 # -- sweep --------------------------------------------------------------------------------------
+def _ray_elsewhere(args: argparse.Namespace) -> bool:
+    """The sweep runs on a Ray cluster given by ``--address`` or RAY_ADDRESS: its hosts and GPUs are not this one's."""
+    return bool(args.address or os.environ.get("RAY_ADDRESS"))
+
+
 def _gpu_memory(args: argparse.Namespace) -> int | None:
     """The GPU memory a sweep's memory plan is held against: ``--gpu-memory``, else this machine's first GPU where
     Ray runs here (a cluster's GPUs are not this machine's: give ``--gpu-memory``), else None (not checked).
     Read through NVML (plan.local_gpu_memory_bytes), without importing torch."""
     if args.gpu_memory:
         return int(args.gpu_memory * 2**30)
-    if args.address or os.environ.get("RAY_ADDRESS"):
+    if _ray_elsewhere(args):
         return None
     from .plan import local_gpu_memory_bytes
 
@@ -84,7 +89,7 @@ def _here(args: argparse.Namespace) -> tuple[int | None, bool]:
     """Where Ray runs here (no ``--address``, no RAY_ADDRESS): this host's RAM, which the ranks of a cell share, and
     whether this machine has no GPU, so that its ``device: auto`` cells run on CPU (``--gpu-memory`` or not);
     elsewhere (None, False): a cluster's hosts are not this one."""
-    if args.address or os.environ.get("RAY_ADDRESS"):
+    if _ray_elsewhere(args):
         return None, False
     from .plan import host_memory_bytes, local_gpu_memory_bytes
 
@@ -94,13 +99,11 @@ def _here(args: argparse.Namespace) -> tuple[int | None, bool]:
 def _ranks_here(args: argparse.Namespace, sweep: Any, rows: list[dict[str, Any]]) -> str | None:
     """Where Ray runs here and a cell with trials to run has ranks: the line a real sweep refuses its resources
     and ranks with on this machine (runner.resources_refusal, once Ray is up), said without starting Ray."""
-    from trials.record.fields import FINAL_STATUSES
-
+    from .plan import to_run
     from .runner import local_nodes, resources_refusal
 
-    widths = [row["spec"].world_size for row in rows
-              if sum(1 for status in row["records"] if status in FINAL_STATUSES) < row["samples"]]
-    if max(widths, default=1) <= 1 or args.address or os.environ.get("RAY_ADDRESS"):
+    widths = [row["spec"].world_size for row in rows if to_run(row)]
+    if max(widths, default=1) <= 1 or _ray_elsewhere(args):
         return None
     nodes = local_nodes()
     return None if nodes is None else resources_refusal(nodes, sweep.resources, widths)

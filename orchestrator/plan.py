@@ -248,6 +248,13 @@ def expected_ooms(rows: list[dict[str, Any]], gpu_memory_bytes: int | None,
     return [oom_line(row, limit, where) for row in rows for where, limit in _over(row, gpu_memory_bytes, host_memory_bytes)]
 
 
+def to_run(row: dict[str, Any]) -> bool:
+    """A ``plan_rows`` cell with a trial still to run: fewer final records than the sweep's samples."""
+    from trials.record.fields import FINAL_STATUSES
+
+    return sum(1 for status in row["records"] if status in FINAL_STATUSES) < row["samples"]
+
+
 def will_not_fit(rows: list[dict[str, Any]], gpu_memory_bytes: int | None,
                  host_memory_bytes: int | None = None) -> list[dict[str, Any]]:
     """The ``plan_rows`` a real sweep (and ``juicytalk trial``) refuses: training cells, planned from their module
@@ -256,11 +263,8 @@ def will_not_fit(rows: list[dict[str, Any]], gpu_memory_bytes: int | None,
     checked: a GPU with no GPU here and no ``--gpu-memory``, a host where Ray does not run here; nor is the host's
     for a cell on CPU that is ``unsupported`` here (recorded so, never run: a TE cell on a machine without a GPU),
     while ``--gpu-memory`` still holds it to the GPU it names."""
-    from trials.record.fields import FINAL_STATUSES
-
     return [row for row in rows
-            if not row.get("mem_guess") and row["spec"].workload == "train"
-            and sum(1 for status in row["records"] if status in FINAL_STATUSES) < row["samples"]
+            if not row.get("mem_guess") and row["spec"].workload == "train" and to_run(row)
             and _over(row, gpu_memory_bytes, host_memory_bytes, refused=True)]
 
 
