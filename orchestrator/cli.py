@@ -109,16 +109,28 @@ def _ranks_here(args: argparse.Namespace, sweep: Any, rows: list[dict[str, Any]]
     return None if nodes is None else resources_refusal(nodes, sweep.resources, widths)
 
 
+def _not_fitting(sweep: Any, rows: list[dict[str, Any]], gpu_memory: int | None, host_memory: int | None
+                 ) -> list[dict[str, Any]]:
+    """orchestrator/plan.py's ``will_not_fit`` of ``rows``, once the cells on CPU it would refuse are known to run
+    here: one this machine records ``unsupported`` (``unsupported_here``: a TE cell without a GPU) never allocates.
+    The capability probe runs only where a CPU cell is over."""
+    from .plan import unsupported_here, will_not_fit
+
+    over = will_not_fit(rows, gpu_memory, host_memory)
+    if not any(row["on_cpu"] for row in over):
+        return over
+    unsupported = unsupported_here(sweep)
+    for row in rows:
+        row["unsupported"] = unsupported.get(row["cell_id"])
+    return will_not_fit(rows, gpu_memory, host_memory)
+
+
 def _fit_refusal(sweep: Any, rows: list[dict[str, Any]], gpu_memory: int | None, host_memory: int | None
                  ) -> str | None:
-    """orchestrator/plan.py's ``refusal`` of ``rows``, once the cells on CPU it would refuse are known to run here:
-    one this machine records ``unsupported`` (``unsupported_here``: a TE cell without a GPU) never allocates."""
-    from .plan import refusal, unsupported_here, will_not_fit
+    """orchestrator/plan.py's ``refusal`` of ``rows``, the cells this machine records unsupported left out."""
+    from .plan import refusal
 
-    if any(row["on_cpu"] for row in will_not_fit(rows, gpu_memory, host_memory)):
-        unsupported = unsupported_here(sweep)
-        for row in rows:
-            row["unsupported"] = unsupported.get(row["cell_id"])
+    _not_fitting(sweep, rows, gpu_memory, host_memory)
     return refusal(rows, gpu_memory, host_memory)
 
 
@@ -149,14 +161,14 @@ def _fitted(search: Any, gpu_memory: int | None, host_memory: int | None, cpu_he
 
     if not isinstance(search, BestPlan) or (gpu_memory is None and host_memory is None):
         return search, None
-    from .plan import FIT_MARGIN, plan_rows, why_refused, will_not_fit
+    from .plan import FIT_MARGIN, plan_rows, why_refused
     from .sweep import Cell, Sweep, cell_id, cell_label
 
     cells = [Cell(spec, cell_id(spec), cell_label(spec)) for spec in search.specs()]
-    rows = plan_rows(Sweep(name=store.sweep_name, grids=[], fixed={}, samples=search.samples, cells=cells), store,
-                     cpu_here=cpu_here)
+    sweep = Sweep(name=store.sweep_name, grids=[], fixed={}, samples=search.samples, cells=cells)
+    rows = plan_rows(sweep, store, cpu_here=cpu_here)
     unfit = {row["cell_id"]: why_refused(row, gpu_memory, host_memory)
-             for row in will_not_fit(rows, gpu_memory, host_memory)}
+             for row in _not_fitting(sweep, rows, gpu_memory, host_memory)}
     fitted = search.without(unfit, gpu_memory, FIT_MARGIN)
     return fitted, fitted.refusal()
 

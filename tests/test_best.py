@@ -209,6 +209,22 @@ def test_a_space_where_nothing_fits_is_one_line_exit_2_before_ray(tmp_path):
     assert "over 1.4x the memory" in err, err
 
 
+def test_a_side_recorded_unsupported_here_is_not_held_to_the_hosts_ram(tmp_path):
+    """On a machine without a GPU the TE side's cells are recorded unsupported and never allocate, so only the torch
+    side, which runs on CPU, is held to the host's RAM (as a grid's cells are)."""
+    import torch
+
+    from orchestrator.cli import _fitted
+    from orchestrator.plan import host_memory_bytes
+
+    if torch.cuda.is_available():
+        pytest.skip("the TE side runs where a GPU is")
+    search = parse_sweep(textwrap.dedent(SEARCH % "over: {batch_size: [4, 8]}").replace(
+        "d_model: 1024, n_layers: 4", "d_model: 65536, n_layers: 8"), source="s.yaml").search
+    _, line = _fitted(search, None, host_memory_bytes(), True, Store(str(tmp_path), "best"))
+    assert line is not None and "nothing of torch-bf16 fits" in line and "te-fp8-delayed" not in line, line
+
+
 @pytest.mark.slow
 def test_the_gpu_examples_dry_run_in_a_new_users_shell(tmp_path):
     """examples/fp8-pays.yaml's dry run as its header and the guide give it: what it would search, all of it held to
