@@ -17,7 +17,8 @@
 # alone after the rest: it looks for other CUDA processes), SEED_S the seed example's start (benchmarks/sweep_start.py),
 # FULL_DEPTH_S the full-depth study (examples/full-depth.yaml;
 # a sweep resumes whatever its store under juicytalk-results holds), NUMERICS_S issue 46's numerics study
-# (examples/fp8-numerics-shapes.yaml), TE_PLAIN_S / PLAIN_S the full-depth cells' plain loops
+# (examples/fp8-numerics-shapes.yaml), GRAPHS_S issue 56's graphed full-depth study (examples/full-depth-graphs.yaml,
+# or GRAPHS_FILE: a sweep of the same name holding some of its cells), TE_PLAIN_S / PLAIN_S the full-depth cells' plain loops
 # (benchmarks/te_hf_loop.py, hf_loop.py; TE_ONLY / PLAIN_ONLY: label substrings, space
 # separated, pick the cells; ROUNDS, default 2, the interleaved rounds of each; KERNELS=1: both sides profiled,
 # kernel ms per class and the GPU's idle gap side by side). What each
@@ -85,6 +86,7 @@ if [ "${SEED_S:-0}" -gt 0 ]; then
 fi
 [ "${FULL_DEPTH_S:-0}" -gt 0 ] && sweep "$FULL_DEPTH_S" examples/full-depth.yaml full-depth
 [ "${NUMERICS_S:-0}" -gt 0 ] && sweep "$NUMERICS_S" examples/fp8-numerics-shapes.yaml fp8-numerics-shapes
+[ "${GRAPHS_S:-0}" -gt 0 ] && sweep "$GRAPHS_S" "${GRAPHS_FILE:-examples/full-depth-graphs.yaml}" full-depth-graphs
 ROUNDS=${ROUNDS:-2}
 if [ "${TE_PLAIN_S:-0}" -gt 0 ]; then
   echo "== python3 benchmarks/te_hf_loop.py --sweep examples/full-depth.yaml --only ${TE_ONLY:=te-} --rounds $ROUNDS at $(el) s"
