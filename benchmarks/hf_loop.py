@@ -93,7 +93,7 @@ def plain_loop(spec: TrialSpec, steps: int, warmup: int, profiled: bool = False,
     vocab, train = plain_training(spec, reduce_overhead)
     gen = torch.Generator(device="cuda").manual_seed(spec.seed)
     # uniform ids over the whole vocabulary (the harness's are arithmetic sequences over the first 128: on the
-    # full-depth torch BF16 cell both, and Zipfian ids, timed within 1%: benchmarks/data_power.py)
+    # full-depth torch BF16 cell both, and Zipfian ids, timed within 1% of each other)
     batches = [torch.randint(0, vocab, (spec.batch_size, spec.seq_len + 1), device="cuda", generator=gen)
                for _ in range(4)]
     turn = iter(range(10**9))

@@ -9,12 +9,10 @@ hf_loop.py and te_hf_loop.py (``cuda_graphs`` cells) graphs each decoder layer b
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import json
 import statistics
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
@@ -107,17 +105,6 @@ def compare(label: str, spec: TrialSpec, field: str, plain: Callable[[], float |
             f"{c} {sides['trial'].get(c, 0.0):.1f} / {sides['plain'].get(c, 0.0):.1f}" for c in classes), flush=True)
         row["kernel_ms"] = sides
     return row
-
-
-@contextlib.contextmanager
-def gc_off() -> Iterator[None]:
-    """Python's automatic garbage collection off inside (a collection first), as ``timeit`` times."""
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def keep(rows: list[dict[str, Any]], row: dict[str, Any] | None, path: str | None) -> None:

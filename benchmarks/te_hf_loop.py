@@ -30,7 +30,6 @@ Two ways to call it (repository root, one process, one GPU, TE imported once):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import statistics
@@ -43,7 +42,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from plain_check import (HF_NAMES, Measured, compare, gc_off as collector_off, graph_layers,  # benchmarks/: here
+from plain_check import (HF_NAMES, Measured, compare, graph_layers,  # benchmarks/: here
                          hf_model, kernel_classes, keep, untimed_steps)
 from trials import TrialSpec
 from trials.backends import te_compat
@@ -97,11 +96,11 @@ def build(shape: Shape, te_layer: str, te) -> tuple[torch.nn.Module, list]:
 
 
 def plain_loop(shape: Shape, te, te_layer: str, recipe: Any, steps: int, warmup: int, reset: bool = True,
-               gc_off: bool = False, profiled: bool = False, graphed: bool = False) -> dict:
+               profiled: bool = False, graphed: bool = False) -> dict:
     """Median ms per step of the plain loop over the converted model (GPU, between CUDA events; and the host's
     time in the Python of a step, which a launch-bound step waits on), and what the conversion did. ``reset``:
-    clear TE's process-wide FP8 state afterwards, as run_trial does (benchmarks/te_state_carryover.py: without).
-    ``gc_off``: Python's collector off during the timed steps (benchmarks/host_jitter.py); ``gc``: what it did.
+    clear TE's process-wide FP8 state afterwards, as run_trial does (one trial's amax history must not reach the
+    next's). ``gc``: what Python's collector did during the timed steps.
     ``profiled``: its kernels per class too (``kernel_ms``; a few more steps, after the timed ones). ``graphed``: each
     decoder layer CUDA-graphed with the recipe (plain_check.graph_layers)."""
     model, plan = build(shape, te_layer, te)
@@ -126,7 +125,7 @@ def plain_loop(shape: Shape, te, te_layer: str, recipe: Any, steps: int, warmup:
     for _ in range(warmup - 1):
         step()
     events, host = [], []
-    with collector_off() if gc_off else contextlib.nullcontext(), GcPauses() as collector:
+    with GcPauses() as collector:
         for _ in range(steps):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             t0 = time.perf_counter()
@@ -138,7 +137,7 @@ def plain_loop(shape: Shape, te, te_layer: str, recipe: Any, steps: int, warmup:
         torch.cuda.synchronize()
     per_step = [s.elapsed_time(e) for s, e in events]
     out = {"ms_p50": statistics.median(per_step), "ms_min": min(per_step), "ms_max": max(per_step),
-           "host_ms_p50": statistics.median(host), "gc": f"gc {'off' if gc_off else 'on'}: {collector}",
+           "host_ms_p50": statistics.median(host), "gc": f"gc: {collector}",
            "kernel_ms": kernel_classes(step, statistics.median(per_step)) if profiled else None,
            "loss_first": first, "loss_last": loss.item(), "converted": sum(s.converts for s in plan),
            "kept": [s.name for s in plan if not s.converts]}
