@@ -18,7 +18,8 @@
 # FULL_DEPTH_S the full-depth study (examples/full-depth.yaml;
 # a sweep resumes whatever its store under juicytalk-results holds), NUMERICS_S issue 46's numerics study
 # (examples/fp8-numerics-shapes.yaml), GRAPHS_S issue 56's graphed full-depth study (examples/full-depth-graphs.yaml,
-# or GRAPHS_FILE: a sweep of the same name holding some of its cells), TE_PLAIN_S / PLAIN_S the full-depth cells' plain loops
+# or GRAPHS_FILE: a sweep of the same name holding some of its cells), LOSSES_S its graphed cells' loss curves
+# against their eager twins' (benchmarks/graph_losses.py; LOSSES_ONLY label substrings, LOSSES_LAYERS, default 4), TE_PLAIN_S / PLAIN_S the full-depth cells' plain loops
 # (benchmarks/te_hf_loop.py, hf_loop.py; TE_ONLY / PLAIN_ONLY: label substrings, space
 # separated, pick the cells; ROUNDS, default 2, the interleaved rounds of each; KERNELS=1: both sides profiled,
 # kernel ms per class and the GPU's idle gap side by side). What each
@@ -87,6 +88,13 @@ fi
 [ "${FULL_DEPTH_S:-0}" -gt 0 ] && sweep "$FULL_DEPTH_S" examples/full-depth.yaml full-depth
 [ "${NUMERICS_S:-0}" -gt 0 ] && sweep "$NUMERICS_S" examples/fp8-numerics-shapes.yaml fp8-numerics-shapes
 [ "${GRAPHS_S:-0}" -gt 0 ] && sweep "$GRAPHS_S" "${GRAPHS_FILE:-examples/full-depth-graphs.yaml}" full-depth-graphs
+if [ "${LOSSES_S:-0}" -gt 0 ]; then
+  echo "== python3 benchmarks/graph_losses.py examples/full-depth-graphs.yaml --only ${LOSSES_ONLY:=graphs} --layers ${LOSSES_LAYERS:=4} at $(el) s"
+  # shellcheck disable=SC2086 # LOSSES_ONLY: substrings, one argument each
+  step graph-losses "$LOSSES_S" python3 benchmarks/graph_losses.py examples/full-depth-graphs.yaml --only $LOSSES_ONLY \
+    --layers "$LOSSES_LAYERS" --json "$OUT/graph-losses.json"
+  cat "$OUT/graph-losses.txt"
+fi
 ROUNDS=${ROUNDS:-2}
 if [ "${TE_PLAIN_S:-0}" -gt 0 ]; then
   echo "== python3 benchmarks/te_hf_loop.py --sweep examples/full-depth.yaml --only ${TE_ONLY:=te-} --rounds $ROUNDS at $(el) s"
