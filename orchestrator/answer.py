@@ -133,6 +133,11 @@ class BestAnswer:
     def side(self, label: str | None) -> SideBest | None:
         return next((s for s in self.sides if s.label == label), None)
 
+    def timed_cell_ids(self) -> set[str]:
+        """The cells timed in full at the sweep's schedule: what the report's other sections read (a screen is the
+        cell at a shorter schedule, unprofiled, there only to rank it)."""
+        return {c.cell_id for side in self.sides for c in side.timed}
+
     def tokens_per_s(self, side: SideBest) -> tuple[float, float | None, float | None]:
         """The side winner's tokens per second (the global batch over its median step time), with its interval."""
         rate = lambda ms: None if ms is None else self.global_batch * 1000.0 / ms  # noqa: E731

@@ -19,7 +19,7 @@ from orchestrator.store import Store
 from orchestrator.sweep import SweepError, parse_sweep
 from trials.record.fields import empty_record
 
-from .conftest import juicytalk, user_env
+from .conftest import REPO, juicytalk, user_env
 
 # Llama-shaped MiniGPT cells on a GPU: te FP8 against the torch twin's BF16, every default axis (te: micro-batch,
 # checkpointing, te_layer, graphs; torch: micro-batch, checkpointing, compile, graphs)
@@ -140,6 +140,31 @@ def test_a_recorded_grid_is_the_answer_and_a_rerun_resumes_without_new_trials(tm
             again.observe_trial(*trial)
     done = Search(p, store)
     assert done.finished and done.decide().need == [] and done.answer().statement == again.answer().statement
+
+
+def test_a_searchs_report_reads_its_full_timings_and_says_why_each_winner_is_fast(tmp_path):
+    """The published replay records (examples/fp8-pays-replay.yaml: real CPU trials, screens and full timings, many
+    cells of one label) as a finished search's store: the report's FP8-against-BF16 pairs read the settings timed in
+    full on both sides (a screen is a shorter schedule, there to rank), and its "why" table holds each side's
+    winner, found by cell id."""
+    import pyarrow.parquet as pq
+
+    from orchestrator.report import build_report
+    from orchestrator.sweep import load_sweep
+
+    sweep = load_sweep(str(REPO / "examples" / "fp8-pays-replay.yaml"))
+    store = Store(str(tmp_path), sweep.name)
+    store.ensure()
+    for record in pq.read_table(REPO / "docs" / "results" / "cpu" / "fp8-pays-replay" / "results.parquet").to_pylist():
+        store.write_record(record)
+    found = Search(sweep.search, store).answer()
+    assert found.done and all(side.winner for side in found.sides), found.statement
+    (tmp_path / sweep.name / "search.json").write_text(found.to_json())
+    report = build_report(str(tmp_path / sweep.name))
+    both = {c.setting for c in found.sides[0].timed} & {c.setting for c in found.sides[1].timed}
+    assert len(report.pairs.rows) == len(both), report.pairs.rows[["candidate", "reference", "series"]]
+    why = Path(report.md_path).read_text().split("## Best against best: why")[1].split("\n## ")[0]
+    assert all(f"| {side.label} " in why for side in found.sides), why
 
 
 def write(store: Store, search: Search, trial: tuple) -> None:

@@ -93,15 +93,19 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
     base_dir = (src if src.is_dir() else src.parent) if src is not None else None
     where = str(src) if src is not None else path
     df = _load(where)
-    train, infer = split(df)
-    pairs = pair_cells(train)
-    fastest = (against_fastest_bf16(train, cells=pairs.cells) if ways_that_ran(train) > 1
-               else (pd.DataFrame(), pd.DataFrame()))
 
     def beside(name: str) -> str | None:  # a file of the sweep directory, wherever it is
         if remote is not None:
             return remote.read_text(name)
         return (base_dir / name).read_text() if (base_dir / name).is_file() else None
+
+    search = beside("search.json")
+    found = load_answer(search) if search is not None else None
+    # a best search's answers read the cells it timed in full, not its screens (every trial counts in its status)
+    train, infer = split(df[df["cell_id"].isin(found.timed_cell_ids())] if isinstance(found, BestAnswer) else df)
+    pairs = pair_cells(train)
+    fastest = (against_fastest_bf16(train, cells=pairs.cells) if ways_that_ran(train) > 1
+               else (pd.DataFrame(), pd.DataFrame()))
 
     if sweep_text is None:
         sweep_text = beside("sweep.yaml")
@@ -156,9 +160,7 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
 
     lines = headline(train, pairs) if not train.empty or infer.empty else []
     sections = summary_sections(df, pairs, comparison, inference, fastest) + numerics.sections(train)
-    search = beside("search.json")
-    if search is not None:  # a sweep with a search block: its answer first, then its sections
-        found = load_answer(search)
+    if found is not None:  # a sweep with a search block: its answer first, then its sections
         lines = [f"{found.title}: {found.statement}"] + lines
         if isinstance(found, BestAnswer):
             sections[:0] = best.sections(found, train)

@@ -76,15 +76,24 @@ def timed_table(found: BestAnswer) -> pd.DataFrame:
 
 
 def why_table(found: BestAnswer, train: pd.DataFrame) -> pd.DataFrame:
-    """Kernel class (rows) by side winner (columns): ms per step, from the records of the winners' cells."""
-    winners = {s.winner.cell_id: s.label for s in found.sides if s.winner is not None}
+    """Kernel class (rows) by side winner (columns): ms per step, from the records of the winners' cells (each by
+    its cell id: cells of one label differ in the searched settings, batch size among them)."""
     if train.empty or "cell_id" not in train:
         return pd.DataFrame()
-    table = breakdown(train[train["cell_id"].isin(winners)], TRAIN_STEP)
-    if table.empty:
-        return table
-    labels = dict(zip(train["cell_label"], train["cell_id"]))
-    metrics = list(table.columns[list(table.columns).index("device") + 1:])
-    out = table.set_index(table["cell_label"].map(lambda label: winners[labels[label]]))[metrics].T
+    columns, order = {}, []
+    for side in found.sides:
+        if side.winner is None:
+            continue
+        table = breakdown(train[train["cell_id"] == side.winner.cell_id], TRAIN_STEP)
+        if table.empty:
+            continue
+        metrics = list(table.columns[list(table.columns).index("device") + 1:])
+        for i, metric in enumerate(metrics):  # each where its table puts it (gemm_fp32 before gemm_bf16)
+            if metric not in order:
+                order.insert(order.index(metrics[i - 1]) + 1 if i else 0, metric)
+        columns[side.label] = table.iloc[0][metrics].astype(float)  # one row: the winner's cell
+    if not columns:
+        return pd.DataFrame()
+    out = pd.concat(columns, axis=1).reindex(order)
     out.index.name = "ms per step"
     return out.reset_index().round(3)
