@@ -81,8 +81,9 @@ def estimate_flops_guess(spec: TrialSpec) -> tuple[float, bool]:
 
 def plan_rows(sweep: Sweep, store: Store, unsupported: dict[str, str] | None = None,
               cpu_here: bool = False) -> list[dict[str, Any]]:
-    """One row per cell; ``cpu_here``: this machine has no GPU, so its ``device: auto`` cells run on CPU."""
-    statuses = store.statuses()
+    """One row per cell; ``cpu_here``: this machine has no GPU, so its ``device: auto`` cells run on CPU. The store
+    is read as it is, before any lock on it: an unreadable record is moved aside by the run that holds the lock."""
+    statuses = store.statuses(quarantine=False)
     unsupported = unsupported or {}
     return [plan_row(cell.spec, cell.label, cell.cell_id, cpu_here,
                      [s for s in (statuses.get(trial_key(cell.cell_id, i)) for i in range(sweep.samples)) if s],

@@ -287,8 +287,9 @@ class Store:
     def record_files(self) -> list[str]:
         return sorted(i.path for i in self._list("trials", ".parquet"))
 
-    def read_records(self, columns: Iterable[str] | None = None) -> pa.Table:
-        """Every record; a record file that cannot be read is quarantined (and its cell runs again)."""
+    def read_records(self, columns: Iterable[str] | None = None, quarantine: bool = True) -> pa.Table:
+        """Every record; a record file that cannot be read is quarantined (and its cell runs again), or, by a reader
+        that holds no lock on the sweep (``quarantine=False``: a plan, a dry run), left where it is and skipped."""
         columns = list(columns) if columns else None
         while True:  # each failed read quarantines at least one file, finds the files changed, or raises
             files = self.record_files()
@@ -298,6 +299,8 @@ class Store:
                 return ds.dataset(files, schema=RECORD_SCHEMA, format="parquet",
                                   filesystem=self.fs).to_table(columns=columns)
             except (pa.ArrowException, OSError) as exc:
+                if not quarantine:
+                    return self._readable(files, columns)
                 # a file listed and gone since: another reader quarantined it (two drivers starting at once)
                 if not self._quarantine_unreadable(files) and self.record_files() == files:
                     raise exc
@@ -311,6 +314,17 @@ class Store:
             return None
         rows = table.to_pylist()
         return rows[0] if rows else None
+
+    def _readable(self, files: list[str], columns: list[str] | None) -> pa.Table:
+        """The records of those of ``files`` that can be read, one by one."""
+        tables = []
+        for path in files:
+            try:
+                tables.append(pq.read_table(path, schema=RECORD_SCHEMA, columns=columns, filesystem=self.fs))
+            except (pa.ArrowException, OSError):
+                continue
+        empty = RECORD_SCHEMA.empty_table() if columns is None else RECORD_SCHEMA.empty_table().select(columns)
+        return pa.concat_tables([empty, *tables])
 
     def _quarantine_unreadable(self, files: list[str]) -> int:
         """Move record files that are not readable Parquet of our schema to ``quarantine/``."""
@@ -334,9 +348,9 @@ class Store:
             moved += 1
         return moved
 
-    def statuses(self) -> dict[str, str]:
-        """(cell, sample) key -> status of its record."""
-        table = self.read_records(["cell_id", "sample", "status"])
+    def statuses(self, quarantine: bool = True) -> dict[str, str]:
+        """(cell, sample) key -> status of its record (``quarantine``: as :meth:`read_records`)."""
+        table = self.read_records(["cell_id", "sample", "status"], quarantine)
         return {trial_key(c, s): st for c, s, st in zip(*(table.column(n).to_pylist()
                                                        for n in ("cell_id", "sample", "status")))}
 

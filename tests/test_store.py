@@ -46,6 +46,25 @@ def test_a_record_file_another_reader_quarantined_after_this_one_listed_it_is_re
     assert [p.name.startswith("b-s0.parquet.") for p in (tmp_path / "s" / "quarantine").iterdir()] == [True]
 
 
+def test_a_plan_reads_past_an_unreadable_record_and_leaves_it_to_the_locks_holder(tmp_path):
+    """A plan (a dry run, the fit check before Ray) reads the store before any lock on it: an unreadable record file
+    counts as not there and stays where it is; moving it aside is for the run that holds the lock (a driver about to
+    be refused printed the quarantine warning before its one line)."""
+    from orchestrator.plan import plan_rows
+    from orchestrator.sweep import parse_sweep
+
+    sweep = parse_sweep("name: s\ngrid: [{batch_size: [2, 4]}]\nfixed: {d_model: 16, n_layers: 1, device: cpu}\n",
+                        source="s.yaml")
+    store = Store(str(tmp_path), "s")
+    store.ensure()
+    kept, cut = (cell.cell_id for cell in sweep.cells)
+    store.write_record(_record(kept, 0))
+    (tmp_path / "s" / "trials" / f"{cut}-s0.parquet").write_bytes(b"PAR1 cut short by a crash")
+    rows = {row["cell_id"]: row["records"] for row in plan_rows(sweep, store)}
+    assert rows == {kept: ["ok"], cut: []} and not (tmp_path / "s" / "quarantine").exists()
+    assert store.statuses() == {f"{kept}-s0": "ok"} and (tmp_path / "s" / "quarantine").exists()
+
+
 def test_one_record_per_key_and_temporaries_ignored(tmp_path):
     store = Store(str(tmp_path), "s")
     store.ensure()
