@@ -1103,3 +1103,44 @@ def test_the_reports_medians_and_intervals_are_numpys_to_the_bit():
     draws = np.random.default_rng(0).integers(0, 3, (50, 3))
     assert np.array_equal(_resampled_medians(with_nan, 50, np.random.default_rng(0)),
                           np.median(with_nan[draws], axis=1), equal_nan=True)
+
+
+def test_graphed_cells_against_their_eager_twins_speed_cost_and_loss_at_the_same_seed(tmp_path):
+    """Issue 56 item 2 from records: each cuda_graphs cell beside its eager twin. The speedup is the eager median over
+    the graphed one's; the loss curves are compared step by step at each seed both ran (a graphed cell whose curve
+    moved at one step of one seed shows that step's relative difference); a graphed cell that ran eager says why."""
+    store = Store(str(tmp_path), "graphs")
+    store.ensure()
+    eager_ms, graphed_ms, moved = [10.0, 10.4, 9.8], [7.0, 7.3, 6.9], 0.004
+    curve = lambda seed: [4.0, 2.5, 2.0 + 0.01 * (seed - 1234)]  # noqa: E731
+
+    def rec(spec: TrialSpec, sample: int, ms: float, **extra):
+        seed = spec.seed + sample
+        r = empty_record() | spec.to_dict() | dict(
+            status="ok", effective_backend=spec.backend, effective_precision=spec.precision, seed=seed, sample=sample,
+            cell_id=f"{spec.backend}-{spec.precision}-{spec.cuda_graphs}", step_ms_p50=ms,
+            cell_label=f"d256-{spec.backend}-{spec.precision}" + ("-graphs" if spec.cuda_graphs else ""),
+            step_times_ms=[ms * j for j in JITTER], loss_curve=curve(seed), loss_final=curve(seed)[-1])
+        return r | extra
+
+    eager, graphed = (TrialSpec(d_model=256, n_layers=2, backend="torch", precision="bf16", cuda_graphs=g)
+                      for g in (False, True))
+    for sample in range(3):
+        store.write_record(rec(eager, sample, eager_ms[sample]))
+        losses = curve(graphed.seed + sample)
+        if sample == 1:
+            losses[1] *= 1 + moved
+        store.write_record(rec(graphed, sample, graphed_ms[sample], loss_curve=losses, graphs_per_step=4,
+                               graph_capture_s=2.5, graph_pool_bytes=3 * 2**30, est_graph_pool_bytes=2 * 2**30))
+    moe = TrialSpec(d_model=256, n_layers=2, backend="torch", precision="fp32", cuda_graphs=True)
+    store.write_record(rec(moe, 0, 12.0, graphs_per_step=0, cuda_graphs_why="unit h.0 holds MoE experts; the step "
+                           "ran eager"))
+    rows = {r["cell"]: r for r in _md_section(open(build_report(store.root).md_path).read(), "Graphed against eager")}
+    row = rows["d256-torch-bf16-graphs"]
+    assert row["eager twin"] == "d256-torch-bf16" and row["seeds compared"] == "3" and row["CI over"] == "samples"
+    assert float(row["speedup"]) == pytest.approx(np.median(eager_ms) / np.median(graphed_ms), rel=5e-3)
+    assert float(row["loss curve: largest rel. diff"]) == pytest.approx(moved, rel=5e-3)
+    assert (float(row["graphs per step"]), float(row["pool GiB"]), float(row["planned pool GiB"])) == (4, 3, 2)
+    assert row["loss verdict"] == "within the eager cell's seed noise"
+    assert rows["d256-torch-fp32-graphs"]["note"] == "ran eager: unit h.0 holds MoE experts; the step ran eager"
+    assert rows["d256-torch-fp32-graphs"]["eager twin"] == "not in this run"

@@ -26,7 +26,7 @@ from ..store import Store, is_uri, read_results
 from .analysis import (DECODE_STEP, NO_TIMING, ONE_SAMPLE, TRAIN_STEP, Pairs, against_fastest_bf16, compare_runs, crossover, pair_cells,
                        prepare, ways_that_ran)
 from .headline import headline
-from . import best, numerics
+from . import best, graphs, numerics
 from .inference import inference_pairs, split
 from .why import breakdown, gap_name
 
@@ -159,7 +159,8 @@ def build_report(path: str, out_html: str | None = None, png_dir: str | None = N
         figures.append(("compare", charts.compare_chart(comparison, *side_names(where, compare_dir))))
 
     lines = headline(train, pairs) if not train.empty or infer.empty else []
-    sections = summary_sections(df, pairs, comparison, inference, fastest) + numerics.sections(train)
+    sections = (summary_sections(df, pairs, comparison, inference, fastest) + numerics.sections(train)
+                + graphs.sections(train, pairs))
     if found is not None:  # a sweep with a search block: its answer first, then its sections
         lines = [f"{found.title}: {found.statement}"] + lines
         if isinstance(found, BestAnswer):

@@ -403,7 +403,8 @@ SEED_NOISE_SDS = 2.0
 LOSS_GAP_KINDS = ("fp8_speedup", "bf16_speedup")  # the pairs whose candidate is a lower precision of its reference
 
 
-def loss_gap_stats(ref: CellStats, cand: CellStats, resamples: int, rng: np.random.Generator) -> dict[str, Any]:
+def loss_gap_stats(ref: CellStats, cand: CellStats, resamples: int, rng: np.random.Generator,
+                   whose: str | None = None) -> dict[str, Any]:
     """A lower-precision cell's final-loss gap over its reference (FP8 over its BF16 partner, BF16 over FP32),
     beside the reference's own seed-to-seed spread.
 
@@ -413,7 +414,7 @@ def loss_gap_stats(ref: CellStats, cand: CellStats, resamples: int, rng: np.rand
     is the difference of the medians. ``loss_seed_sd``: the standard deviation of the reference's final losses
     across its seeds (ddof 1, two or more). ``loss_gap_verdict``: "within BF16's seed noise" when |gap| <=
     SEED_NOISE_SDS * that spread, else "outside by X nats" (X = |gap| - the band); "... seed noise unknown"
-    with fewer than two reference seeds."""
+    with fewer than two reference seeds. ``whose``: the reference's name in the verdict (default its precision)."""
     shared = sorted(set(ref.loss_by_seed) & set(cand.loss_by_seed))
     if shared:
         diffs = [cand.loss_by_seed[s] - ref.loss_by_seed[s] for s in shared]
@@ -425,7 +426,7 @@ def loss_gap_stats(ref: CellStats, cand: CellStats, resamples: int, rng: np.rand
     seeds = list(ref.loss_by_seed.values()) or ref.losses
     sd = float(np.std(seeds, ddof=1)) if len(seeds) >= 2 else float("nan")
     band = SEED_NOISE_SDS * sd
-    whose = (precision_of(ref) or "the reference").upper()
+    whose = whose or (precision_of(ref) or "the reference").upper()
     verdict = (f"{whose} seed noise unknown: samples >= 2" if not np.isfinite(sd) else
                f"within {whose}'s seed noise" if abs(gap) <= band else f"outside by {abs(gap) - band:.3g} nats")
     return {"loss_gap": gap, "loss_gap_ci_low": lo, "loss_gap_ci_high": hi, "loss_gap_seeds": len(shared),
