@@ -179,7 +179,10 @@ def graph_layers(model: torch.nn.Module, batch: int, seq_len: int, te: Any = Non
     wrapped = tuple(_Layer(layer) for layer in layers)
     samples = tuple((hidden.clone().requires_grad_(), cos.clone(), sin.clone()) for _ in wrapped)
     if te is not None:
-        graphed = te.make_graphed_callables(wrapped, samples, enabled=recipe is not None, recipe=recipe)
+        # gradients handed back in the graphs' buffers, not cloned (TE's default clones each: 16 GB more at 8B
+        # parameters), as the trial's graphs do (trials/backends/te_compat.py): the two are timed like for like
+        graphed = te.make_graphed_callables(wrapped, samples, enabled=recipe is not None, recipe=recipe,
+                                            clone_param_grads_on_return=False)
     else:
         graphed = torch.cuda.make_graphed_callables(wrapped, samples)
     for i, g in enumerate(graphed):
