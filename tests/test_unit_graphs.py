@@ -96,8 +96,8 @@ def test_a_units_call_replays_through_its_inputs_and_gives_the_eager_forward_and
     _, model, units = _built("hf:llama", n_kv_heads=2, ffn=128)
     assert units == ("model.model.layers.0", "model.model.layers.1") and refusal(model, units) == ""
     x = torch.randint(0, 96, (2, 16))
-    calls, why = record_calls(model, units, x)
-    assert why == "" and [len(c.samples) for c in calls] == [4, 4]  # hidden states, cos, sin, position ids
+    ran, calls, why = record_calls(model, units, x)
+    assert why == "" and ran == units and [len(c.samples) for c in calls] == [4, 4]  # hidden states, cos, sin, ids
     assert [c.samples[0].requires_grad for c in calls] == [True, True] and not calls[0].samples[1].requires_grad
     eager = model(x)
     eager.sum().backward()
@@ -113,6 +113,20 @@ def test_a_units_call_replays_through_its_inputs_and_gives_the_eager_forward_and
     with pytest.raises(Mismatch, match=r"unit model.model.layers.0: tensors \[\(\(3, 16, 64\)"), graphs.replaying(None):
         model(torch.randint(0, 96, (3, 16)))
     assert model(torch.randint(0, 96, (3, 16))).shape == (3, 16, 96)
+
+
+def test_units_named_out_of_order_are_captured_in_the_order_the_forward_runs_them():
+    """A model source may name its units in any order (a py: factory's ``fsdp_units``); their graphs share one
+    memory pool, sound only where they replay in the order they were captured: the capture takes the forward's
+    order, each unit with its own call (the first to run is handed the embeddings)."""
+    from trials.workloads.unit_graphs import record_calls
+
+    _, model, units = _built("hf:llama", n_kv_heads=2, ffn=128)
+    x = torch.randint(0, 96, (2, 16))
+    ran, calls, why = record_calls(model, tuple(reversed(units)), x)
+    assert why == "" and ran == units
+    with torch.no_grad():
+        assert torch.equal(calls[0].samples[0], model.model.model.embed_tokens(x))
 
 
 @pytest.mark.parametrize("factory,why", [

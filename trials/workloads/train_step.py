@@ -113,7 +113,7 @@ class TrainStep:
         t0, units = time.perf_counter(), self.built.units
         if not whole:
             why = refusal(self.model, units)
-            calls, why = record_calls(self.model, units, sample) if not why else ([], why)
+            units, calls, why = record_calls(self.model, units, sample) if not why else ((), [], why)
             if why:
                 log.warning("cuda_graphs: %s; the step runs eager", why)
                 return GraphFacts(0, why=f"{why}; the step ran eager")

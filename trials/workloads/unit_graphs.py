@@ -165,15 +165,21 @@ def refusal(model: nn.Module, units: tuple[str, ...]) -> str:
     return ""
 
 
-def record_calls(model: nn.Module, units: tuple[str, ...], sample: torch.Tensor) -> tuple[list[Call], str]:
-    """How one forward of ``model`` on ``sample`` calls each unit, and '' (or why the units cannot be graphed: one
-    called other than once). The forward runs eager, outside FP8 autocast (only the calls' shapes, dtypes and
-    constants are kept; no FP8 state moves) and with the RNG restored after it."""
+def record_calls(model: nn.Module, units: tuple[str, ...], sample: torch.Tensor
+                 ) -> tuple[tuple[str, ...], list[Call], str]:
+    """The units in the order one forward of ``model`` on ``sample`` runs them, how it calls each, and '' (or why
+    the units cannot be graphed: one called other than once). That order, not the one the model source names them
+    in, is the one their graphs are captured in: they share one memory pool, which stays sound only where the
+    graphs replay in the order they were captured (torch's ``make_graphed_callables``). The forward runs eager,
+    outside FP8 autocast (only the calls' shapes, dtypes and constants are kept; no FP8 state moves) and with the
+    RNG restored after it."""
     seen: dict[int, list[Call]] = {i: [] for i in range(len(units))}
+    ran: list[int] = []  # unit indices, as called
 
     def keep(i: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
             seen[i].append(Call.of(args, kwargs))
+            ran.append(i)
         return hook
 
     handles = [model.get_submodule(name).register_forward_pre_hook(keep(i), with_kwargs=True)
@@ -187,9 +193,9 @@ def record_calls(model: nn.Module, units: tuple[str, ...], sample: torch.Tensor)
             h.remove()
     for i, name in enumerate(units):
         if len(seen[i]) != 1:
-            return [], (f"unit {name} runs {len(seen[i])} times in one forward: a graph replays its unit's one call, "
-                        "into one set of buffers")
-    return [seen[i][0] for i in range(len(units))], ""
+            return (), [], (f"unit {name} runs {len(seen[i])} times in one forward: a graph replays its unit's one "
+                            "call, into one set of buffers")
+    return tuple(units[i] for i in ran), [seen[i][0] for i in ran], ""
 
 
 class UnitGraphs:
