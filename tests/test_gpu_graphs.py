@@ -4,6 +4,8 @@ graphed says why; the memory plan holds the pool the graphs keep. The CPU side: 
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -87,8 +89,9 @@ def test_graphed_training_gives_the_eager_losses_at_the_same_seed(extra, tol, re
 @pytest.mark.parametrize("backend", ["torch", "te"])
 def test_a_unit_that_cannot_be_graphed_says_why(factory, status, words, backend, request):
     """A unit whose forward reads a value on the host fails its capture: the trial is unsupported in the capture's
-    words, and the next trial in the process (TE's capture flag cleared) trains graphed. Units that cannot be graphed
-    at all leave the step eager, the record saying why."""
+    words, and the next trial in the process (TE's capture flag cleared, Python's gc, which TE stops around a
+    capture, running again) trains graphed. Units that cannot be graphed at all leave the step eager, the record
+    saying why."""
     _needs({"backend": backend}, request)
     spec = TrialSpec(**{**BASE, "model": f"py:tests.fixtures.factories:{factory}", "vocab": 96, "backend": backend,
                         "precision": "bf16", "cuda_graphs": True, "train_steps": 5})
@@ -96,11 +99,40 @@ def test_a_unit_that_cannot_be_graphed_says_why(factory, status, words, backend,
     assert rec["status"] == status, rec["error"]
     if status == "unsupported":
         assert rec["error"].startswith(f"Unsupported: {words}"), rec["error"]
+        assert gc.isenabled()
         after = run_trial(spec.replace(model="py:tests.fixtures.factories:named_units"))
         assert after["status"] == "ok" and after["graphs_per_step"] == 4, after["error"]
     else:
         assert rec["graphs_per_step"] == 0 and rec["cuda_graphs_why"].startswith(words)
         assert rec["cuda_graphs_why"].endswith("; the step ran eager")
+
+
+def test_a_read_after_graphed_accumulation_casts_the_weights_as_they_are(request):
+    """TE's graphs under accumulation cast each FP8 weight on a step's first micro-batch only, told by a flag the
+    last micro-batch leaves at 'skip'; a read (te_compat.read_autocast, TE's ``_graph`` autocast, whose modules obey
+    that flag) gives what a plain FP8 forward of the trained model gives, not the casts of the weights before the
+    last optimizer step."""
+    _needs({"backend": "te"}, request)
+    from trials.backends import te_compat
+    from trials.workloads import teacher_forced
+    from trials.workloads.data import ArithmeticSequences
+    from trials.workloads.train_step import build_train_step
+
+    spec = TrialSpec(**{**BASE, "backend": "te", "te_layer": "modules", "recipe": "current", "grad_accum": 2,
+                        "cuda_graphs": True, **FP8})
+    te_compat.reset_te_state()
+    try:
+        step = build_train_step(spec, "te", "fp8", "cuda")
+        data = ArithmeticSequences(spec.vocab, spec.seq_len, "cuda", spec.seed)
+        step.capture(data.batch(spec.batch_size)[0])
+        for _ in range(3):
+            step(*data.batch(spec.step_rows))
+        held = teacher_forced.held_batch(spec.vocab, spec.seq_len, "cuda", spec.seed)
+        read = teacher_forced.log_probs(step.model, held, lambda: te_compat.read_autocast(step.te, step.recipe))
+        plain = teacher_forced.log_probs(step.model, held, lambda: te_compat.autocast(step.te, step.recipe))
+        assert torch.equal(read, plain), (read - plain).abs().max()
+    finally:
+        te_compat.reset_te_state()
 
 
 SHAPE = dict(d_model=2048, n_layers=2, n_heads=16, vocab=32000, seq_len=2048, batch_size=4, backend="torch",

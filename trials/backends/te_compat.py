@@ -9,6 +9,7 @@ TE is imported lazily: importing ``trials`` must work on machines without it (CI
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import inspect
 import logging
@@ -140,15 +141,34 @@ def read_autocast(te: ModuleType | None, recipe_obj: Any) -> contextlib.Abstract
     otherwise registers its amax and scale tensors in TE's global reduction buffers, and a graphed trial never
     registers its non-FP8 attention (``make_graphed_callables`` leaves it out): an eager read would add it to
     every later step's amax update. With ``_graph`` nothing is registered and nothing is reduced at exit; what
-    the read's casts still write into the amax histories, :func:`fp8_meta_kept` restores. A no-op context
-    without a recipe; plain autocast where TE has no ``_graph``."""
+    the read's casts still write into the amax histories, :func:`fp8_meta_kept` restores. Every weight is cast
+    afresh, even after CUDA-graphed accumulation (:func:`_weights_cast_afresh`). A no-op context without a recipe;
+    plain autocast where TE has no ``_graph``."""
     if te is None or recipe_obj is None:
         return contextlib.nullcontext()
     if hasattr(te, "autocast"):
         graph = {"_graph": True} if "_graph" in inspect.signature(te.autocast).parameters else {}
-        return te.autocast(enabled=True, recipe=recipe_obj, **graph)
+        return _weights_cast_afresh(te.autocast(enabled=True, recipe=recipe_obj, **graph))
     graph = {"_graph": True} if "_graph" in inspect.signature(te.fp8_autocast).parameters else {}
-    return te.fp8_autocast(enabled=True, fp8_recipe=recipe_obj, **graph)  # older TE compatibility
+    return _weights_cast_afresh(te.fp8_autocast(enabled=True, fp8_recipe=recipe_obj, **graph))  # older TE
+
+
+@contextlib.contextmanager
+def _weights_cast_afresh(autocast_cm: contextlib.AbstractContextManager) -> Iterator[None]:
+    """``autocast_cm`` with TE's graphed-accumulation flag (``skip_fp8_weight_update_tensor``, which
+    ``cache_quantized_params`` graphs set) hidden: under ``_graph`` TE's modules obey it as a graph does, and after a
+    step's last micro-batch it says skip, so a read would reuse the FP8 weights cast before the last optimizer step."""
+    manager = _fp8_state_manager()
+    holder = getattr(manager, "quantization_state", manager)  # TE 2.20: a state object; older TE: the class
+    skip = getattr(holder, "skip_fp8_weight_update_tensor", None)
+    if skip is not None:
+        holder.skip_fp8_weight_update_tensor = None
+    try:
+        with autocast_cm:
+            yield
+    finally:
+        if skip is not None:
+            holder.skip_fp8_weight_update_tensor = skip
 
 
 def calibration(te: ModuleType, recipe_obj: Any) -> contextlib.AbstractContextManager:
@@ -274,6 +294,7 @@ def make_graphed_callables(te: ModuleType, module: Callable | tuple, sample_args
             kwargs["cache_quantized_params" if "cache_quantized_params" in params else "fp8_weight_caching"] = True
     if "clone_param_grads_on_return" in params:
         kwargs["clone_param_grads_on_return"] = False
+    collecting = gc.isenabled()
     try:
         return te.make_graphed_callables(module, sample_args, **kwargs)
     except Exception:
@@ -282,6 +303,8 @@ def make_graphed_callables(te: ModuleType, module: Callable | tuple, sample_args
         end = getattr(importlib.import_module("transformer_engine.pytorch.graph"), "set_capture_end", None)
         if end is not None:
             end()
+        if collecting:  # TE stops Python's gc around each graph's capture and starts it again on success only
+            gc.enable()
         raise
 
 
