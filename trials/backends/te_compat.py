@@ -294,6 +294,8 @@ def make_graphed_callables(te: ModuleType, module: Callable | tuple, sample_args
             kwargs["cache_quantized_params" if "cache_quantized_params" in params else "fp8_weight_caching"] = True
     if "clone_param_grads_on_return" in params:
         kwargs["clone_param_grads_on_return"] = False
+    if "allow_unused_input" in params:  # as torch's graphs are made (unit_graphs.py): a unit may ignore an input
+        kwargs["allow_unused_input"] = True
     collecting = gc.isenabled()
     try:
         return te.make_graphed_callables(module, sample_args, **kwargs)

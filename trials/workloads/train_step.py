@@ -53,8 +53,10 @@ def make_optimizer(model: nn.Module, lr: float, device: str) -> torch.optim.Opti
 class _GraphRoot(nn.Module):
     """Thin wrapper that is graphed instead of MiniGPT itself.
 
-    ``te.make_graphed_callables`` patches the ``__call__`` of the graphed module's *class*; a fresh
-    subclass per capture keeps that patch away from every other MiniGPT in the process.
+    A graphed module's ``forward`` is replaced (torch's and TE's), so the model's own stays eager for its other
+    callers (another batch shape replaying the graph would copy broadcast inputs); ``te.make_graphed_callables`` also
+    patches the ``__call__`` of the graphed module's *class*: a fresh subclass per capture keeps that patch away
+    from every other MiniGPT in the process.
     """
 
     def __init__(self, model: nn.Module):
@@ -127,15 +129,14 @@ class TrainStep:
                 raise distributed.Unsupported(f"cuda_graphs: the units could not be captured: "
                                               f"{type(exc).__name__}: {exc}") from exc
             graphs, eager = 2 * len(units), f"{len(units)} units graphed; {ROOT_EAGER}"
-        elif self.te is not None:  # MiniGPT's forward, whole
-            root_cls = type("GraphedMiniGPT", (_GraphRoot,), {})
-            root = root_cls(self.model)
-            self.forward = te_compat.make_graphed_callables(self.te, root, (sample,), self.recipe, cache)
-            if cache:
-                self.graph_kwargs = lambda first: {"is_first_microbatch": first}
-            graphs, eager = 2, WHOLE_EAGER
-        else:
-            self.forward = torch.cuda.make_graphed_callables(self.model, (sample,))
+        else:  # MiniGPT's forward, whole, through a root of its own: the model's forward stays its own
+            root = type("GraphedMiniGPT", (_GraphRoot,), {})(self.model)
+            if self.te is not None:
+                self.forward = te_compat.make_graphed_callables(self.te, root, (sample,), self.recipe, cache)
+                if cache:
+                    self.graph_kwargs = lambda first: {"is_first_microbatch": first}
+            else:
+                self.forward = torch.cuda.make_graphed_callables(root, (sample,))
             graphs, eager = 2, WHOLE_EAGER
         self.graphed = True
         if self.grad_accum > 1:
