@@ -68,8 +68,9 @@ def pytest_cmdline_main(config):
 
 
 # Fixtures that are one run several tests read (a sweep costs ~15 s of start-up): the tests reading one are an
-# xdist group of its name, so that the run is made once, on one worker, not once on each.
-SHARED_RUNS = ("tracked_sweep", "warm_sweep", "quickstart", "s3_sweep")
+# xdist group of its name, so that the run is made once, on one worker, not once on each. s3: tests/test_s3.py's
+# moto server, which its shared sweep (s3_sweep) and its other tests use.
+SHARED_RUNS = ("tracked_sweep", "warm_sweep", "quickstart", "s3")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups

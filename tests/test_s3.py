@@ -283,11 +283,11 @@ def _stalling_link(port: int):
         listener.close()
 
 
-ROUNDS = 20
+ROUNDS = 3  # the stalled round below is the one the old lock failed; these check take and release
 
 
 def test_of_two_drivers_taking_an_s3_sweeps_lock_at_once_exactly_one_holds_it(s3):
-    """Issue 54 item 10. Two drivers take the lock at once, many times over: exactly one holds it, the other is
+    """Issue 54 item 10. Two drivers take the lock at once, a few times over: exactly one holds it, the other is
     refused in the one line naming it, and the holder's release leaves nothing behind for the next round. Then one
     driver's write stalls in flight (held by a link) while the other takes the lock: when it lands it must not win
     too. The lock written without a condition (write, wait a second, read the write back) let both hold it there."""
