@@ -253,9 +253,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         from .plan import plan_rows
 
         try:
-            rows = plan_rows(sweep, Store(storage, sweep.name), cpu_here=cpu_here)
-            for row in rows if args.restart else ():  # every trial runs again: its records do not count
-                row["records"] = []
+            rows = plan_rows(sweep, Store(storage, sweep.name), cpu_here=cpu_here, restart=args.restart,
+                             only_to_run=True)
             line = _fit_refusal(sweep, rows, gpu_memory, host_memory)
         except Exception as exc:  # noqa: BLE001 - a plan that fails never stops a sweep: its trials say what fits
             logging.getLogger(__name__).warning("memory plan failed, cells not checked: %s: %s", type(exc).__name__, exc)

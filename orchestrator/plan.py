@@ -19,7 +19,6 @@ from rich.table import Table
 
 from trials.measure import memory_plan
 from trials import models
-from trials.measure.metrics import flops_per_step
 from trials.spec import TrialSpec
 
 from .store import Store, trial_key
@@ -63,6 +62,8 @@ def estimate_flops_guess(spec: TrialSpec) -> tuple[float, bool]:
     the source builds (under fake tensors, at the cell's batch and seq), times 3 for forward and backward,
     plus causal attention by MiniGPT's formula over the model's units; where the module cannot run under
     fake tensors, 6 x parameters per token (a guess)."""
+    from trials.measure.metrics import flops_per_step  # imports torch: only where a cell is planned
+
     facts = models.describe(spec)
     steps = spec.train_steps + spec.bench_steps * spec.repeats
     tokens = spec.tokens
@@ -80,15 +81,22 @@ def estimate_flops_guess(spec: TrialSpec) -> tuple[float, bool]:
 
 
 def plan_rows(sweep: Sweep, store: Store, unsupported: dict[str, str] | None = None,
-              cpu_here: bool = False) -> list[dict[str, Any]]:
+              cpu_here: bool = False, restart: bool = False, only_to_run: bool = False) -> list[dict[str, Any]]:
     """One row per cell; ``cpu_here``: this machine has no GPU, so its ``device: auto`` cells run on CPU. The store
-    is read as it is, before any lock on it: an unreadable record is moved aside by the run that holds the lock."""
-    statuses = store.statuses(quarantine=False)
+    is read as it is, before any lock on it: an unreadable record is moved aside by the run that holds the lock.
+    ``restart``: the records do not count (every trial runs again). ``only_to_run``: the rows of cells with a trial
+    still to run alone, what a sweep's fit check reads: a finished sweep run again plans nothing (and imports no
+    torch in its driver)."""
+    statuses = {} if restart else store.statuses(quarantine=False)
     unsupported = unsupported or {}
-    return [plan_row(cell.spec, cell.label, cell.cell_id, cpu_here,
-                     [s for s in (statuses.get(trial_key(cell.cell_id, i)) for i in range(sweep.samples)) if s],
-                     sweep.samples, unsupported.get(cell.cell_id))
-            for cell in sweep.cells]
+    rows = []
+    for cell in sweep.cells:
+        records = [s for s in (statuses.get(trial_key(cell.cell_id, i)) for i in range(sweep.samples)) if s]
+        if only_to_run and not runs_left(records, sweep.samples):
+            continue
+        rows.append(plan_row(cell.spec, cell.label, cell.cell_id, cpu_here, records, sweep.samples,
+                             unsupported.get(cell.cell_id)))
+    return rows
 
 
 def plan_row(spec: TrialSpec, label: str, cell_id: str, cpu_here: bool, records: list[str] | None = None,
@@ -200,12 +208,14 @@ def plan_table(sweep: Sweep, rows: list[dict[str, Any]], gpu_memory_bytes: int |
 def config_defaults(sweep: Sweep) -> list[str]:
     """One line per model and shape of the sweep whose size values came from transformers' config defaults (a bare
     ``hf:llama`` keeps Llama-2-7B's 11008-wide MLP at any d_model): what the sweep set, beside those defaults."""
-    from trials.models.hf import SHAPE_NAMES  # the shape fields a transformers model takes
-
     out: dict[str, None] = {}
     for cell in sweep.cells:
+        if not models.parse(cell.spec.model).source.config_defaults:
+            continue
         facts = models.describe(cell.spec)
         if facts.defaults:
+            from trials.models.hf import SHAPE_NAMES  # the shape fields a transformers model takes
+
             given = " ".join(f"{f}={getattr(cell.spec, f)}" for f in SHAPE_NAMES if getattr(cell.spec, f) is not None)
             built = f"; as built: {facts.moe_layers}" if facts.moe_layers else ""  # expert counts need not be used
             out[f"{cell.spec.model}: the sweep set {given or 'no shape field'}; transformers' defaults: "
@@ -249,11 +259,17 @@ def expected_ooms(rows: list[dict[str, Any]], gpu_memory_bytes: int | None,
     return [oom_line(row, limit, where) for row in rows for where, limit in _over(row, gpu_memory_bytes, host_memory_bytes)]
 
 
-def to_run(row: dict[str, Any]) -> bool:
-    """A ``plan_rows`` cell with a trial still to run: fewer final records than the sweep's samples."""
+def runs_left(records: list[str], samples: int) -> bool:
+    """A cell whose trials' statuses are ``records`` has a trial still to run: fewer final records than the
+    sweep's samples."""
     from trials.record.fields import FINAL_STATUSES
 
-    return sum(1 for status in row["records"] if status in FINAL_STATUSES) < row["samples"]
+    return sum(1 for status in records if status in FINAL_STATUSES) < samples
+
+
+def to_run(row: dict[str, Any]) -> bool:
+    """A ``plan_rows`` cell with a trial still to run."""
+    return runs_left(row["records"], row["samples"])
 
 
 def will_not_fit(rows: list[dict[str, Any]], gpu_memory_bytes: int | None,

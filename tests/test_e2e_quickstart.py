@@ -81,9 +81,14 @@ def test_tune_sees_each_trial_spec_and_metrics(quickstart):
 def test_rerun_resumes_without_running_anything(quickstart, shell):
     root, _ = quickstart
     before = {p.name: p.stat().st_mtime_ns for p in (root / "trials").iterdir()}
-    run = juicytalk("sweep", "examples/quickstart.yaml", "--out", str(root.parent), "--no-progress", "--no-report", env=shell)
+    # Python's import profile (-X importtime) on stderr: a finished sweep's memory plan reads no cell, so its driver
+    # never imports torch (~3 CPU-s) nor fake tensors' sympy (~2)
+    run = juicytalk("sweep", "examples/quickstart.yaml", "--out", str(root.parent), "--no-progress", "--no-report",
+                    env={**shell, "PYTHONPROFILEIMPORTTIME": "1"})
     assert run.returncode == 0, run.stderr[-2000:]
     assert "6 already done, 0 run now" in " ".join(run.stdout.split()) and "busy fraction" not in run.stdout
+    imported = {line.rsplit("|", 1)[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")}
+    assert "orchestrator.store" in imported and not imported & {"torch", "sympy"}, sorted(imported & {"torch", "sympy"})
     assert {p.name: p.stat().st_mtime_ns for p in (root / "trials").iterdir()} == before
 
 

@@ -72,6 +72,9 @@ class Source:
     te_own: bool = False
     # how the source finds its model's units (FSDP2's, activation checkpointing's): said in errors and docs
     units: str = ""
+    # its sizes may come from a config class's defaults where the sweep set none (``Facts.defaults``); MiniGPT's are
+    # the spec's, a factory's its own: a plan of their cells need not describe them (which imports torch) to say so
+    config_defaults: bool = False
 
     @property
     def infer(self) -> bool:
@@ -98,6 +101,7 @@ SOURCES: dict[str, Source] = {s.name: s for s in (
     # decode graphs through transformers' StaticCache (trials/workloads/serving/hf.py); training graphs each decoder
     # layer (transformers' mask code inspects its inputs on the host, which a capture of the whole forward cannot hold)
     Source("hf", ("te", "torch", "torchao"), parallel=True, graphs=("train", "infer"), server="hf",
+           config_defaults=True,
            units="each module of a class its _no_split_modules names (its decoder layers), else each child of its "
                  "largest nn.ModuleList"),
     # a factory's module serves when it is a transformers causal LM (trials/workloads/serving/hf.py says why), else the
