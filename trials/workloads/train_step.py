@@ -32,7 +32,7 @@ from ..backends.te_microbatch import FirstMicroBatch
 from ..measure import memory
 from .data import ArithmeticSequences
 from .loss import next_token_loss
-from .unit_graphs import ROOT_EAGER, GraphFacts, UnitGraphs, record_calls, refusal
+from .unit_graphs import ROOT_EAGER, GraphFacts, UnitGraphs, record_calls, refusal, torch_graphed
 from ..models.minigpt_net import MiniGPT
 from ..spec import TrialSpec
 
@@ -136,7 +136,7 @@ class TrainStep:
                 if cache:
                     self.graph_kwargs = lambda first: {"is_first_microbatch": first}
             else:
-                self.forward = torch.cuda.make_graphed_callables(root, (sample,))
+                self.forward = torch_graphed(root, (sample,))
             graphs, eager = 2, WHOLE_EAGER
         self.graphed = True
         if self.grad_accum > 1:

@@ -198,6 +198,18 @@ def record_calls(model: nn.Module, units: tuple[str, ...], sample: torch.Tensor
     return tuple(units[i] for i in ran), [seen[i][0] for i in ran], ""
 
 
+def torch_graphed(modules: Any, samples: tuple, **kwargs: Any) -> Any:
+    """``torch.cuda.make_graphed_callables`` with the CUDA generator left as it found it: its warm-up runs the modules
+    eagerly (three forward and backward passes), and dropout inside them draws masks the eager step never draws, so a
+    graphed loss curve would part from the eager one at the same seed. TE's graphing restores it the same way."""
+    generator = torch.cuda.default_generators[torch.cuda.current_device()]
+    state = generator.get_state()
+    try:
+        return torch.cuda.make_graphed_callables(modules, samples, **kwargs)
+    finally:
+        generator.set_state(state)
+
+
 class UnitGraphs:
     """A model's units captured as CUDA graphs (:meth:`capture`), replayed inside :meth:`replaying`."""
 
@@ -225,7 +237,7 @@ class UnitGraphs:
         if te is not None:
             graphed = te_compat.make_graphed_callables(te, wrapped, samples, recipe, cache_weights)
         else:
-            graphed = torch.cuda.make_graphed_callables(wrapped, samples, allow_unused_input=True)
+            graphed = torch_graphed(wrapped, samples, allow_unused_input=True)
         return cls(model, units, calls, tuple(graphed), cache_weights)
 
     def _dispatch(self, i: int, eager: Callable[..., Any]) -> Callable[..., Any]:
