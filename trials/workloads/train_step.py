@@ -148,8 +148,8 @@ class TrainStep:
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One optimizer step on ``x``, ``y`` (rows, seq): ``grad_accum`` micro-batches of rows / grad_accum."""
-        if self.kept_grads and self.kept_grads[0].grad is None:  # first step, or a read cleared them
-            for p in self.kept_grads:
+        for p in self.kept_grads:  # first step, or a read cleared them: each one cleared, not only where the first is
+            if p.grad is None:  # (autograd may keep a graph's own gradient buffer as .grad: capture's docstring)
                 p.grad = torch.zeros_like(p)
         if self.grad_accum == 1:
             loss = self._forward_backward(x, y, None)
