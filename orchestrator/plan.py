@@ -210,7 +210,7 @@ def config_defaults(sweep: Sweep) -> list[str]:
     ``hf:llama`` keeps Llama-2-7B's 11008-wide MLP at any d_model): what the sweep set, beside those defaults."""
     out: dict[str, None] = {}
     for cell in sweep.cells:
-        if not models.parse(cell.spec.model).source.config_defaults:
+        if not cell.spec.source.config_defaults:
             continue
         facts = models.describe(cell.spec)
         if facts.defaults:
