@@ -94,7 +94,8 @@ def test_graphed_training_gives_the_eager_losses_at_the_same_seed(extra, tol, re
 def test_a_unit_that_cannot_be_graphed_says_why(factory, status, words, backend, request):
     """A unit whose forward reads a value on the host fails its capture: the trial is unsupported in the capture's
     words, and the next trial in the process (TE's capture flag cleared, Python's gc, which TE stops around a
-    capture, running again) trains graphed. Units that cannot be graphed at all leave the step eager, the record
+    capture, running again, the capture's side stream no longer current, and torch's CUDA generator no longer
+    marked capturing: the next model's init draws from it) trains graphed. Units that cannot be graphed at all leave the step eager, the record
     saying why."""
     _needs({"backend": backend}, request)
     spec = TrialSpec(**{**BASE, "model": f"py:tests.fixtures.factories:{factory}", "vocab": 96, "backend": backend,
@@ -103,7 +104,7 @@ def test_a_unit_that_cannot_be_graphed_says_why(factory, status, words, backend,
     assert rec["status"] == status, rec["error"]
     if status == "unsupported":
         assert rec["error"].startswith(f"Unsupported: {words}"), rec["error"]
-        assert gc.isenabled()
+        assert gc.isenabled() and torch.cuda.current_stream() == torch.cuda.default_stream()
         after = run_trial(spec.replace(model="py:tests.fixtures.factories:named_units"))
         assert after["status"] == "ok" and after["graphs_per_step"] == 4, after["error"]
     else:

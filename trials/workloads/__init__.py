@@ -10,7 +10,7 @@ teacher-forced comparison, which trains a second model):
             KV-cached decode, compare FP8 tokens with BF16's
 
 and what they share: ``train_step`` (the step and the short training run), ``unit_graphs`` (a model's units
-CUDA-graphed for training), ``loss`` (the trial's loss), ``data`` (the seeded synthetic sequences),
+CUDA-graphed for training), ``graph_capture`` (a failed capture leaves the process sound), ``loss`` (the trial's loss), ``data`` (the seeded synthetic sequences),
 ``teacher_forced`` (the FP8 cell against its BF16 partner), ``generation`` (the stride check), ``decode`` and
 ``serving/`` (prefill and KV-cached decode, one module per way a model keeps its cache).
 May import every other part of ``trials/`` (a workload is where they meet); ``trials.measure`` may read

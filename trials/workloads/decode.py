@@ -22,6 +22,7 @@ import torch
 
 from ..backends import te_compat
 from ..models.minigpt_net import MiniGPT, rope_freqs
+from .graph_capture import sound_after_failure
 from .teacher_forced import host_log_probs
 
 KV_LEN_MULTIPLE = 64  # TE's non-paged KV cache is sized in multiples of 64 tokens
@@ -184,7 +185,7 @@ class Generator:
         torch.cuda.current_stream().wait_stream(side)
         self._begin_decode()
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with sound_after_failure(), torch.cuda.graph(self.graph):
             self._decode()
         self.cache.reset()
 

@@ -32,6 +32,7 @@ from ..backends.te_microbatch import FirstMicroBatch
 from ..measure import memory
 from .data import ArithmeticSequences
 from .loss import next_token_loss
+from .graph_capture import sound_after_failure
 from .unit_graphs import ROOT_EAGER, GraphFacts, UnitGraphs, record_calls, refusal, torch_graphed
 from ..models.minigpt_net import MiniGPT
 from ..spec import TrialSpec
@@ -131,12 +132,13 @@ class TrainStep:
             graphs, eager = 2 * len(units), f"{len(units)} units graphed; {ROOT_EAGER}"
         else:  # MiniGPT's forward, whole, through a root of its own: the model's forward stays its own
             root = type("GraphedMiniGPT", (_GraphRoot,), {})(self.model)
-            if self.te is not None:
-                self.forward = te_compat.make_graphed_callables(self.te, root, (sample,), self.recipe, cache)
-                if cache:
-                    self.graph_kwargs = lambda first: {"is_first_microbatch": first}
-            else:
-                self.forward = torch_graphed(root, (sample,))
+            with sound_after_failure():
+                if self.te is not None:
+                    self.forward = te_compat.make_graphed_callables(self.te, root, (sample,), self.recipe, cache)
+                    if cache:
+                        self.graph_kwargs = lambda first: {"is_first_microbatch": first}
+                else:
+                    self.forward = torch_graphed(root, (sample,))
             graphs, eager = 2, WHOLE_EAGER
         self.graphed = True
         if self.grad_accum > 1:

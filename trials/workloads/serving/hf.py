@@ -55,6 +55,7 @@ import torch.nn as nn
 from ... import models
 from ...backends import te_compat
 from ..decode import Clock, Generation, timed_generation
+from ..graph_capture import sound_after_failure
 from ...models.common import Logits, logits_of
 from ..teacher_forced import host_log_probs
 
@@ -251,7 +252,7 @@ class StaticGenerator(HFGenerator):
         self.cache.reset()
         self.position.fill_(0)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with sound_after_failure(), torch.cuda.graph(self.graph):
             self._decode()
         self.cache.reset()
         torch.cuda.synchronize()
