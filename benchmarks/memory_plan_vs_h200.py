@@ -3,7 +3,11 @@
 Every ``ok`` training record under docs/results/h200 (one per cell and run) is turned back into its spec and
 planned on this machine (no GPU needed: the plan runs the module under fake tensors); the measured peak is
 ``peak_mem_allocated_bytes - mem_at_start_bytes``. Prints estimate/measured per stack, precision and
-``compile``, then the cells furthest from 1. Usage:
+``compile``, then the cells furthest from 1. Records of unit-graphed cells that measured their graphs' pool
+(``graph_pool_bytes``) are planned graphed and listed apart: the planned pool against the measured one, and the
+planned peak against the peak held (the allocator's, plus ``graph_pool_free_bytes`` where the record has it).
+Older graphed records (MiniGPT's whole-forward graphs, without the pool's bytes) are planned as their eager twin, as
+they always were here. Usage:
     python benchmarks/memory_plan_vs_h200.py [RESULTS_DIR]
 """
 
@@ -20,8 +24,8 @@ from trials.measure import memory_plan
 from trials.spec import TrialSpec
 
 
-def spec_of(record: pd.Series) -> TrialSpec:
-    names = {f.name for f in dataclasses.fields(TrialSpec)} - {"tokens_per_step", "cuda_graphs"}
+def spec_of(record: pd.Series, graphed: bool = False) -> TrialSpec:
+    names = {f.name for f in dataclasses.fields(TrialSpec)} - {"tokens_per_step"} - (set() if graphed else {"cuda_graphs"})
     kw = {k: (v.item() if hasattr(v, "item") else v) for k, v in record.items()
           if k in names and v is not None and not (isinstance(v, float) and pd.isna(v))}
     # an int field's column with a null in it reads back as floats (ac_every 2.0, which the spec refuses)
@@ -39,8 +43,12 @@ def main(root: Path) -> None:
         if "workload" in df:
             df = df[df["workload"] == "train"]
         frames.append(df.assign(run=path.parent.name).drop_duplicates("cell_id"))
-    rows = []
+    rows, pools = [], []
     for _, rec in pd.concat(frames).iterrows():
+        pool = rec.get("graph_pool_bytes")
+        if bool(rec.get("cuda_graphs")) and pool is not None and not pd.isna(pool):
+            pools.append(graphed_row(rec))
+            continue
         plan = memory_plan.plan(spec_of(rec))
         start = rec.get("mem_at_start_bytes")
         measured = rec["peak_mem_allocated_bytes"] - (0 if start is None or pd.isna(start) else start)
@@ -56,6 +64,21 @@ def main(root: Path) -> None:
     within = (res["ratio"] - 1).abs() <= 0.15
     print(f"within 15%: {within.sum()} of {len(res)}")
     print(res.loc[~within].round(3).to_string(index=False))
+    if pools:
+        print(f"\n{len(pools)} graphed training records; planned / measured pool and peak (held: the allocator's peak "
+              "and, where recorded, the pool's free bytes):")
+        print(pd.DataFrame(pools).round(3).to_string(index=False))
+
+
+def graphed_row(rec: pd.Series) -> dict:
+    plan = memory_plan.plan(spec_of(rec, graphed=True))
+    start, free = rec.get("mem_at_start_bytes"), rec.get("graph_pool_free_bytes")
+    held = (rec["peak_mem_allocated_bytes"] - (0 if start is None or pd.isna(start) else start)
+            + (0 if free is None or pd.isna(free) else free))
+    return {"run": rec["run"], "cell": rec["cell_label"], "pool_est_gib": plan.graph_pool / 2**30,
+            "pool_gib": rec["graph_pool_bytes"] / 2**30, "pool_ratio": plan.graph_pool / rec["graph_pool_bytes"],
+            "est_gib": plan.total / 2**30, "held_gib": held / 2**30,
+            "free_recorded": free is not None and not pd.isna(free), "ratio": plan.total / held}
 
 
 if __name__ == "__main__":

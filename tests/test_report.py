@@ -1131,11 +1131,17 @@ def test_graphed_cells_against_their_eager_twins_speed_cost_and_loss_at_the_same
         if sample == 1:
             losses[1] *= 1 + moved
         store.write_record(rec(graphed, sample, graphed_ms[sample], loss_curve=losses, graphs_per_step=4,
-                               graph_capture_s=2.5, graph_pool_bytes=3 * 2**30, est_graph_pool_bytes=2 * 2**30))
+                               graph_capture_s=2.5, graph_pool_bytes=3 * 2**30, est_graph_pool_bytes=2 * 2**30,
+                               peak_mem_allocated_bytes=10 * 2**30, graph_pool_free_bytes=2**30,
+                               est_peak_mem_bytes=12 * 2**30))
     moe = TrialSpec(d_model=256, n_layers=2, backend="torch", precision="fp32", cuda_graphs=True)
     store.write_record(rec(moe, 0, 12.0, graphs_per_step=0, cuda_graphs_why="unit h.0 holds MoE experts; the step "
                            "ran eager"))
-    rows = {r["cell"]: r for r in _md_section(open(build_report(store.root).md_path).read(), "Graphed against eager")}
+    md = open(build_report(store.root).md_path).read()
+    rows = {r["cell"]: r for r in _md_section(md, "Graphed against eager")}
+    held = next(r for r in _md_section(md, "All cells") if r["cell_label"] == "d256-torch-bf16-graphs")
+    # the pool's free bytes are held too: 12 GiB planned over 10 allocated + 1 free
+    assert (float(held["peak_gib"]), float(held["est_over_peak"])) == (11, pytest.approx(12 / 11, rel=1e-3))
     row = rows["d256-torch-bf16-graphs"]
     assert row["eager twin"] == "d256-torch-bf16" and row["seeds compared"] == "3" and row["CI over"] == "samples"
     assert float(row["speedup"]) == pytest.approx(np.median(eager_ms) / np.median(graphed_ms), rel=5e-3)

@@ -157,19 +157,19 @@ def test_the_graph_fields_are_declared_once_with_their_types():
     from trials.workloads.unit_graphs import GraphFacts
 
     types = {f.name: f.type for f in FIELDS}
-    assert {k: types[k] for k in ("graphs_per_step", "graph_capture_s", "graph_pool_bytes", "est_graph_pool_bytes",
-                                  "cuda_graphs_why")} == {"graphs_per_step": "int", "graph_capture_s": "float",
-                                                          "graph_pool_bytes": "int", "est_graph_pool_bytes": "int",
-                                                          "cuda_graphs_why": "str"}
-    validate({**empty_record(), **GraphFacts(64, 1.5, 3 << 30, "32 units graphed").record()})
+    assert {k: types[k] for k in ("graphs_per_step", "graph_capture_s", "graph_pool_bytes", "graph_pool_free_bytes",
+                                  "est_graph_pool_bytes", "cuda_graphs_why")} == {
+        "graphs_per_step": "int", "graph_capture_s": "float", "graph_pool_bytes": "int", "graph_pool_free_bytes": "int",
+        "est_graph_pool_bytes": "int", "cuda_graphs_why": "str"}
+    validate({**empty_record(), **GraphFacts(64, 1.5, 3 << 30, 1 << 30, "32 units graphed").record()})
 
 
 @pytest.mark.parametrize("model,extra", [("hf:llama", dict(n_kv_heads=2, ffn=128)),
                                          ("py:tests.fixtures.factories:named_units", {})])
 def test_the_memory_plan_of_a_unit_graphed_cell_holds_the_pool(model, extra):
-    """The units' saved bytes and gradient buffers move into the graphs' pool, with each graph's static inputs and
-    outputs; what stays eager is the root's. The peak adds the pool, whose gradient buffers are the gradients, but
-    under accumulation (kept allocated apart)."""
+    """The units' saved bytes and gradient buffers move into the graphs' pool, both at once, with each graph's static
+    inputs and outputs; what stays eager is the root's. The peak adds the pool, whose gradient buffers are the
+    gradients, but under accumulation (kept allocated apart)."""
     from trials.measure import memory_plan
 
     graphed = TrialSpec(model=model, device="cuda", cuda_graphs=True, backend="torch", **{**TINY, **extra})
@@ -178,8 +178,9 @@ def test_the_memory_plan_of_a_unit_graphed_cell_holds_the_pool(model, extra):
     probe = memory_plan.probe(graphed)
     assert eager.graph_pool == 0 and plan.graph_pool > 0 and not plan.guess
     assert plan.activations == sum(probe.activations.outside.values()) < eager.activations
-    assert plan.graph_pool >= eager.activations - plan.activations  # the units' saves are in the pool
-    assert plan.graph_pool >= probe.weight_bytes - probe.outside_weight_bytes  # so are their gradients' buffers
+    # the units' saves and their gradients' buffers are in the pool together (the allocator reuses little of one
+    # for the other: H100, Llama-3-8B's shape, measured 0.62-1.03 of the sum and 1.1-2.2x the larger alone)
+    assert plan.graph_pool > (eager.activations - plan.activations) + (probe.weight_bytes - probe.outside_weight_bytes)
     assert plan.grads == probe.outside_weight_bytes < eager.grads and plan.logits == eager.logits
     assert plan.total == (plan.weights + plan.optimizer + plan.graph_pool
                           + max(plan.activations + plan.logits, plan.grads))
@@ -197,7 +198,7 @@ def test_the_memory_plan_of_minigpts_whole_graph_holds_its_logits_in_the_pool():
     eager, plan = memory_plan.plan(graphed.replace(cuda_graphs=False)), memory_plan.plan(graphed)
     logits = graphed.batch_size * graphed.seq_len * graphed.vocab
     assert plan.logits == logits * memory_plan.LOGITS_BYTES < eager.logits  # the bf16 logits are the graph's output
-    assert plan.graph_pool >= 2 * logits * 2 + eager.grads and plan.grads == 0
+    assert plan.graph_pool >= 2 * logits * 2 + eager.grads + eager.activations - plan.activations and plan.grads == 0
     assert plan.activations == memory_plan.loss_saved_bytes(graphed.batch_size, graphed.seq_len, graphed.vocab, 2)
 
 

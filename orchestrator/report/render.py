@@ -48,6 +48,13 @@ ENV_FIELDS = ["gpu_name", "compute_capability", "driver_version", "cuda_version"
               "ray_version", "python_version", "juicytalk_version", "git_sha", "hostname"]
 
 
+def held_peak(df: pd.DataFrame) -> pd.Series:
+    """Each record's measured peak of device memory held: the allocator's peak, plus, in a graphed cell, the bytes
+    of its graphs' pool that the allocator counts free and the replays use (graph_pool_free_bytes)."""
+    free = df["graph_pool_free_bytes"] if "graph_pool_free_bytes" in df else pd.Series(0.0, index=df.index)
+    return df["peak_mem_allocated_bytes"].astype(float) + free.astype(float).fillna(0.0)
+
+
 def _num(v, digits=2):
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return None
@@ -160,8 +167,9 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
                          "generations), medians over samples; " + conditions(everything),
                          energy.round({f: 2 for f in ENERGY_FIELDS})))
     estimated = df["est_peak_mem_bytes"] if "est_peak_mem_bytes" in df else pd.Series(float("nan"), index=df.index)
-    cells = df.assign(peak_gib=df["peak_mem_allocated_bytes"] / 2**30, est_gib=estimated.astype(float) / 2**30,
-                      est_over_peak=estimated.astype(float) / df["peak_mem_allocated_bytes"].astype(float)).groupby(
+    held = held_peak(df)
+    cells = df.assign(peak_gib=held / 2**30, est_gib=estimated.astype(float) / 2**30,
+                      est_over_peak=estimated.astype(float) / held).groupby(
         ["cell_label", "cell_id", "variant", "cuda_graphs", "d_model", "n_layers", *varying], dropna=False,
         sort=True).agg(
         samples=("status", "size"), status=("status", lambda s: ",".join(sorted(set(s)))),
@@ -178,8 +186,10 @@ def summary_sections(df: pd.DataFrame, pairs: Pairs, comparison: pd.DataFrame | 
                         ("stride_acc", 3)):  # significant figures
         cells[col] = [round_sig(v, digits) for v in cells[col].astype(float)]
     if not df.empty:
-        sections.append(("All cells", "medians over samples; status lists every sample's status; est_gib: the memory "
-                         "plan's peak (docs/guide/memory.md), est_over_peak: it over the measured peak_gib", cells))
+        sections.append(("All cells", "medians over samples; status lists every sample's status; peak_gib: the "
+                         "allocator's peak, and in graphed cells their pool's free bytes too (graph_pool_free_bytes: "
+                         "the replays use them, the allocator counts them free); est_gib: the memory plan's peak "
+                         "(docs/guide/memory.md), est_over_peak: it over peak_gib", cells))
     eff = run_efficiency(everything).round({"wall_s": 1, "busy_s": 1, "busy_fraction": 3, "busy_per_gpu": 3,
                                      "overhead_s_median": 2, "first_step_s_median": 2, "startup_s_median": 2,
                                      "trials_per_process": 1})

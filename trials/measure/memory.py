@@ -152,14 +152,18 @@ def snapshot(baseline: Baseline, record: dict) -> dict[str, int | None]:
     }
 
 
-def graph_pool_bytes() -> int | None:
-    """Bytes the allocator holds in CUDA graphs' private memory pools (segments of a pool other than the default,
-    (0, 0)): what captured graphs keep for their replays. None where this torch's snapshot does not say which pool
-    a segment is of."""
+def graph_pools() -> tuple[int, int] | None:
+    """(held, free): bytes the allocator holds in CUDA graphs' private memory pools (segments of a pool other than
+    the default, (0, 0)), what captured graphs keep for their replays, and of those the bytes free to the allocator.
+    Free ones were freed during the capture (what a graphed forward saved for its backward, temporaries) and are
+    written again by every replay: torch's allocated counters never count them, while the pool keeps them from any
+    other use. None where this torch's snapshot does not say which pool a segment is of."""
     segments = torch.cuda.memory_snapshot()
     if any("segment_pool_id" not in s for s in segments):
         return None
-    return sum(int(s["total_size"]) for s in segments if tuple(s["segment_pool_id"]) != (0, 0))
+    pools = [s for s in segments if tuple(s["segment_pool_id"]) != (0, 0)]
+    held = sum(int(s["total_size"]) for s in pools)
+    return held, held - sum(int(s["allocated_size"]) for s in pools)
 
 
 def release(device: str) -> None:

@@ -34,9 +34,9 @@ The parts of one rank, in the cell's weight dtype (fp32 for fp32 cells, bf16 oth
                  loss's backward the fp32 gradient of its log-softmax and of its input
     graph pool   ``cuda_graphs`` cells: what the captured graphs keep in their private memory pool between steps
                  (:func:`graph_parts`; the record's ``est_graph_pool_bytes``, beside the measured
-                 ``graph_pool_bytes``): each graph's static inputs and outputs, and the larger of what the graphed
-                 forwards save for backward and the graphed parameters' gradients (the pool's memory is reused from
-                 one capture to the next, saved tensors freed by a backward's capture, gradients made by it). What
+                 ``graph_pool_bytes``): each graph's static inputs and outputs, what the graphed forwards save for
+                 backward and the graphed parameters' gradients, all at once (the allocator reuses little of
+                 the saves a backward's capture frees for the gradients it makes: :func:`graph_parts`). What
                  is graphed is then no longer in activations, logits or grads: those are the eager root's
 
 The peak is weights + optimizer + graph pool + max(activations + recomputed + logits, grads): at the start of
@@ -375,21 +375,24 @@ def graph_parts(spec: Any, got: Probe, width: int, batch: int, vocab: int, grads
     the :data:`GRAPH_IO_COPIES`; what a unit saves of its own input is that static input; the root (embeddings,
     final norm, head, the loss) and the logits eager as before. The graphed parameters' gradients are static
     buffers of the pool, which autograd keeps as ``.grad`` (torch's graphs and TE's, as trials/backends/te_compat.py
-    asks); under accumulation the gradients are kept allocated outside the graphs, every one besides the pool."""
+    asks); under accumulation the gradients are kept allocated outside the graphs, every one besides the pool.
+    The pool holds the saved bytes and the gradients together, not the larger of them: every forward graph is
+    captured, its saves held, before the first backward graph, and a backward's gradient buffers (a 4096 x 14336
+    weight's: 112 MiB) rarely fit the blocks the saves it frees leave (56 MiB at most there), so the allocator
+    reuses little of them (docs/guide/memory.md, "CUDA graphs": measured 0.62-1.03 of this sum on an H100)."""
     acts = got.activations
     logits = batch * spec.seq_len * vocab
     outside_kept = spec.grad_accum > 1
     if spec.source.graphs_whole:
         loss = loss_saved_bytes(batch, spec.seq_len, vocab, width)
         static = 2 * logits * width + batch * spec.seq_len * 8  # the logits and their gradient; the int64 ids
-        pool = static + max(acts.held() - loss, grads)
+        pool = static + acts.held() - loss + grads
         return pool, loss, logits * LOGITS_BYTES, grads if outside_kept else 0
     static = saved = 0
     for own, handed in zip(acts.units, acts.unit_inputs):
         static += sum(handed.values()) + GRAPH_IO_COPIES * max(handed.values(), default=0)
         saved += sum(size for key, size in own.items() if key not in handed)
-    unit_grads = grads - got.outside_weight_bytes
-    pool = static + max(saved, unit_grads)
+    pool = static + saved + grads - got.outside_weight_bytes
     return (pool, sum(acts.outside.values()), logits * (width + LOGITS_BYTES),
             grads if outside_kept else got.outside_weight_bytes)
 

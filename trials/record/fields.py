@@ -85,6 +85,10 @@ FIELDS: list[Field] = [
        "their compiling too, which eager compiled cells hold in first_step_s)."),
     _f("graph_pool_bytes", "int", "train, cuda_graphs cells: bytes the allocator holds in CUDA graphs' private memory "
        "pools once the capture is done (what the graphs keep between replays; est_graph_pool_bytes plans it)."),
+    _f("graph_pool_free_bytes", "int", "train, cuda_graphs cells: of graph_pool_bytes, those free to the allocator "
+       "(freed during the capture: what the graphed forwards save for backward, temporaries), which every replay "
+       "writes and no other tensor may use; peak_mem_allocated_bytes never counts them, so a graphed cell holds "
+       "its peak plus these."),
     _f("compile", "bool", "The model ran torch.compile'd (torch and torchao backends): each unit (decoder layer) "
        "where the model has units, as torchtitan compiles, else the whole model; compiling is in first_step_s."),
     _f("world_size", "int", "Ranks (GPUs; CPU: processes) the trial spans; batch_size is per rank."),
@@ -319,8 +323,8 @@ FIELDS: list[Field] = [
        "batch (one micro-batch) and seq (null where the module cannot run under fake tensors and the plan is a guess); "
        "cuda_graphs cells: what the eager part saves (the graphs' saved bytes are in est_graph_pool_bytes)."),
     _f("est_graph_pool_bytes", "int", "train, cuda_graphs cells: the memory plan's graph pool (in est_peak_mem_bytes): "
-       "the graphs' static inputs and outputs and the larger of what the graphed forwards save and the graphed "
-       "parameters' gradients; beside the measured graph_pool_bytes (null where the plan is a guess)."),
+       "the graphs' static inputs and outputs, what the graphed forwards save and the graphed parameters' gradients, "
+       "all held at once; beside the measured graph_pool_bytes (null where the plan is a guess)."),
     # -- numerics
     _f("fp8_state", "str", "JSON: scale, newest and max amax of block 0's FP8 tensors (delayed scaling; a model TE "
        "converted: of its first four modules TE scales)."),

@@ -120,7 +120,7 @@ class TrainStep:
             if why:
                 log.warning("cuda_graphs: %s; the step runs eager", why)
                 return GraphFacts(0, why=f"{why}; the step ran eager")
-        pool = memory.graph_pool_bytes()
+        pools = memory.graph_pools()
         if not whole:
             try:
                 self.unit_graphs = UnitGraphs.capture(self.model, units, calls, self.te, self.recipe, cache)
@@ -144,9 +144,9 @@ class TrainStep:
         if self.grad_accum > 1:
             self.kept_grads = [p for p in self.model.parameters() if p.requires_grad]
         torch.cuda.synchronize()
-        after = memory.graph_pool_bytes()
-        return GraphFacts(graphs * self.grad_accum, time.perf_counter() - t0,
-                          None if after is None or pool is None else after - pool, eager)
+        after = memory.graph_pools()
+        held, free = (None, None) if after is None or pools is None else (after[0] - pools[0], after[1] - pools[1])
+        return GraphFacts(graphs * self.grad_accum, time.perf_counter() - t0, held, free, eager)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One optimizer step on ``x``, ``y`` (rows, seq): ``grad_accum`` micro-batches of rows / grad_accum."""

@@ -65,17 +65,20 @@ log = logging.getLogger(__name__)
 class GraphFacts:
     """What a graphed step's capture did, for the record: graph replays per optimizer step (forward and backward
     graphs, once per micro-batch; 0: nothing was graphed), the capture's seconds (warm-up passes included), the
-    bytes the graphs' private memory pool holds after it (None where the allocator does not say), and what runs
+    bytes the graphs' private memory pool holds after it and of those the ones free to the allocator, which the
+    replays use (trials/measure/memory.py ``graph_pools``; None where the allocator does not say), and what runs
     outside the graphs, or why nothing was graphed."""
 
     graphs_per_step: int
     capture_s: float | None = None
     pool_bytes: int | None = None
+    pool_free_bytes: int | None = None
     why: str = ""
 
     def record(self) -> dict[str, Any]:
         return {"graphs_per_step": self.graphs_per_step, "graph_capture_s": self.capture_s,
-                "graph_pool_bytes": self.pool_bytes, "cuda_graphs_why": self.why or None}
+                "graph_pool_bytes": self.pool_bytes, "graph_pool_free_bytes": self.pool_free_bytes,
+                "cuda_graphs_why": self.why or None}
 
 
 ROOT_EAGER = ("the root (embeddings, final norm, LM head), the loss and the optimizer step run eager between them "
