@@ -20,7 +20,8 @@
 # (examples/fp8-numerics-shapes.yaml), GRAPHS_S issue 56's graphed full-depth study (examples/full-depth-graphs.yaml,
 # or GRAPHS_FILE: a sweep of the same name holding some of its cells), LOSSES_S its graphed cells' loss curves
 # against their eager twins' (benchmarks/graph_losses.py; LOSSES_ONLY label substrings, LOSSES_LAYERS, default 4), TE_PLAIN_S / PLAIN_S the full-depth cells' plain loops
-# (benchmarks/te_hf_loop.py, hf_loop.py; TE_ONLY / PLAIN_ONLY: label substrings, space
+# (benchmarks/te_hf_loop.py, hf_loop.py; PLAIN_FILE another sweep's cells, such as examples/full-depth-graphs.yaml;
+# TE_ONLY / PLAIN_ONLY: label substrings, space
 # separated, pick the cells; ROUNDS, default 2, the interleaved rounds of each; KERNELS=1: both sides profiled,
 # kernel ms per class and the GPU's idle gap side by side). What each
 # printed, and each study's store as a .tgz, land in $OUT. The host has no plotly: reports are made afterwards,
@@ -97,16 +98,16 @@ if [ "${LOSSES_S:-0}" -gt 0 ]; then
 fi
 ROUNDS=${ROUNDS:-2}
 if [ "${TE_PLAIN_S:-0}" -gt 0 ]; then
-  echo "== python3 benchmarks/te_hf_loop.py --sweep examples/full-depth.yaml --only ${TE_ONLY:=te-} --rounds $ROUNDS at $(el) s"
+  echo "== python3 benchmarks/te_hf_loop.py --sweep ${PLAIN_FILE:=examples/full-depth.yaml} --only ${TE_ONLY:=te-} --rounds $ROUNDS at $(el) s"
   # shellcheck disable=SC2086 # TE_ONLY: substrings, one argument each
-  step plain-te "$TE_PLAIN_S" python3 benchmarks/te_hf_loop.py --sweep examples/full-depth.yaml --only $TE_ONLY \
+  step plain-te "$TE_PLAIN_S" python3 benchmarks/te_hf_loop.py --sweep "$PLAIN_FILE" --only $TE_ONLY \
     --rounds "$ROUNDS" --steps 8 --warmup 3 --json "$OUT/plain-te.json" ${KERNELS:+--kernels}
   cat "$OUT/plain-te.txt"
 fi
 if [ "${PLAIN_S:-0}" -gt 0 ]; then
-  echo "== python3 benchmarks/hf_loop.py --sweep examples/full-depth.yaml --only ${PLAIN_ONLY:=L32-} --rounds $ROUNDS at $(el) s"
+  echo "== python3 benchmarks/hf_loop.py --sweep ${PLAIN_FILE:=examples/full-depth.yaml} --only ${PLAIN_ONLY:=L32-} --rounds $ROUNDS at $(el) s"
   # shellcheck disable=SC2086
-  step plain "$PLAIN_S" python3 benchmarks/hf_loop.py --sweep examples/full-depth.yaml --only $PLAIN_ONLY \
+  step plain "$PLAIN_S" python3 benchmarks/hf_loop.py --sweep "$PLAIN_FILE" --only $PLAIN_ONLY \
     --rounds "$ROUNDS" --steps 8 --warmup 3 --json "$OUT/plain-torch.json" ${KERNELS:+--kernels}
   cat "$OUT/plain.txt"
 fi
