@@ -1134,6 +1134,10 @@ def test_graphed_cells_against_their_eager_twins_speed_cost_and_loss_at_the_same
                                graph_capture_s=2.5, graph_pool_bytes=3 * 2**30, est_graph_pool_bytes=2 * 2**30,
                                peak_mem_allocated_bytes=10 * 2**30, graph_pool_free_bytes=2**30,
                                est_peak_mem_bytes=12 * 2**30))
+    for graphs in (False, True):  # a graphed cell whose curve is the eager one's at every step of one seed
+        same = TrialSpec(d_model=512, n_layers=2, backend="torch", precision="bf16", cuda_graphs=graphs)
+        store.write_record(rec(same, 0, 9.0, cell_id=f"same-{graphs}",
+                               cell_label="d512-torch-bf16" + ("-graphs" if graphs else "")))
     moe = TrialSpec(d_model=256, n_layers=2, backend="torch", precision="fp32", cuda_graphs=True)
     store.write_record(rec(moe, 0, 12.0, graphs_per_step=0, cuda_graphs_why="unit h.0 holds MoE experts; the step "
                            "ran eager"))
@@ -1148,5 +1152,6 @@ def test_graphed_cells_against_their_eager_twins_speed_cost_and_loss_at_the_same
     assert float(row["loss curve: largest rel. diff"]) == pytest.approx(moved, rel=5e-3)
     assert (float(row["graphs per step"]), float(row["pool GiB"]), float(row["planned pool GiB"])) == (4, 3, 2)
     assert row["loss verdict"] == "within the eager cell's seed noise"
+    assert rows["d512-torch-bf16-graphs"]["loss verdict"] == "equal to the eager curve at every step (1 seed)"
     assert rows["d256-torch-fp32-graphs"]["note"] == "ran eager: unit h.0 holds MoE experts; the step ran eager"
     assert rows["d256-torch-fp32-graphs"]["eager twin"] == "not in this run"
