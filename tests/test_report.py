@@ -548,6 +548,9 @@ def test_fp8_headline_says_when_launch_bound_steps_set_the_ratio(tmp_path):
     assert "launch-bound at d_model 256 x 2 layers:" in line and "d_model 512" not in line.split("launch-bound")[1]
     assert "not the GPU (nor FP8)" in line and "cuda_graphs: true or a larger model" in line
     assert sum("launch-bound" in l for l in lines) == 1
+    # the best (d256) was the host's pace: the best that was not follows it, before the launch-bound note
+    assert "; where the host did not set the steps: 0.769x [" in line.split("launch-bound")[0], line
+    assert "] at d_model 512 x 2 layers; launch-bound at d_model 256" in line, line
 
 
 def test_stored_records_are_judged_launch_bound_by_the_profilers_gap(tmp_path):

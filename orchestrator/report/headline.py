@@ -72,6 +72,13 @@ def best_of_each(rows: pd.DataFrame, reference: str) -> list[str]:
             line += (f"; eager: {stack.name}'s FP8 casts are fused only under torch.compile, so this is not its best "
                      "(add compile: true)")
         bound = g[g["launch_bound"].fillna(False).astype(bool)] if "launch_bound" in g else g.iloc[:0]
+        free = g.drop(bound.index)
+        if best.name in bound.index and not free.empty:  # the best is the host's pace: say FP8's own beside it
+            own = free.loc[free["ratio"].idxmax()]
+            own_interval = (f" [{fmt_sig(own['ci_low'])}, {fmt_sig(own['ci_high'])}]" if own["ci_low"] == own["ci_low"]
+                            else "")
+            line += (f"; where the host did not set the steps: {fmt_sig(own['ratio'])}x{own_interval} at "
+                     f"{_where(own, also)}")
         if not bound.empty:
             line += "; " + launch_bound_note(" and ".join(_where(r, also) for _, r in bound.sort_values("n_params").iterrows()))
         lines.append(line + ".")
