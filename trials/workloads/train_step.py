@@ -121,25 +121,25 @@ class TrainStep:
                 log.warning("cuda_graphs: %s; the step runs eager", why)
                 return GraphFacts(0, why=f"{why}; the step ran eager")
         pools = memory.graph_pools()
-        if not whole:
-            try:
-                self.unit_graphs = UnitGraphs.capture(self.model, units, calls, self.te, self.recipe, cache)
-            except torch.OutOfMemoryError:
-                raise
-            except Exception as exc:  # host code in a unit (a sync, data-dependent control flow), in torch's words
-                raise distributed.Unsupported(f"cuda_graphs: the units could not be captured: "
-                                              f"{type(exc).__name__}: {exc}") from exc
-            graphs, eager = 2 * len(units), f"{len(units)} units graphed; {ROOT_EAGER}"
-        else:  # MiniGPT's forward, whole, through a root of its own: the model's forward stays its own
-            root = type("GraphedMiniGPT", (_GraphRoot,), {})(self.model)
-            with sound_after_failure():
+        with sound_after_failure():  # either capture, where it raises, leaves the process as it found it
+            if not whole:
+                try:
+                    self.unit_graphs = UnitGraphs.capture(self.model, units, calls, self.te, self.recipe, cache)
+                except torch.OutOfMemoryError:
+                    raise
+                except Exception as exc:  # host code in a unit (a sync, data-dependent control flow), torch's words
+                    raise distributed.Unsupported(f"cuda_graphs: the units could not be captured: "
+                                                  f"{type(exc).__name__}: {exc}") from exc
+                graphs, eager = 2 * len(units), f"{len(units)} units graphed; {ROOT_EAGER}"
+            else:  # MiniGPT's forward, whole, through a root of its own: the model's forward stays its own
+                root = type("GraphedMiniGPT", (_GraphRoot,), {})(self.model)
                 if self.te is not None:
                     self.forward = te_compat.make_graphed_callables(self.te, root, (sample,), self.recipe, cache)
                     if cache:
                         self.graph_kwargs = lambda first: {"is_first_microbatch": first}
                 else:
                     self.forward = torch_graphed(root, (sample,))
-            graphs, eager = 2, WHOLE_EAGER
+                graphs, eager = 2, WHOLE_EAGER
         self.graphed = True
         if self.grad_accum > 1:
             self.kept_grads = [p for p in self.model.parameters() if p.requires_grad]

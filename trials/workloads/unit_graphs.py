@@ -56,7 +56,6 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from ..backends import te_compat
 from ..models.common import experts
-from .graph_capture import sound_after_failure
 
 log = logging.getLogger(__name__)
 
@@ -238,11 +237,10 @@ class UnitGraphs:
         wrapped = tuple(holder(model.get_submodule(name), call).train(model.get_submodule(name).training)
                         for name, call in zip(units, calls))
         samples = tuple(call.samples for call in calls)
-        with sound_after_failure():
-            if te is not None:
-                graphed = te_compat.make_graphed_callables(te, wrapped, samples, recipe, cache_weights)
-            else:
-                graphed = torch_graphed(wrapped, samples, allow_unused_input=True)
+        if te is not None:
+            graphed = te_compat.make_graphed_callables(te, wrapped, samples, recipe, cache_weights)
+        else:
+            graphed = torch_graphed(wrapped, samples, allow_unused_input=True)
         return cls(model, units, calls, tuple(graphed), cache_weights)
 
     def _dispatch(self, i: int, eager: Callable[..., Any]) -> Callable[..., Any]:
