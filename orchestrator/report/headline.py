@@ -33,6 +33,11 @@ def _where(row: pd.Series, also: Sequence[str] = ()) -> str:
     return size + (" (CUDA graphs)" if row["cuda_graphs"] else "")
 
 
+def _interval(row: pd.Series) -> str:
+    """A pair row's 95% interval as the headline writes it after the ratio ('' where it has none)."""
+    return f" [{fmt_sig(row['ci_low'])}, {fmt_sig(row['ci_high'])}]" if row["ci_low"] == row["ci_low"] else ""
+
+
 def _varying(rows: pd.DataFrame) -> list[str]:
     """The shape, schedule and execution fields whose values differ among ``rows`` of one size (d_model and
     n_layers): a sentence over them names each, or its "at d_model 4096 x 32 layers" could be either of two cells
@@ -56,13 +61,11 @@ def best_of_each(rows: pd.DataFrame, reference: str) -> list[str]:
     for key, g in rows.groupby(["model", "candidate"] if by_model else ["candidate"], sort=True):
         model, cand = key if by_model else (None, key[0])
         best = g.loc[g["ratio"].idxmax()]
-        interval = (f" [{fmt_sig(best['ci_low'])}, {fmt_sig(best['ci_high'])}]" if best["ci_low"] == best["ci_low"]
-                    else "")
         side = noise_side(best["ci_low"], best["ci_high"], best["ci_method"])
         verdict = {1: "faster beyond noise", -1: "slower beyond noise", 0: f"within noise of {reference}",
                    None: NOT_JUDGED}[side]
         also = _varying(g)
-        line = (f"{model + ': ' if model else ''}{cand} vs {best['reference']}: best {fmt_sig(best['ratio'])}x{interval} at {_where(best, also)} "
+        line = (f"{model + ': ' if model else ''}{cand} vs {best['reference']}: best {fmt_sig(best['ratio'])}x{_interval(best)} at {_where(best, also)} "
                 f"({verdict}); {verdict_counts(g, 'settings' if also else 'sizes')}")
         share = known(best.get("fp8_flop_share"))
         if reference == "BF16" and share is not None and share < FULL_SHARE:
@@ -75,9 +78,7 @@ def best_of_each(rows: pd.DataFrame, reference: str) -> list[str]:
         free = g.drop(bound.index)
         if best.name in bound.index and not free.empty:  # the best is the host's pace: say FP8's own beside it
             own = free.loc[free["ratio"].idxmax()]
-            own_interval = (f" [{fmt_sig(own['ci_low'])}, {fmt_sig(own['ci_high'])}]" if own["ci_low"] == own["ci_low"]
-                            else "")
-            line += (f"; where the host did not set the steps: {fmt_sig(own['ratio'])}x{own_interval} at "
+            line += (f"; where the host did not set the steps: {fmt_sig(own['ratio'])}x{_interval(own)} at "
                      f"{_where(own, also)}")
         if not bound.empty:
             line += "; " + launch_bound_note(" and ".join(_where(r, also) for _, r in bound.sort_values("n_params").iterrows()))
