@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from orchestrator.report.render import held_peak
 from trials.measure import memory_plan
 from trials.spec import TrialSpec
 
@@ -44,14 +45,16 @@ def main(root: Path) -> None:
             df = df[df["workload"] == "train"]
         frames.append(df.assign(run=path.parent.name).drop_duplicates("cell_id"))
     rows, pools = [], []
-    for _, rec in pd.concat(frames).iterrows():
+    records = pd.concat(frames)
+    for (_, rec), held in zip(records.iterrows(), held_peak(records)):
+        start = rec.get("mem_at_start_bytes")
+        held -= 0 if start is None or pd.isna(start) else start
         pool = rec.get("graph_pool_bytes")
         if bool(rec.get("cuda_graphs")) and pool is not None and not pd.isna(pool):
-            pools.append(graphed_row(rec))
+            pools.append(graphed_row(rec, held))
             continue
         plan = memory_plan.plan(spec_of(rec))
-        start = rec.get("mem_at_start_bytes")
-        measured = rec["peak_mem_allocated_bytes"] - (0 if start is None or pd.isna(start) else start)
+        measured = held  # no graphs' pool: the allocator's peak
         rows.append({"run": rec["run"], "model": rec.get("model") or "minigpt", "arch": rec.get("arch"),
                      "backend": rec["backend"], "precision": rec["precision"], "compile": bool(rec.get("compile")),
                      "d_model": rec["d_model"], "n_layers": rec["n_layers"], "seq_len": rec["seq_len"],
@@ -70,11 +73,11 @@ def main(root: Path) -> None:
         print(pd.DataFrame(pools).round(3).to_string(index=False))
 
 
-def graphed_row(rec: pd.Series) -> dict:
+def graphed_row(rec: pd.Series, held: float) -> dict:
+    """A graphed record's plan against it: the pool, and the peak against ``held`` (its peak since start, the pool's
+    free bytes included: orchestrator/report/render.py ``held_peak``)."""
     plan = memory_plan.plan(spec_of(rec, graphed=True))
-    start, free = rec.get("mem_at_start_bytes"), rec.get("graph_pool_free_bytes")
-    held = (rec["peak_mem_allocated_bytes"] - (0 if start is None or pd.isna(start) else start)
-            + (0 if free is None or pd.isna(free) else free))
+    free = rec.get("graph_pool_free_bytes")
     return {"run": rec["run"], "cell": rec["cell_label"], "pool_est_gib": plan.graph_pool / 2**30,
             "pool_gib": rec["graph_pool_bytes"] / 2**30, "pool_ratio": plan.graph_pool / rec["graph_pool_bytes"],
             "est_gib": plan.total / 2**30, "held_gib": held / 2**30,
